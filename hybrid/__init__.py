@@ -1,0 +1,29 @@
+"""hybrid: Llama/Qwen-style decoder layers over a paged KV cache, fast on plain CPUs.
+
+    import hybrid, numpy as np
+    cfg = hybrid.DecoderConfig(hidden_size=576, num_heads=9, num_kv_heads=3)
+    layer = hybrid.DecoderLayer(cfg, weights, index=0, placement="cpu")
+    cache = hybrid.PagedKVCache(num_layers=1, num_kv_heads=3, head_dim=64)
+    out = layer.forward(hidden, positions, cache); cache.commit(len(positions))
+
+``import hybrid`` loads no optional package and never touches CUDA.
+"""
+
+from . import ops, reference
+from .config import DecoderConfig, LayerWeights
+from .kvcache import AppendResult, CacheCapacityError, PagedKVCache
+from .layer import DecoderLayer
+from .placement import Placement, placement_of, to_device
+from .profile import profiling
+from .registry import BackendUnavailable, NoBackendError, backend_status
+from .scratch import Scratch
+from .threads import get_num_threads, set_num_threads
+
+__version__ = "0.1.0"
+
+__all__ = [
+    "AppendResult", "BackendUnavailable", "CacheCapacityError", "DecoderConfig", "DecoderLayer",
+    "LayerWeights", "NoBackendError", "PagedKVCache", "Placement", "Scratch", "backend_status",
+    "get_num_threads", "ops", "placement_of", "profiling", "reference", "set_num_threads",
+    "to_device",
+]

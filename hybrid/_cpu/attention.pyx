@@ -1,0 +1,313 @@
+"""Paged causal attention on the CPU, straight over the KV cache's blocks.
+
+Queries are float32; blocks are float32 or float16 in the layout documented in hybrid/kvcache.py
+([num_kv_heads, block_size, head_dim] per block).  Work is cut into tasks of (query-row tile,
+KV head, key range); each task loads a K/V row once for every query head of its GQA group.  When
+there are too few (tile x KV head) tasks to keep every thread busy (decode at long context with
+few KV heads), the key range is split and the partial (max, sum, acc) states are merged in fp32.
+"""
+from cython.parallel cimport parallel, prange
+from libc.math cimport expf, INFINITY
+from libc.stdint cimport int64_t
+from libc.stdlib cimport free, malloc
+from libc.string cimport memcpy
+
+import numpy as np
+
+cdef extern from "attention_core.h" nogil:
+    ctypedef struct hy_attn_shape:
+        int num_heads
+        int num_kv_heads
+        int head_dim
+        int block_size
+        int kv_f16
+        float scale
+    ctypedef struct hy_attn_scratch:
+        float *q
+        float *kbuf
+        float *vbuf
+        float *s
+        float *m
+        float *l
+        float *acc
+    void hy_attn_task(const hy_attn_shape *sh, hy_attn_scratch *w, const float *q,
+                      const int64_t *row_pos, long r0, long r1, const int64_t *kblk,
+                      const int64_t *vblk, int kv_head, long kb, long ke)
+
+cdef enum:
+    # Query vectors (rows x heads of one GQA group) a task handles at most; bounds scratch to
+    # 32 * head_dim floats of accumulator per thread.
+    QUERY_VECTORS_PER_TASK = 32
+    # A split of the key range is never shorter than this many tokens.
+    MIN_SPLIT_TOKENS = 256
+    # Task columns: r0, r1, table offset, kv head, first key, end key, partial slot (-1: direct)
+    NCOL = 7
+    # Below this many (query vector x key x head_dim) multiply-adds the call runs on one thread.
+    PARALLEL_MIN_WORK = 262144
+
+
+cdef hy_attn_scratch *_alloc_scratch(int nq, int D, int bs) noexcept nogil:
+    cdef hy_attn_scratch *w = <hy_attn_scratch *> malloc(sizeof(hy_attn_scratch))
+    if w == NULL:
+        return NULL
+    w.q = <float *> malloc(sizeof(float) * nq * D)
+    w.kbuf = <float *> malloc(sizeof(float) * bs * D)
+    w.vbuf = <float *> malloc(sizeof(float) * bs * D)
+    w.s = <float *> malloc(sizeof(float) * 4 * bs)
+    w.m = <float *> malloc(sizeof(float) * nq)
+    w.l = <float *> malloc(sizeof(float) * nq)
+    w.acc = <float *> malloc(sizeof(float) * nq * D)
+    return w
+
+
+cdef bint _scratch_ok(hy_attn_scratch *w) noexcept nogil:
+    return (w != NULL and w.q != NULL and w.kbuf != NULL and w.vbuf != NULL and w.s != NULL
+            and w.m != NULL and w.l != NULL and w.acc != NULL)
+
+
+cdef void _free_scratch(hy_attn_scratch *w) noexcept nogil:
+    if w == NULL:
+        return
+    free(w.q); free(w.kbuf); free(w.vbuf); free(w.s); free(w.m); free(w.l); free(w.acc)
+    free(w)
+
+
+cdef void _finish_direct(const hy_attn_shape *sh, hy_attn_scratch *w, long r0, long r1,
+                         int kv_head, float *out) noexcept nogil:
+    """out[r, head, :] = acc / l for every query vector of a task that covered all its keys."""
+    cdef int D = sh.head_dim
+    cdef int G = sh.num_heads // sh.num_kv_heads
+    cdef long HD = <long> sh.num_heads * D
+    cdef long r
+    cdef int h, d, i
+    cdef float inv
+    for r in range(r0, r1):
+        for h in range(G):
+            i = <int> (r - r0) * G + h
+            inv = 1.0 / w.l[i] if w.l[i] > 0 else 0.0
+            for d in range(D):
+                out[r * HD + (kv_head * G + h) * D + d] = w.acc[i * D + d] * inv
+
+
+cdef void _merge_splits(const hy_attn_shape *sh, long r0, long r1, int kv_head, long slot0,
+                        int nsplit, int maxnq, const float *pm, const float *pl,
+                        const float *pacc, float *out) noexcept nogil:
+    """Combine the (m, l, acc) states of `nsplit` consecutive partial slots into out."""
+    cdef int D = sh.head_dim
+    cdef int G = sh.num_heads // sh.num_kv_heads
+    cdef long HD = <long> sh.num_heads * D
+    cdef long r, slot
+    cdef int h, d, i, s
+    cdef float mx, lsum, wgt, inv
+    cdef float *o
+    for r in range(r0, r1):
+        for h in range(G):
+            i = <int> (r - r0) * G + h
+            mx = -INFINITY
+            for s in range(nsplit):
+                slot = slot0 + s
+                if pm[slot * maxnq + i] > mx:
+                    mx = pm[slot * maxnq + i]
+            o = out + r * HD + (kv_head * G + h) * D
+            for d in range(D):
+                o[d] = 0
+            lsum = 0
+            for s in range(nsplit):
+                slot = slot0 + s
+                if pl[slot * maxnq + i] == 0:
+                    continue
+                wgt = expf(pm[slot * maxnq + i] - mx)
+                lsum = lsum + pl[slot * maxnq + i] * wgt
+                for d in range(D):
+                    o[d] += wgt * pacc[(slot * maxnq + i) * D + d]
+            inv = 1.0 / lsum if lsum > 0 else 0.0
+            for d in range(D):
+                o[d] *= inv
+
+
+cdef object _plan(const int64_t[::1] row_pos, const int64_t[::1] seg_rows,
+                  const int64_t[::1] seg_table, int num_kv_heads, int group, int block_size,
+                  int nthreads):
+    """Cut the work into tasks.  Returns (tasks [n, NCOL], merges [m, 5], n_partial, tile_rows)."""
+    cdef int nseg = seg_rows.shape[0] - 1
+    cdef int tile = max(1, QUERY_VECTORS_PER_TASK // group)
+    cdef long n_tiles = 0
+    cdef int s
+    cdef long r0, r1, keys, chunk, kb
+    for s in range(nseg):
+        n_tiles += (seg_rows[s + 1] - seg_rows[s] + tile - 1) // tile
+    cdef long base = n_tiles * num_kv_heads
+    cdef long work = 0
+    for s in range(nseg):
+        work += (seg_rows[s + 1] - seg_rows[s]) * (row_pos[seg_rows[s + 1] - 1] + 1)
+    if work * num_kv_heads * group * 64 < PARALLEL_MIN_WORK:
+        nthreads = 1
+    cdef long target = 4 * nthreads if nthreads > 1 else 1
+    cdef long want = (target + base - 1) // base if base < target else 1
+
+    tasks_l = []
+    merges_l = []
+    cdef long n_partial = 0
+    cdef int g, nsplit
+    for s in range(nseg):
+        r0 = seg_rows[s]
+        while r0 < seg_rows[s + 1]:
+            r1 = min(r0 + tile, seg_rows[s + 1])
+            keys = row_pos[r1 - 1] + 1
+            nsplit = <int> max(1, min(want, keys // MIN_SPLIT_TOKENS))
+            chunk = (keys + nsplit - 1) // nsplit
+            chunk = (chunk + block_size - 1) // block_size * block_size
+            nsplit = <int> ((keys + chunk - 1) // chunk)
+            for g in range(num_kv_heads):
+                if nsplit == 1:
+                    tasks_l.append((r0, r1, seg_table[s], g, 0, keys, -1))
+                else:
+                    merges_l.append((r0, r1, g, n_partial, nsplit))
+                    kb = 0
+                    while kb < keys:
+                        tasks_l.append((r0, r1, seg_table[s], g, kb, min(kb + chunk, keys), n_partial))
+                        n_partial += 1
+                        kb += chunk
+            r0 = r1
+    tasks = np.asarray(tasks_l, dtype=np.int64).reshape(-1, NCOL)
+    merges = np.asarray(merges_l, dtype=np.int64).reshape(-1, 5)
+    return tasks, merges, n_partial, tile, nthreads
+
+
+cdef void _run(const hy_attn_shape *sh, const float *q, const int64_t *row_pos,
+               const int64_t *kptr, const int64_t *vptr, const int64_t[:, ::1] tasks,
+               const int64_t[:, ::1] merges, int maxnq, float *pm, float *pl, float *pacc,
+               float *out, int nthreads, int *failed) noexcept nogil:
+    cdef hy_attn_scratch *w = NULL
+    cdef long t, slot
+    cdef int i, D = sh.head_dim
+    cdef long n_tasks = tasks.shape[0]
+    cdef long n_merges = merges.shape[0]
+    with parallel(num_threads=nthreads):
+        w = _alloc_scratch(maxnq, sh.head_dim, sh.block_size)
+        if not _scratch_ok(w):
+            failed[0] = 1
+        for t in prange(n_tasks, schedule="dynamic"):
+            if failed[0]:
+                continue
+            hy_attn_task(sh, w, q, row_pos, tasks[t, 0], tasks[t, 1], kptr + tasks[t, 2],
+                         vptr + tasks[t, 2], <int> tasks[t, 3], tasks[t, 4], tasks[t, 5])
+            slot = tasks[t, 6]
+            if slot < 0:
+                _finish_direct(sh, w, tasks[t, 0], tasks[t, 1], <int> tasks[t, 3], out)
+            else:
+                i = <int> ((tasks[t, 1] - tasks[t, 0]) * (sh.num_heads // sh.num_kv_heads))
+                memcpy(pm + slot * maxnq, w.m, sizeof(float) * i)
+                memcpy(pl + slot * maxnq, w.l, sizeof(float) * i)
+                memcpy(pacc + slot * maxnq * D, w.acc, sizeof(float) * i * D)
+        _free_scratch(w)
+    if n_merges > 0 and not failed[0]:
+        for t in prange(n_merges, schedule="dynamic", num_threads=nthreads):
+            _merge_splits(sh, merges[t, 0], merges[t, 1], <int> merges[t, 2], merges[t, 3],
+                          <int> merges[t, 4], maxnq, pm, pl, pacc, out)
+
+
+cdef _attend(float[:, ::1] q, const int64_t[::1] row_pos, const int64_t[::1] seg_rows,
+             const int64_t[::1] seg_table, const int64_t[::1] k_ptrs, const int64_t[::1] v_ptrs,
+             int num_heads, int num_kv_heads, int head_dim, int block_size, bint kv_f16,
+             float scale, float[:, ::1] out, int num_threads):
+    cdef hy_attn_shape sh
+    sh.num_heads = num_heads
+    sh.num_kv_heads = num_kv_heads
+    sh.head_dim = head_dim
+    sh.block_size = block_size
+    sh.kv_f16 = kv_f16
+    sh.scale = scale
+    cdef int group = num_heads // num_kv_heads
+    tasks, merges, n_partial, tile, num_threads = _plan(row_pos, seg_rows, seg_table, num_kv_heads, group,
+                                           block_size, num_threads)
+    cdef int maxnq = tile * group
+    pm_a = np.empty((max(n_partial, 1), maxnq), dtype=np.float32)
+    pl_a = np.empty((max(n_partial, 1), maxnq), dtype=np.float32)
+    pacc_a = np.empty((max(n_partial, 1), maxnq, head_dim), dtype=np.float32)
+    cdef float[:, ::1] pm = pm_a
+    cdef float[:, ::1] pl = pl_a
+    cdef float[:, :, ::1] pacc = pacc_a
+    cdef const int64_t[:, ::1] tv = tasks
+    cdef const int64_t[:, ::1] mv = merges
+    cdef int failed = 0
+    if tv.shape[0] == 0:
+        return
+    with nogil:
+        _run(&sh, &q[0, 0], &row_pos[0], &k_ptrs[0], &v_ptrs[0], tv, mv, maxnq, &pm[0, 0],
+             &pl[0, 0], &pacc[0, 0, 0], &out[0, 0], num_threads, &failed)
+    if failed:
+        raise MemoryError("paged attention: could not allocate per-thread scratch")
+
+
+def _check_common(q, out, int num_heads, int num_kv_heads, int head_dim, int block_size):
+    if num_heads <= 0 or num_kv_heads <= 0 or num_heads % num_kv_heads != 0:
+        raise ValueError(f"num_heads ({num_heads}) must be a positive multiple of "
+                         f"num_kv_heads ({num_kv_heads})")
+    if head_dim <= 0 or block_size <= 0:
+        raise ValueError(f"head_dim ({head_dim}) and block_size ({block_size}) must be positive")
+    if q.shape[1] != num_heads * head_dim:
+        raise ValueError(f"q has {q.shape[1]} columns, expected num_heads*head_dim = "
+                         f"{num_heads * head_dim}")
+    if out.shape[0] != q.shape[0] or out.shape[1] != q.shape[1]:
+        raise ValueError(f"out shape {tuple(out.shape)} != q shape {tuple(q.shape)}")
+
+
+def paged_attention(float[:, ::1] q,            # IN  [n_rows, num_heads*head_dim] float32
+                    long start_pos,             # IN  position of query row 0
+                    const int64_t[::1] k_ptrs,  # IN  [n_blocks] base address of each K block
+                    const int64_t[::1] v_ptrs,  # IN  [n_blocks] base address of each V block
+                    int num_heads, int num_kv_heads, int head_dim, int block_size,
+                    bint kv_f16, float scale,
+                    float[:, ::1] out,          # OUT [n_rows, num_heads*head_dim] float32
+                    int num_threads):
+    """Causal attention of one sequence: row i sees key positions 0 .. start_pos + i."""
+    _check_common(q, out, num_heads, num_kv_heads, head_dim, block_size)
+    cdef long n = q.shape[0]
+    if n == 0:
+        return
+    if start_pos < 0:
+        raise ValueError(f"start_pos must be >= 0, got {start_pos}")
+    cdef long need = (start_pos + n + block_size - 1) // block_size
+    if k_ptrs.shape[0] < need or v_ptrs.shape[0] < need:
+        raise ValueError(f"block tables hold {min(k_ptrs.shape[0], v_ptrs.shape[0])} blocks, "
+                         f"{start_pos + n} keys need {need}")
+    row_pos = np.arange(start_pos, start_pos + n, dtype=np.int64)
+    seg_rows = np.array([0, n], dtype=np.int64)
+    seg_table = np.zeros(1, dtype=np.int64)
+    _attend(q, row_pos, seg_rows, seg_table, k_ptrs, v_ptrs, num_heads, num_kv_heads, head_dim,
+            block_size, kv_f16, scale, out, num_threads)
+
+
+def paged_attention_batch(float[:, ::1] q,            # IN  [B, num_heads*head_dim] float32
+                          const int64_t[::1] kv_lens,  # IN  [B] keys of each sequence (>= 1)
+                          const int64_t[::1] indptr,   # IN  [B+1] sequence b's blocks are
+                                                       #     k_ptrs[indptr[b]:indptr[b+1]]
+                          const int64_t[::1] k_ptrs,   # IN  [total blocks] K block addresses
+                          const int64_t[::1] v_ptrs,   # IN  [total blocks] V block addresses
+                          int num_heads, int num_kv_heads, int head_dim, int block_size,
+                          bint kv_f16, float scale,
+                          float[:, ::1] out,           # OUT [B, num_heads*head_dim] float32
+                          int num_threads):
+    """Decode attention of B sequences: row b sees key positions 0 .. kv_lens[b]-1 of its blocks."""
+    _check_common(q, out, num_heads, num_kv_heads, head_dim, block_size)
+    cdef long B = q.shape[0]
+    if kv_lens.shape[0] != B or indptr.shape[0] != B + 1:
+        raise ValueError(f"kv_lens ({kv_lens.shape[0]}) and indptr ({indptr.shape[0]}) must "
+                         f"have B={B} and B+1 entries")
+    if B == 0:
+        return
+    cdef long b
+    for b in range(B):
+        if kv_lens[b] < 1:
+            raise ValueError(f"sequence {b} has kv_len {kv_lens[b]}; at least 1 is needed")
+        if (indptr[b + 1] - indptr[b]) * block_size < kv_lens[b] or indptr[b + 1] > k_ptrs.shape[0]:
+            raise ValueError(f"sequence {b}: {indptr[b + 1] - indptr[b]} blocks cannot hold "
+                             f"{kv_lens[b]} keys")
+    if v_ptrs.shape[0] != k_ptrs.shape[0]:
+        raise ValueError("k_ptrs and v_ptrs differ in length")
+    row_pos = np.asarray(kv_lens, dtype=np.int64) - 1
+    seg_rows = np.arange(B + 1, dtype=np.int64)
+    seg_table = np.ascontiguousarray(np.asarray(indptr)[:B], dtype=np.int64)
+    _attend(q, row_pos, seg_rows, seg_table, k_ptrs, v_ptrs, num_heads, num_kv_heads, head_dim,
+            block_size, kv_f16, scale, out, num_threads)

@@ -1,0 +1,132 @@
+"""Row-wise CPU kernels of the decoder layer: RMSNorm, RoPE, SwiGLU, residual add.
+
+Each `def` is a thin wrapper: typed memoryviews reject wrong dtypes and non-contiguous arrays,
+shapes are checked, then the work runs without the GIL over OpenMP threads.  Callers (hybrid/ops.py)
+have already converted and validated user input; these wrappers are the last line of defence.
+"""
+from cython.parallel cimport parallel, prange
+from libc.math cimport cos, sin, sqrt
+from libc.stdint cimport int64_t
+from libc.stdlib cimport free, malloc
+
+cdef extern from "simd.h" nogil:
+    float hy_dot(const float *a, const float *b, long n)
+    void hy_silu_mul(const float *g, const float *u, float *out, long n)
+
+cdef enum:
+    # Elements per parallel chunk of the flat kernels (SwiGLU, add).
+    FLAT_CHUNK = 16384
+    # Below this many elements a kernel runs on the calling thread: waking a team costs more
+    # than the work (a decode step's norms and RoPE are a few thousand elements).
+    PARALLEL_MIN_ELEMENTS = 65536
+
+
+cdef inline int _threads_for(Py_ssize_t elements, int num_threads) noexcept nogil:
+    return num_threads if elements >= PARALLEL_MIN_ELEMENTS else 1
+
+
+def rmsnorm(const float[:, ::1] x,   # IN  [rows, dim] float32
+            const float[::1] weight, # IN  [dim] float32
+            float eps,
+            float[:, ::1] out,       # OUT [rows, dim] float32 (may be x itself)
+            int num_threads):
+    """out[r] = x[r] / sqrt(mean(x[r]**2) + eps) * weight, normalised in fp32."""
+    cdef Py_ssize_t rows = x.shape[0], dim = x.shape[1]
+    if weight.shape[0] != dim:
+        raise ValueError(f"rmsnorm: weight has {weight.shape[0]} entries, rows have {dim}")
+    if out.shape[0] != rows or out.shape[1] != dim:
+        raise ValueError(f"rmsnorm: out shape {tuple(out.shape)[:2]} != x shape {(rows, dim)}")
+    if rows == 0 or dim == 0:
+        return
+    cdef Py_ssize_t r, d
+    cdef float inv
+    for r in prange(rows, nogil=True, num_threads=_threads_for(rows * dim, num_threads),
+                    schedule="static"):
+        inv = 1.0 / sqrt(hy_dot(&x[r, 0], &x[r, 0], dim) / dim + eps)
+        for d in range(dim):
+            out[r, d] = (x[r, d] * inv) * weight[d]
+
+
+def rope(float[:, ::1] x,               # IN/OUT [rows, num_heads*head_dim] float32, rotated in place
+         const int64_t[::1] positions,  # IN  [rows] position of each row
+         const double[::1] inv_freq,    # IN  [head_dim/2] angle per position of each pair
+         int num_heads, int head_dim,
+         bint neox,                     # True: pairs (i, i+head_dim/2); False: (2i, 2i+1)
+         int num_threads):
+    """Rotary position embedding with per-row positions; angles computed in float64."""
+    cdef Py_ssize_t rows = x.shape[0]
+    cdef int half = head_dim // 2
+    if head_dim <= 0 or head_dim % 2 != 0:
+        raise ValueError(f"rope: head_dim must be even and positive, got {head_dim}")
+    if x.shape[1] != <Py_ssize_t> num_heads * head_dim:
+        raise ValueError(f"rope: rows have {x.shape[1]} values, expected num_heads*head_dim = "
+                         f"{num_heads * head_dim}")
+    if positions.shape[0] != rows:
+        raise ValueError(f"rope: {positions.shape[0]} positions for {rows} rows")
+    if inv_freq.shape[0] != half:
+        raise ValueError(f"rope: inv_freq has {inv_freq.shape[0]} entries, expected {half}")
+    if rows == 0:
+        return
+    cdef Py_ssize_t r
+    cdef int h, i
+    cdef float *cs = NULL
+    cdef float *sn = NULL
+    cdef float a, b
+    cdef double ang
+    cdef float *v
+    with nogil, parallel(num_threads=_threads_for(rows * x.shape[1], num_threads)):
+        cs = <float *> malloc(sizeof(float) * half)
+        sn = <float *> malloc(sizeof(float) * half)
+        for r in prange(rows, schedule="static"):
+            # cos/sin of this row's angles, shared by every head
+            for i in range(half):
+                ang = <double> positions[r] * inv_freq[i]
+                cs[i] = <float> cos(ang)
+                sn[i] = <float> sin(ang)
+            for h in range(num_heads):
+                v = &x[r, h * head_dim]
+                if neox:
+                    for i in range(half):
+                        a = v[i]
+                        b = v[i + half]
+                        v[i] = a * cs[i] - b * sn[i]
+                        v[i + half] = b * cs[i] + a * sn[i]
+                else:
+                    for i in range(half):
+                        a = v[2 * i]
+                        b = v[2 * i + 1]
+                        v[2 * i] = a * cs[i] - b * sn[i]
+                        v[2 * i + 1] = b * cs[i] + a * sn[i]
+        free(cs)
+        free(sn)
+
+
+def swiglu(const float[::1] gate,  # IN  [n] float32 (flattened [rows, intermediate])
+           const float[::1] up,    # IN  [n] float32
+           float[::1] out,         # OUT [n] float32 = silu(gate) * up
+           int num_threads):
+    """out = gate * sigmoid(gate) * up."""
+    cdef Py_ssize_t n = gate.shape[0]
+    if up.shape[0] != n or out.shape[0] != n:
+        raise ValueError(f"swiglu: gate ({n}), up ({up.shape[0]}) and out ({out.shape[0]}) differ")
+    if n == 0:
+        return
+    cdef Py_ssize_t c, nchunks = (n + FLAT_CHUNK - 1) // FLAT_CHUNK, lo
+    for c in prange(nchunks, nogil=True, num_threads=_threads_for(n, num_threads),
+                    schedule="static"):
+        lo = c * FLAT_CHUNK
+        hy_silu_mul(&gate[lo], &up[lo], &out[lo], min(<Py_ssize_t> FLAT_CHUNK, n - lo))
+
+
+def add(const float[::1] a,   # IN  [n] float32
+        const float[::1] b,   # IN  [n] float32
+        float[::1] out,       # OUT [n] float32 = a + b (may alias a or b)
+        int num_threads):
+    """Residual add."""
+    cdef Py_ssize_t n = a.shape[0]
+    if b.shape[0] != n or out.shape[0] != n:
+        raise ValueError(f"add: a ({n}), b ({b.shape[0]}) and out ({out.shape[0]}) differ")
+    cdef Py_ssize_t i
+    for i in prange(n, nogil=True, num_threads=_threads_for(n, num_threads),
+                    schedule="static"):
+        out[i] = a[i] + b[i]

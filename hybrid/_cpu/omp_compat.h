@@ -1,0 +1,18 @@
+/* Thread-count helpers that compile with or without OpenMP (HYBRID_NO_OPENMP=1 builds). */
+#ifndef HYBRID_OMP_COMPAT_H
+#define HYBRID_OMP_COMPAT_H
+
+#ifdef _OPENMP
+#include <omp.h>
+static inline int hy_have_openmp(void) { return 1; }
+static inline int hy_thread_id(void) { return omp_get_thread_num(); }
+static inline int hy_omp_max_threads(void) { return omp_get_max_threads(); }
+static inline void hy_omp_set_threads(int n) { omp_set_num_threads(n); }
+#else
+static inline int hy_have_openmp(void) { return 0; }
+static inline int hy_thread_id(void) { return 0; }
+static inline int hy_omp_max_threads(void) { return 1; }
+static inline void hy_omp_set_threads(int n) { (void)n; }
+#endif
+
+#endif

@@ -1,0 +1,257 @@
+/* Vector primitives for the CPU kernels of hybrid.
+ *
+ * Each primitive has an AVX2+FMA (and F16C) body, chosen at compile time when the build targets a
+ * CPU that has them (-march=native, the default source build), and a plain C fallback that any
+ * compiler vectorises as far as it can (HYBRID_PORTABLE=1 builds).  Everything here is
+ * `static inline`, free of global state and safe to call from OpenMP threads.
+ *
+ *   hy_dot            sum_i a[i] * b[i]                        float32 accumulation, 16 lanes
+ *   hy_dot4           four queries against one key             one key load serves four queries
+ *   hy_exp_inplace    x[i] = exp(x[i])                         Cephes-style polynomial, ~1 ulp
+ *   hy_silu_mul       out[i] = silu(g[i]) * u[i]
+ *   hy_f16_to_f32     IEEE binary16 -> float32 rows
+ *   hy_axpy_rows      acc[d] = alpha*acc[d] + sum_j p[j] * v[j, d]   (1 or 4 query accumulators)
+ */
+#ifndef HYBRID_SIMD_H
+#define HYBRID_SIMD_H
+
+#include <math.h>
+#include <stdint.h>
+#include <string.h>
+
+#if defined(__AVX2__) && defined(__FMA__)
+#include <immintrin.h>
+#define HY_AVX2 1
+#endif
+#if defined(HY_AVX2) && defined(__F16C__)
+#define HY_F16C 1
+#endif
+
+static inline int hy_simd_level(void) {
+#if defined(HY_F16C)
+    return 2; /* AVX2 + FMA + F16C */
+#elif defined(HY_AVX2)
+    return 1; /* AVX2 + FMA */
+#else
+    return 0; /* portable C */
+#endif
+}
+
+/* ---------------------------------------------------------------- float16 */
+
+static inline float hy_half_to_float(uint16_t h) {
+    uint32_t sign = (uint32_t)(h & 0x8000u) << 16;
+    uint32_t exp = (h >> 10) & 0x1fu;
+    uint32_t mant = h & 0x3ffu;
+    uint32_t bits;
+    float out;
+    if (exp == 0) {
+        /* zero or subnormal: mant * 2^-24 is exact in float32 */
+        out = (float)mant * 5.9604644775390625e-08f;
+        return sign ? -out : out;
+    } else if (exp == 31) {
+        bits = sign | 0x7f800000u | (mant << 13);
+    } else {
+        bits = sign | ((exp + 112u) << 23) | (mant << 13);
+    }
+    memcpy(&out, &bits, sizeof out);
+    return out;
+}
+
+/* dst[i] = (float)src[i] for i < n */
+static inline void hy_f16_to_f32(const uint16_t *src, float *dst, long n) {
+    long i = 0;
+#ifdef HY_F16C
+    for (; i + 16 <= n; i += 16) {
+        __m256 a = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(src + i)));
+        __m256 b = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(src + i + 8)));
+        _mm256_storeu_ps(dst + i, a);
+        _mm256_storeu_ps(dst + i + 8, b);
+    }
+    for (; i + 8 <= n; i += 8)
+        _mm256_storeu_ps(dst + i, _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(src + i))));
+#endif
+    for (; i < n; i++) dst[i] = hy_half_to_float(src[i]);
+}
+
+/* ---------------------------------------------------------------- reductions */
+
+#ifdef HY_AVX2
+static inline float hy_hsum256(__m256 v) {
+    __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+    s = _mm_add_ps(s, _mm_movehl_ps(s, s));
+    s = _mm_add_ss(s, _mm_movehdup_ps(s));
+    return _mm_cvtss_f32(s);
+}
+
+/* [hsum(a), hsum(b), hsum(c), hsum(d)] */
+static inline __m128 hy_hsum4x256(__m256 a, __m256 b, __m256 c, __m256 d) {
+    __m256 ab = _mm256_hadd_ps(a, b);
+    __m256 cd = _mm256_hadd_ps(c, d);
+    __m256 abcd = _mm256_hadd_ps(ab, cd);
+    return _mm_add_ps(_mm256_castps256_ps128(abcd), _mm256_extractf128_ps(abcd, 1));
+}
+#endif
+
+/* sum_i a[i] * b[i] */
+static inline float hy_dot(const float *a, const float *b, long n) {
+    long i = 0;
+    float s = 0.0f;
+#ifdef HY_AVX2
+    __m256 s0 = _mm256_setzero_ps(), s1 = _mm256_setzero_ps();
+    for (; i + 16 <= n; i += 16) {
+        s0 = _mm256_fmadd_ps(_mm256_loadu_ps(a + i), _mm256_loadu_ps(b + i), s0);
+        s1 = _mm256_fmadd_ps(_mm256_loadu_ps(a + i + 8), _mm256_loadu_ps(b + i + 8), s1);
+    }
+    for (; i + 8 <= n; i += 8)
+        s0 = _mm256_fmadd_ps(_mm256_loadu_ps(a + i), _mm256_loadu_ps(b + i), s0);
+    s = hy_hsum256(_mm256_add_ps(s0, s1));
+#endif
+    for (; i < n; i++) s += a[i] * b[i];
+    return s;
+}
+
+/* out[g] = dot(q + g*n, k) for g = 0..3: the key row is loaded once for four queries. */
+static inline void hy_dot4(const float *q, const float *k, long n, float *out) {
+    long i = 0;
+    const float *q0 = q, *q1 = q + n, *q2 = q + 2 * n, *q3 = q + 3 * n;
+    float r0 = 0.0f, r1 = 0.0f, r2 = 0.0f, r3 = 0.0f;
+#ifdef HY_AVX2
+    __m256 a0 = _mm256_setzero_ps(), a1 = _mm256_setzero_ps();
+    __m256 a2 = _mm256_setzero_ps(), a3 = _mm256_setzero_ps();
+    for (; i + 8 <= n; i += 8) {
+        __m256 kv = _mm256_loadu_ps(k + i);
+        a0 = _mm256_fmadd_ps(_mm256_loadu_ps(q0 + i), kv, a0);
+        a1 = _mm256_fmadd_ps(_mm256_loadu_ps(q1 + i), kv, a1);
+        a2 = _mm256_fmadd_ps(_mm256_loadu_ps(q2 + i), kv, a2);
+        a3 = _mm256_fmadd_ps(_mm256_loadu_ps(q3 + i), kv, a3);
+    }
+    float t[4];
+    _mm_storeu_ps(t, hy_hsum4x256(a0, a1, a2, a3));
+    r0 = t[0]; r1 = t[1]; r2 = t[2]; r3 = t[3];
+#endif
+    for (; i < n; i++) {
+        r0 += q0[i] * k[i]; r1 += q1[i] * k[i]; r2 += q2[i] * k[i]; r3 += q3[i] * k[i];
+    }
+    out[0] = r0; out[1] = r1; out[2] = r2; out[3] = r3;
+}
+
+/* ---------------------------------------------------------------- exp */
+
+#ifdef HY_AVX2
+/* exp(x) for 8 lanes; inputs below -87.3 give 0, above 88.7 give +huge (never inf). */
+static inline __m256 hy_exp256(__m256 x) {
+    const __m256 hi = _mm256_set1_ps(88.3762626647949f);
+    const __m256 lo = _mm256_set1_ps(-87.3f);
+    const __m256 log2e = _mm256_set1_ps(1.44269504088896341f);
+    const __m256 c1 = _mm256_set1_ps(0.693359375f);
+    const __m256 c2 = _mm256_set1_ps(-2.12194440e-4f);
+    __m256 under = _mm256_cmp_ps(x, lo, _CMP_LT_OQ);
+    x = _mm256_min_ps(_mm256_max_ps(x, lo), hi);
+    __m256 n = _mm256_round_ps(_mm256_mul_ps(x, log2e), _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+    x = _mm256_fnmadd_ps(n, c1, x);
+    x = _mm256_fnmadd_ps(n, c2, x);
+    __m256 y = _mm256_set1_ps(1.9875691500e-4f);
+    y = _mm256_fmadd_ps(y, x, _mm256_set1_ps(1.3981999507e-3f));
+    y = _mm256_fmadd_ps(y, x, _mm256_set1_ps(8.3334519073e-3f));
+    y = _mm256_fmadd_ps(y, x, _mm256_set1_ps(4.1665795894e-2f));
+    y = _mm256_fmadd_ps(y, x, _mm256_set1_ps(1.6666665459e-1f));
+    y = _mm256_fmadd_ps(y, x, _mm256_set1_ps(5.0000001201e-1f));
+    y = _mm256_fmadd_ps(y, _mm256_mul_ps(x, x), _mm256_add_ps(x, _mm256_set1_ps(1.0f)));
+    __m256i e = _mm256_slli_epi32(_mm256_add_epi32(_mm256_cvtps_epi32(n), _mm256_set1_epi32(127)), 23);
+    y = _mm256_mul_ps(y, _mm256_castsi256_ps(e));
+    return _mm256_andnot_ps(under, y);
+}
+#endif
+
+/* x[i] = exp(x[i]) for i < n */
+static inline void hy_exp_inplace(float *x, long n) {
+    long i = 0;
+#ifdef HY_AVX2
+    for (; i + 8 <= n; i += 8) _mm256_storeu_ps(x + i, hy_exp256(_mm256_loadu_ps(x + i)));
+#endif
+    for (; i < n; i++) x[i] = expf(x[i]);
+}
+
+/* out[i] = g[i] / (1 + exp(-g[i])) * u[i] */
+static inline void hy_silu_mul(const float *g, const float *u, float *out, long n) {
+    long i = 0;
+#ifdef HY_AVX2
+    const __m256 one = _mm256_set1_ps(1.0f);
+    const __m256 sign = _mm256_set1_ps(-0.0f);
+    for (; i + 8 <= n; i += 8) {
+        __m256 gv = _mm256_loadu_ps(g + i);
+        __m256 den = _mm256_add_ps(one, hy_exp256(_mm256_xor_ps(gv, sign)));
+        _mm256_storeu_ps(out + i, _mm256_mul_ps(_mm256_div_ps(gv, den), _mm256_loadu_ps(u + i)));
+    }
+#endif
+    for (; i < n; i++) out[i] = g[i] / (1.0f + expf(-g[i])) * u[i];
+}
+
+/* ---------------------------------------------------------------- weighted row sums */
+
+/* acc[d] = alpha * acc[d] + sum_{j<c} p[j] * v[j*n + d]  for d < n */
+static inline void hy_axpy_rows(float *acc, float alpha, const float *p, const float *v, int c, long n) {
+    long d = 0;
+#ifdef HY_AVX2
+    const __m256 va = _mm256_set1_ps(alpha);
+    for (; d + 16 <= n; d += 16) {
+        __m256 a0 = _mm256_mul_ps(_mm256_loadu_ps(acc + d), va);
+        __m256 a1 = _mm256_mul_ps(_mm256_loadu_ps(acc + d + 8), va);
+        for (int j = 0; j < c; j++) {
+            __m256 pj = _mm256_broadcast_ss(p + j);
+            a0 = _mm256_fmadd_ps(pj, _mm256_loadu_ps(v + j * n + d), a0);
+            a1 = _mm256_fmadd_ps(pj, _mm256_loadu_ps(v + j * n + d + 8), a1);
+        }
+        _mm256_storeu_ps(acc + d, a0);
+        _mm256_storeu_ps(acc + d + 8, a1);
+    }
+    for (; d + 8 <= n; d += 8) {
+        __m256 a0 = _mm256_mul_ps(_mm256_loadu_ps(acc + d), va);
+        for (int j = 0; j < c; j++)
+            a0 = _mm256_fmadd_ps(_mm256_broadcast_ss(p + j), _mm256_loadu_ps(v + j * n + d), a0);
+        _mm256_storeu_ps(acc + d, a0);
+    }
+#endif
+    for (; d < n; d++) {
+        float a = acc[d] * alpha;
+        for (int j = 0; j < c; j++) a += p[j] * v[j * n + d];
+        acc[d] = a;
+    }
+}
+
+/* The same for four queries at once: acc is [4, n], alpha [4], p [4, ldp]; one V load serves four. */
+static inline void hy_axpy_rows4(float *acc, const float *alpha, const float *p, int ldp,
+                                 const float *v, int c, long n) {
+    long d = 0;
+#ifdef HY_AVX2
+    const __m256 al0 = _mm256_set1_ps(alpha[0]), al1 = _mm256_set1_ps(alpha[1]);
+    const __m256 al2 = _mm256_set1_ps(alpha[2]), al3 = _mm256_set1_ps(alpha[3]);
+    const float *p0 = p, *p1 = p + ldp, *p2 = p + 2 * ldp, *p3 = p + 3 * ldp;
+    for (; d + 8 <= n; d += 8) {
+        __m256 a0 = _mm256_mul_ps(_mm256_loadu_ps(acc + d), al0);
+        __m256 a1 = _mm256_mul_ps(_mm256_loadu_ps(acc + n + d), al1);
+        __m256 a2 = _mm256_mul_ps(_mm256_loadu_ps(acc + 2 * n + d), al2);
+        __m256 a3 = _mm256_mul_ps(_mm256_loadu_ps(acc + 3 * n + d), al3);
+        for (int j = 0; j < c; j++) {
+            __m256 vv = _mm256_loadu_ps(v + j * n + d);
+            a0 = _mm256_fmadd_ps(_mm256_broadcast_ss(p0 + j), vv, a0);
+            a1 = _mm256_fmadd_ps(_mm256_broadcast_ss(p1 + j), vv, a1);
+            a2 = _mm256_fmadd_ps(_mm256_broadcast_ss(p2 + j), vv, a2);
+            a3 = _mm256_fmadd_ps(_mm256_broadcast_ss(p3 + j), vv, a3);
+        }
+        _mm256_storeu_ps(acc + d, a0);
+        _mm256_storeu_ps(acc + n + d, a1);
+        _mm256_storeu_ps(acc + 2 * n + d, a2);
+        _mm256_storeu_ps(acc + 3 * n + d, a3);
+    }
+#endif
+    for (int g = 0; g < 4; g++)
+        for (long dd = d; dd < n; dd++) {
+            float a = acc[g * n + dd] * alpha[g];
+            for (int j = 0; j < c; j++) a += p[g * ldp + j] * v[j * n + dd];
+            acc[g * n + dd] = a;
+        }
+}
+
+#endif /* HYBRID_SIMD_H */

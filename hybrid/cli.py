@@ -1,0 +1,140 @@
+"""The ``hybrid`` command.
+
+    hybrid info                 CPU features, threads, BLAS, and every backend's status
+    hybrid demo [--layers N]    run a SmolLM2-135M-shaped stack of decoder layers (random weights,
+                                nothing downloaded): prefill, decode and batched decode, timed
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+
+import numpy as np
+
+from . import DecoderConfig, DecoderLayer, LayerWeights, PagedKVCache, Scratch, backend_status
+from . import profiling, set_num_threads, get_num_threads
+
+PRESETS = {
+    "smollm2-135m": dict(hidden_size=576, num_heads=9, num_kv_heads=3, head_dim=64,
+                         intermediate_size=1536, rope_theta=100000.0, rms_norm_eps=1e-5),
+    "llama3-8b": dict(hidden_size=4096, num_heads=32, num_kv_heads=8, head_dim=128,
+                      intermediate_size=14336, rope_theta=500000.0, rms_norm_eps=1e-5),
+}
+
+
+def random_weights(cfg: DecoderConfig, rng: np.random.Generator, qk_norm: bool = False,
+                   std: float = 0.02) -> LayerWeights:
+    """Random float32 weights with the shapes ``cfg`` asks for (norm weights near 1)."""
+    def mat(o, i):
+        return (rng.standard_normal((o, i), dtype=np.float32) * std)
+
+    def norm(d):
+        return (1.0 + 0.1 * rng.standard_normal(d)).astype(np.float32)
+
+    h, q, kv, inter = cfg.hidden_size, cfg.q_size, cfg.kv_size, cfg.intermediate_size
+    return LayerWeights(
+        attn_norm=norm(h), wq=mat(q, h), wk=mat(kv, h), wv=mat(kv, h), wo=mat(h, q),
+        mlp_norm=norm(h), w_gate=mat(inter, h), w_up=mat(inter, h), w_down=mat(h, inter),
+        q_norm=norm(cfg.head_dim) if qk_norm else None,
+        k_norm=norm(cfg.head_dim) if qk_norm else None)
+
+
+def _info(_args) -> int:
+    from threadpoolctl import threadpool_info
+
+    print("hybrid", __import__("hybrid").__version__)
+    try:
+        from ._cpu import runtime
+
+        print(f"CPU kernels: simd={runtime.simd_level()} openmp={runtime.have_openmp()} "
+              f"(omp max threads {runtime.omp_max_threads()})")
+    except ImportError as exc:
+        print(f"CPU kernels: not built ({exc})")
+    print(f"threads: {get_num_threads()}")
+    for pool in threadpool_info():
+        print(f"BLAS/OpenMP pool: {pool.get('internal_api')} {pool.get('version')} "
+              f"threads={pool.get('num_threads')} ({pool.get('user_api')})")
+    print("backends:")
+    for st in backend_status():
+        print(f"  {st}")
+    return 0
+
+
+def _demo(args) -> int:
+    if args.threads:
+        set_num_threads(args.threads)
+    cfg = DecoderConfig(**PRESETS[args.preset])
+    rng = np.random.default_rng(args.seed)
+    scratch = Scratch()
+    layers = [DecoderLayer(cfg, random_weights(cfg, rng), index=i, scratch=scratch)
+              for i in range(args.layers)]
+    cache = PagedKVCache(num_layers=args.layers, num_kv_heads=cfg.num_kv_heads,
+                         head_dim=cfg.head_dim, dtype=args.kv_dtype)
+    print(f"{args.layers} x {layers[0]!r}, KV {args.kv_dtype}, {get_num_threads()} threads")
+
+    def run(x, positions, c):
+        for layer in layers:
+            x = layer.forward(x, positions, c)
+        c.commit(len(positions))
+        return x
+
+    # prefill
+    x = rng.standard_normal((args.prompt, cfg.hidden_size), dtype=np.float32)
+    t0 = time.perf_counter()
+    y = run(x, np.arange(args.prompt), cache)
+    t_prefill = time.perf_counter() - t0
+    # decode, with the named profiling regions on
+    with profiling() as prof:
+        t0 = time.perf_counter()
+        for step in range(args.decode):
+            y = run(y[-1:], [cache.seq_len], cache)
+        t_decode = time.perf_counter() - t0
+    if not np.all(np.isfinite(y)):
+        print("non-finite output", file=sys.stderr)
+        return 1
+    # batched decode of 4 sequences of different lengths
+    caches = []
+    for i, n in enumerate((5, 17, 33, 64)):
+        c = PagedKVCache(num_layers=args.layers, num_kv_heads=cfg.num_kv_heads,
+                         head_dim=cfg.head_dim, dtype=args.kv_dtype)
+        run(rng.standard_normal((n, cfg.hidden_size), dtype=np.float32), np.arange(n), c)
+        caches.append(c)
+    xb = rng.standard_normal((len(caches), cfg.hidden_size), dtype=np.float32)
+    t0 = time.perf_counter()
+    for step in range(args.decode):
+        pos = [c.seq_len for c in caches]
+        for layer in layers:
+            xb = layer.forward_batch(xb, pos, caches)
+        for c in caches:
+            c.commit(1)
+    t_batch = time.perf_counter() - t0
+
+    print(f"prefill {args.prompt} tokens: {args.prompt / t_prefill:9.1f} tokens/s")
+    print(f"decode  {args.decode} steps:  {args.decode / t_decode:9.1f} steps/s")
+    print(f"batched decode x{len(caches)}:   {len(caches) * args.decode / t_batch:9.1f} tokens/s")
+    print(prof.table())
+    return 0
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(prog="hybrid", description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    sub = parser.add_subparsers(dest="cmd", required=True)
+    sub.add_parser("info", help="CPU features, threads, backends").set_defaults(fn=_info)
+    demo = sub.add_parser("demo", help="run a random-weight decoder stack")
+    demo.add_argument("--preset", choices=sorted(PRESETS), default="smollm2-135m")
+    demo.add_argument("--layers", type=int, default=30)
+    demo.add_argument("--prompt", type=int, default=128)
+    demo.add_argument("--decode", type=int, default=32)
+    demo.add_argument("--kv-dtype", choices=["float16", "float32"], default="float16")
+    demo.add_argument("--threads", type=int, default=0)
+    demo.add_argument("--seed", type=int, default=0)
+    demo.set_defaults(fn=_demo)
+    args = parser.parse_args(argv)
+    return args.fn(args)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,151 @@
+"""DecoderConfig and LayerWeights: shapes, defaults as in the seed, and validation."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, fields
+
+import numpy as np
+
+ROPE_STYLES = ("neox", "gptj")
+
+
+def _positive_int(name: str, value) -> int:
+    if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value <= 0:
+        raise ValueError(f"{name} must be a positive integer, got {value!r}")
+    return int(value)
+
+
+@dataclass
+class DecoderConfig:
+    """Shape and constants of one Llama/Qwen-style decoder layer.
+
+    Defaults follow the seed: ``num_kv_heads`` 0 -> ``num_heads``; ``intermediate_size`` 0 ->
+    ``4 * hidden_size``; ``head_dim`` 0 -> ``hidden_size // num_heads``.  ``rope_theta`` 0 turns
+    rotary embedding off.  ``rope_style`` is ``"neox"`` (rotate-half: Llama, Qwen; default) or
+    ``"gptj"`` (adjacent pairs).  ``rope_inv_freq`` overrides the per-pair frequencies (scaled RoPE).
+    """
+
+    hidden_size: int
+    num_heads: int
+    num_kv_heads: int = 0
+    head_dim: int = 0
+    intermediate_size: int = 0
+    rope_theta: float = 10000.0
+    rms_norm_eps: float = 1e-6
+    rope_style: str = "neox"
+    rope_inv_freq: "np.ndarray | None" = None
+
+    def __post_init__(self):
+        self.hidden_size = _positive_int("hidden_size", self.hidden_size)
+        self.num_heads = _positive_int("num_heads", self.num_heads)
+        if not self.num_kv_heads:
+            self.num_kv_heads = self.num_heads
+        self.num_kv_heads = _positive_int("num_kv_heads", self.num_kv_heads)
+        if not self.intermediate_size:
+            self.intermediate_size = 4 * self.hidden_size
+        self.intermediate_size = _positive_int("intermediate_size", self.intermediate_size)
+        if not self.head_dim:
+            if self.hidden_size % self.num_heads:
+                raise ValueError(f"head_dim not given and hidden_size ({self.hidden_size}) is not "
+                                 f"a multiple of num_heads ({self.num_heads})")
+            self.head_dim = self.hidden_size // self.num_heads
+        self.head_dim = _positive_int("head_dim", self.head_dim)
+        if self.num_heads % self.num_kv_heads:
+            raise ValueError(f"num_heads ({self.num_heads}) must be a multiple of num_kv_heads "
+                             f"({self.num_kv_heads})")
+        if self.rope_style not in ROPE_STYLES:
+            raise ValueError(f"rope_style must be one of {ROPE_STYLES}, got {self.rope_style!r}")
+        self.rope_theta = float(self.rope_theta)
+        if self.rope_theta < 0:
+            raise ValueError(f"rope_theta must be >= 0 (0 disables RoPE), got {self.rope_theta}")
+        if self.rope_enabled and self.head_dim % 2:
+            raise ValueError(f"RoPE needs an even head_dim, got {self.head_dim}")
+        self.rms_norm_eps = float(self.rms_norm_eps)
+        if not self.rms_norm_eps > 0:
+            raise ValueError(f"rms_norm_eps must be > 0, got {self.rms_norm_eps}")
+        if self.rope_inv_freq is not None:
+            f = np.ascontiguousarray(self.rope_inv_freq, dtype=np.float64)
+            if f.shape != (self.head_dim // 2,):
+                raise ValueError(f"rope_inv_freq must have shape ({self.head_dim // 2},), "
+                                 f"got {f.shape}")
+            self.rope_inv_freq = f
+
+    @property
+    def rope_enabled(self) -> bool:
+        return self.rope_theta != 0 or self.rope_inv_freq is not None
+
+    @property
+    def q_size(self) -> int:
+        return self.num_heads * self.head_dim
+
+    @property
+    def kv_size(self) -> int:
+        return self.num_kv_heads * self.head_dim
+
+    @property
+    def group_size(self) -> int:
+        return self.num_heads // self.num_kv_heads
+
+    def inv_freq(self) -> np.ndarray:
+        """[head_dim/2] float64 angle per position of each rotated pair."""
+        if self.rope_inv_freq is not None:
+            return self.rope_inv_freq
+        d = self.head_dim
+        return 1.0 / (self.rope_theta ** (np.arange(0, d, 2, dtype=np.float64) / d))
+
+
+@dataclass
+class LayerWeights:
+    """Weights of one decoder layer, linear weights stored ``[out_features, in_features]``.
+
+    attn_norm [hidden]; wq [H*D, hidden]; wk, wv [KVH*D, hidden]; wo [hidden, H*D];
+    mlp_norm [hidden]; w_gate, w_up [intermediate, hidden]; w_down [hidden, intermediate];
+    optional q_norm, k_norm [D] (Qwen3, per head) and bq [H*D], bk, bv [KVH*D] (Qwen2).
+    """
+
+    attn_norm: np.ndarray
+    wq: np.ndarray
+    wk: np.ndarray
+    wv: np.ndarray
+    wo: np.ndarray
+    mlp_norm: np.ndarray
+    w_gate: np.ndarray
+    w_up: np.ndarray
+    w_down: np.ndarray
+    q_norm: "np.ndarray | None" = None
+    k_norm: "np.ndarray | None" = None
+    bq: "np.ndarray | None" = None
+    bk: "np.ndarray | None" = None
+    bv: "np.ndarray | None" = None
+
+    def expected_shapes(self, cfg: DecoderConfig) -> dict:
+        h, q, kv, i, d = cfg.hidden_size, cfg.q_size, cfg.kv_size, cfg.intermediate_size, cfg.head_dim
+        return {
+            "attn_norm": (h,), "wq": (q, h), "wk": (kv, h), "wv": (kv, h), "wo": (h, q),
+            "mlp_norm": (h,), "w_gate": (i, h), "w_up": (i, h), "w_down": (h, i),
+            "q_norm": (d,), "k_norm": (d,), "bq": (q,), "bk": (kv,), "bv": (kv,),
+        }
+
+    def validated(self, cfg: DecoderConfig) -> "LayerWeights":
+        """A copy whose arrays are float32 C-contiguous with the shapes ``cfg`` asks for.
+
+        Arrays that already are float32 C-contiguous are shared, not copied.  Raises ValueError
+        naming the weight for a wrong shape, TypeError for a non-floating dtype.
+        """
+        shapes = self.expected_shapes(cfg)
+        out = {}
+        for f in fields(self):
+            a = getattr(self, f.name)
+            if a is None:
+                if f.name in ("q_norm", "k_norm", "bq", "bk", "bv"):
+                    out[f.name] = None
+                    continue
+                raise ValueError(f"weight {f.name} is required")
+            arr = np.asarray(a)
+            if not np.issubdtype(arr.dtype, np.floating):
+                raise TypeError(f"weight {f.name} must be a floating-point array, got {arr.dtype}")
+            if arr.shape != shapes[f.name]:
+                raise ValueError(f"weight {f.name} has shape {arr.shape}, expected "
+                                 f"{shapes[f.name]} for {cfg}")
+            out[f.name] = np.ascontiguousarray(arr, dtype=np.float32)
+        return LayerWeights(**out)

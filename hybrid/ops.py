@@ -1,0 +1,252 @@
+"""The public operations of a decoder layer: validate arguments once, dispatch through the registry.
+
+Every op takes float32 row-major arrays.  Input that is another floating dtype or not
+C-contiguous is converted (a copy; the caller's array is never written unless passed as ``out``);
+a non-floating dtype or a wrong shape raises an error that names the argument.  ``device`` selects
+the backend ("cpu" or "cuda:N"); ops that read a KV cache run where that cache layer lives.
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+
+from . import registry
+from .kvcache import PagedKVCache
+from .placement import CPU, Placement
+
+_F32 = np.dtype(np.float32)
+
+
+def as_f32(name: str, x, ndim: "int | None" = None) -> np.ndarray:
+    """``x`` as a C-contiguous float32 array (itself when it already is one)."""
+    if type(x) is np.ndarray and x.dtype == _F32 and x.flags.c_contiguous:
+        arr = x
+    else:
+        arr = np.asarray(x)
+        if not np.issubdtype(arr.dtype, np.floating):
+            raise TypeError(f"{name} must be a floating-point array, got dtype {arr.dtype}")
+        arr = np.ascontiguousarray(arr, dtype=_F32)
+    if ndim is not None and arr.ndim != ndim:
+        raise ValueError(f"{name} must be {ndim}-dimensional, got shape {arr.shape}")
+    return arr
+
+
+def _out(name: str, out, shape: tuple) -> np.ndarray:
+    if out is None:
+        return np.empty(shape, dtype=_F32)
+    if not isinstance(out, np.ndarray) or out.dtype != _F32 or not out.flags.c_contiguous \
+            or not out.flags.writeable:
+        raise TypeError(f"{name}: out must be a writeable C-contiguous float32 ndarray")
+    if out.shape != shape:
+        raise ValueError(f"{name}: out has shape {out.shape}, expected {shape}")
+    return out
+
+
+def _impl(op: str, device):
+    return registry.lookup(op, CPU if device is None else device)
+
+
+def positions_array(positions, n: int) -> np.ndarray:
+    """[n] int64 positions, validated."""
+    pos = np.asarray(positions)
+    if pos.ndim == 0:
+        pos = pos.reshape(1)
+    if pos.ndim != 1 or pos.shape[0] != n:
+        raise ValueError(f"positions has {pos.size} entries for {n} tokens; one position per "
+                         f"token is needed")
+    if n and not np.issubdtype(pos.dtype, np.integer):
+        raise TypeError(f"positions must be integers, got dtype {pos.dtype}")
+    pos = np.ascontiguousarray(pos, dtype=np.int64)
+    if n and pos.min() < 0:
+        raise ValueError(f"positions must be >= 0, got {int(pos.min())}")
+    return pos
+
+
+# ------------------------------------------------------------------------------- row ops
+
+
+def rmsnorm(x, weight, eps: float, *, out=None, device=None) -> np.ndarray:
+    """x [rows, dim] -> x / sqrt(mean(x**2) + eps) * weight [dim], normalised in fp32."""
+    x = as_f32("x", x, 2)
+    w = as_f32("weight", weight, 1)
+    if w.shape[0] != x.shape[1]:
+        raise ValueError(f"rmsnorm: weight has {w.shape[0]} entries but rows have {x.shape[1]}")
+    o = _out("rmsnorm", out, x.shape)
+    _impl("rmsnorm", device)(x, w, float(eps), o)
+    return o
+
+
+def rope(x, positions, inv_freq, *, num_heads: int, head_dim: int, style: str = "neox",
+         out=None, device=None) -> np.ndarray:
+    """Rotary embedding of x [rows, num_heads*head_dim] at per-row positions.
+
+    ``inv_freq`` [head_dim/2] float64 holds the angle per position of each pair
+    (``1/theta**(2i/head_dim)`` for plain RoPE); ``style`` is "neox" (pairs i, i+head_dim/2) or
+    "gptj" (pairs 2i, 2i+1).  Rotates ``out`` in place (``out`` may be ``x``).
+    """
+    if style not in ("neox", "gptj"):
+        raise ValueError(f"rope style must be 'neox' or 'gptj', got {style!r}")
+    if head_dim <= 0 or head_dim % 2:
+        raise ValueError(f"rope needs an even head_dim, got {head_dim}")
+    x = as_f32("x", x, 2)
+    if x.shape[1] != num_heads * head_dim:
+        raise ValueError(f"rope: rows have {x.shape[1]} values, expected num_heads*head_dim = "
+                         f"{num_heads}*{head_dim}")
+    pos = positions_array(positions, x.shape[0])
+    f = np.ascontiguousarray(inv_freq, dtype=np.float64)
+    if f.shape != (head_dim // 2,):
+        raise ValueError(f"rope: inv_freq must have shape ({head_dim // 2},), got {f.shape}")
+    o = _out("rope", out, x.shape)
+    if o is not x:
+        np.copyto(o, x)
+    _impl("rope", device)(o, pos, f, num_heads, head_dim, style == "neox")
+    return o
+
+
+def swiglu(gate, up, *, out=None, device=None) -> np.ndarray:
+    """silu(gate) * up, elementwise; gate and up of one shape."""
+    g = as_f32("gate", gate)
+    u = as_f32("up", up)
+    if g.shape != u.shape:
+        raise ValueError(f"swiglu: gate {g.shape} and up {u.shape} differ in shape")
+    o = _out("swiglu", out, g.shape)
+    _impl("swiglu", device)(g.reshape(-1), u.reshape(-1), o.reshape(-1))
+    return o
+
+
+def add(a, b, *, out=None, device=None) -> np.ndarray:
+    """a + b (the residual connection); ``out`` may be ``a``."""
+    a = as_f32("a", a)
+    b = as_f32("b", b)
+    if a.shape != b.shape:
+        raise ValueError(f"add: shapes {a.shape} and {b.shape} differ")
+    o = _out("add", out, a.shape)
+    _impl("add", device)(a.reshape(-1), b.reshape(-1), o.reshape(-1))
+    return o
+
+
+def linear(x, weight, bias=None, *, out=None, device=None) -> np.ndarray:
+    """x [rows, in] @ weight[out, in].T (+ bias [out]) -> [rows, out]."""
+    x = as_f32("x", x, 2)
+    w = as_f32("weight", weight, 2)
+    if w.shape[1] != x.shape[1]:
+        raise ValueError(f"linear: x has {x.shape[1]} features but weight is {w.shape} "
+                         f"([out_features, in_features])")
+    b = None
+    if bias is not None:
+        b = as_f32("bias", bias, 1)
+        if b.shape[0] != w.shape[0]:
+            raise ValueError(f"linear: bias has {b.shape[0]} entries for {w.shape[0]} outputs")
+    o = _out("linear", out, (x.shape[0], w.shape[0]))
+    _impl("linear", device)(x, w, b, o)
+    return o
+
+
+# ------------------------------------------------------------------------------- attention
+
+
+def _attention_shape(q: np.ndarray, cache: PagedKVCache) -> int:
+    d, kvh = cache.head_dim, cache.num_kv_heads
+    if q.shape[1] % d or (q.shape[1] // d) % kvh or q.shape[1] == 0:
+        raise ValueError(f"q has {q.shape[1]} columns: it must be num_heads*head_dim with "
+                         f"head_dim={d} and num_heads a multiple of num_kv_heads={kvh}")
+    return q.shape[1] // d
+
+
+def paged_attention(q, cache: PagedKVCache, layer: int, *, scale: "float | None" = None,
+                    out=None) -> np.ndarray:
+    """Causal attention of q [n_tokens, num_heads*head_dim] over one layer of ``cache``.
+
+    Row i is the token at position ``cache.seq_len + i`` and attends to positions
+    ``0 .. cache.seq_len + i`` of the layer (committed plus appended), so the layer must already
+    hold ``seq_len + n_tokens`` tokens.  ``scale`` defaults to ``1/sqrt(head_dim)``.
+    Runs on the backend of the device where that cache layer lives.
+    """
+    q = as_f32("q", q, 2)
+    num_heads = _attention_shape(q, cache)
+    n = q.shape[0]
+    start = cache.seq_len
+    held = cache.layer_len(layer)
+    if start + n > held:
+        raise ValueError(f"paged_attention: {n} query rows from position {start} need "
+                         f"{start + n} tokens in layer {layer}, which holds {held}; append k/v "
+                         f"first")
+    o = _out("paged_attention", out, q.shape)
+    k_ptrs, v_ptrs = cache.block_pointers(layer)
+    s = 1.0 / math.sqrt(cache.head_dim) if scale is None else float(scale)
+    registry.lookup("paged_attention", cache.placement(layer))(
+        q, start, k_ptrs, v_ptrs, num_heads, cache.num_kv_heads, cache.head_dim,
+        cache.block_size, cache.dtype == np.float16, s, o)
+    return o
+
+
+def check_batch_caches(caches, layer: int, batch: int) -> None:
+    """Raise if ``caches`` cannot serve one decode token per sequence at ``layer``."""
+    if not isinstance(caches, (list, tuple)):
+        raise TypeError(f"caches must be a list of PagedKVCache, got {type(caches).__name__}")
+    if len(caches) != batch:
+        raise ValueError(f"caches has {len(caches)} entries for a batch of {batch} tokens")
+    first = None
+    seen = set()
+    for i, c in enumerate(caches):
+        if c is None:
+            raise ValueError(f"batched attention needs a KV cache for every sequence; "
+                             f"caches[{i}] is None")
+        if not isinstance(c, PagedKVCache):
+            raise TypeError(f"caches[{i}] is a {type(c).__name__}, not a PagedKVCache")
+        if id(c) in seen:
+            raise ValueError(f"caches[{i}] appears twice in the batch; each sequence needs "
+                             f"its own cache")
+        seen.add(id(c))
+        if first is None:
+            first = c
+            continue
+        if c.block_size != first.block_size:
+            raise ValueError(f"mixed block sizes in batch: caches[0] has {first.block_size}, "
+                             f"caches[{i}] has {c.block_size}")
+        if c.dtype != first.dtype:
+            raise ValueError(f"mixed KV dtypes in batch: caches[0] is {first.dtype.name}, "
+                             f"caches[{i}] is {c.dtype.name}")
+        if (c.num_kv_heads, c.head_dim) != (first.num_kv_heads, first.head_dim):
+            raise ValueError(f"caches[{i}] has {c.num_kv_heads} KV heads x {c.head_dim}, "
+                             f"caches[0] has {first.num_kv_heads} x {first.head_dim}")
+        if c.placement(layer) != first.placement(layer):
+            raise ValueError(f"caches[{i}] layer {layer} is on {c.placement(layer)}, caches[0] "
+                             f"on {first.placement(layer)}")
+
+
+def paged_attention_batch(q, caches, layer: int, *, scale: "float | None" = None,
+                          out=None) -> np.ndarray:
+    """Decode attention: row b of q [B, num_heads*head_dim] is the token at position
+    ``caches[b].seq_len`` and attends to positions ``0 .. seq_len`` of its own cache's layer."""
+    q = as_f32("q", q, 2)
+    check_batch_caches(caches, layer, q.shape[0])
+    if not caches:
+        return _out("paged_attention_batch", out, q.shape)
+    c0 = caches[0]
+    num_heads = _attention_shape(q, c0)
+    kv_lens = np.empty(len(caches), dtype=np.int64)
+    indptr = np.zeros(len(caches) + 1, dtype=np.int64)
+    kp, vp = [], []
+    for b, c in enumerate(caches):
+        kv_lens[b] = c.seq_len + 1
+        if c.layer_len(layer) < kv_lens[b]:
+            raise ValueError(f"caches[{b}] layer {layer} holds {c.layer_len(layer)} tokens; the "
+                             f"decode token at position {c.seq_len} must be appended first")
+        k_ptrs, v_ptrs = c.block_pointers(layer)
+        nb = -(-int(kv_lens[b]) // c.block_size)
+        kp.append(k_ptrs[:nb])
+        vp.append(v_ptrs[:nb])
+        indptr[b + 1] = indptr[b] + nb
+    o = _out("paged_attention_batch", out, q.shape)
+    s = 1.0 / math.sqrt(c0.head_dim) if scale is None else float(scale)
+    registry.lookup("paged_attention_batch", c0.placement(layer))(
+        q, kv_lens, indptr, np.concatenate(kp), np.concatenate(vp), num_heads, c0.num_kv_heads,
+        c0.head_dim, c0.block_size, c0.dtype == np.float16, s, o)
+    return o
+
+
+__all__ = ["rmsnorm", "rope", "swiglu", "add", "linear", "paged_attention",
+           "paged_attention_batch", "as_f32", "positions_array", "Placement"]

@@ -1,0 +1,157 @@
+"""Float64 NumPy twin of every kernel: the specification and the test oracle.
+
+Only NumPy is imported here, so the math can be read and checked without building anything.
+Shapes use H query heads, KVH KV heads, D head_dim, G = H // KVH (the GQA group size).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+
+def _f64(x) -> np.ndarray:
+    return np.asarray(x, dtype=np.float64)
+
+
+def rmsnorm(x, weight, eps: float) -> np.ndarray:
+    """x [rows, dim] / sqrt(mean(x**2, row) + eps) * weight [dim]."""
+    x = _f64(x)
+    return x / np.sqrt(np.mean(x * x, axis=-1, keepdims=True) + eps) * _f64(weight)
+
+
+def rope_inv_freq(head_dim: int, theta: float) -> np.ndarray:
+    """[head_dim/2] angle per position of pair i: theta ** (-2i / head_dim)."""
+    return 1.0 / (theta ** (np.arange(0, head_dim, 2, dtype=np.float64) / head_dim))
+
+
+def rope(x, positions, inv_freq, num_heads: int, head_dim: int, style: str = "neox") -> np.ndarray:
+    """Rotate each head of x [rows, H*D] by angle positions[row] * inv_freq[i] per pair i.
+
+    neox: pairs (i, i + D/2) ("rotate_half", Llama/Qwen); gptj: pairs (2i, 2i+1).
+    """
+    x = _f64(x).reshape(-1, num_heads, head_dim)
+    ang = np.asarray(positions, dtype=np.float64)[:, None] * _f64(inv_freq)[None, :]  # [rows, D/2]
+    cos, sin = np.cos(ang)[:, None, :], np.sin(ang)[:, None, :]
+    half = head_dim // 2
+    if style == "neox":
+        a, b = x[..., :half], x[..., half:]
+        out = np.concatenate([a * cos - b * sin, b * cos + a * sin], axis=-1)
+    elif style == "gptj":
+        a, b = x[..., 0::2], x[..., 1::2]
+        out = np.empty_like(x)
+        out[..., 0::2] = a * cos - b * sin
+        out[..., 1::2] = b * cos + a * sin
+    else:
+        raise ValueError(f"unknown rope style {style!r}")
+    return out.reshape(-1, num_heads * head_dim)
+
+
+def silu(x) -> np.ndarray:
+    x = _f64(x)
+    return x / (1.0 + np.exp(-x))
+
+
+def swiglu(gate, up) -> np.ndarray:
+    """silu(gate) * up."""
+    return silu(gate) * _f64(up)
+
+
+def add(a, b) -> np.ndarray:
+    return _f64(a) + _f64(b)
+
+
+def linear(x, weight, bias=None) -> np.ndarray:
+    """x [rows, in] @ weight [out, in].T (+ bias [out])."""
+    y = _f64(x) @ _f64(weight).T
+    return y if bias is None else y + _f64(bias)
+
+
+def attention(q, k, v, q_positions, num_heads: int, num_kv_heads: int, head_dim: int,
+              scale: "float | None" = None) -> np.ndarray:
+    """Causal GQA attention over dense keys.
+
+    q [n, H*D]; k, v [kv_len, KVH*D]; query row i sees key positions 0 .. q_positions[i].
+    Query head h reads KV head h // G.  Returns [n, H*D].
+    """
+    q = _f64(q).reshape(-1, num_heads, head_dim)
+    k = _f64(k).reshape(-1, num_kv_heads, head_dim)
+    v = _f64(v).reshape(-1, num_kv_heads, head_dim)
+    g = num_heads // num_kv_heads
+    scale = 1.0 / np.sqrt(head_dim) if scale is None else scale
+    out = np.zeros_like(q)
+    for i, p in enumerate(np.asarray(q_positions)):
+        for h in range(num_heads):
+            kh = h // g
+            s = (k[: p + 1, kh] @ q[i, h]) * scale  # [p+1]
+            w = np.exp(s - s.max())
+            out[i, h] = (w / w.sum()) @ v[: p + 1, kh]
+    return out.reshape(-1, num_heads * head_dim)
+
+
+def gather_blocks(blocks, kv_len: int) -> np.ndarray:
+    """Walk a block table: blocks is the list of [KVH, block_size, D] arrays in position order;
+    returns the first kv_len positions as [kv_len, KVH*D] float64."""
+    if kv_len == 0:
+        return np.zeros((0, 0))
+    kvh, bs, d = blocks[0].shape
+    rows = []
+    for p in range(kv_len):
+        b, slot = divmod(p, bs)
+        rows.append(_f64(blocks[b][:, slot, :]).reshape(kvh * d))
+    return np.stack(rows)
+
+
+def paged_attention(q, k_blocks, v_blocks, start_pos: int, num_heads: int, num_kv_heads: int,
+                    head_dim: int, scale: "float | None" = None) -> np.ndarray:
+    """Causal attention of q [n, H*D] whose row i sits at position start_pos + i, over the keys and
+    values found by walking the block lists (only positions < start_pos + n are read)."""
+    n = np.asarray(q).shape[0]
+    kv_len = start_pos + n
+    k = gather_blocks(k_blocks, kv_len)
+    v = gather_blocks(v_blocks, kv_len)
+    return attention(q, k, v, np.arange(start_pos, kv_len), num_heads, num_kv_heads, head_dim, scale)
+
+
+def paged_attention_batch(q, k_blocks_per_seq, v_blocks_per_seq, kv_lens, num_heads: int,
+                          num_kv_heads: int, head_dim: int, scale: "float | None" = None):
+    """Decode attention: row b of q [B, H*D] sees positions 0 .. kv_lens[b]-1 of sequence b."""
+    rows = []
+    for b, kv_len in enumerate(kv_lens):
+        k = gather_blocks(k_blocks_per_seq[b], kv_len)
+        v = gather_blocks(v_blocks_per_seq[b], kv_len)
+        rows.append(attention(np.asarray(q)[b:b + 1], k, v, [kv_len - 1], num_heads,
+                              num_kv_heads, head_dim, scale))
+    return np.concatenate(rows)
+
+
+def decoder_layer(x, positions, past_k, past_v, w, cfg):
+    """One decoder layer over dense float64 history.
+
+    x [n, hidden]; positions [n] (RoPE angles); past_k, past_v [start, KVH*D] (already rotated);
+    w: LayerWeights; cfg: DecoderConfig.  The n new tokens sit at positions start .. start+n-1
+    of the sequence.  Returns (out [n, hidden], k_all, v_all [start+n, KVH*D]).
+    """
+    H, KVH, D, eps = cfg.num_heads, cfg.num_kv_heads, cfg.head_dim, cfg.rms_norm_eps
+    x = _f64(x)
+    n = x.shape[0]
+    start = 0 if past_k is None else np.asarray(past_k).shape[0]
+    # attention block: norm, projections, per-head QK-norm, RoPE, causal attention, o_proj
+    h = rmsnorm(x, w.attn_norm, eps)
+    q = linear(h, w.wq, w.bq)
+    k = linear(h, w.wk, w.bk)
+    v = linear(h, w.wv, w.bv)
+    if w.q_norm is not None:
+        q = rmsnorm(q.reshape(-1, D), w.q_norm, eps).reshape(n, H * D)
+    if w.k_norm is not None:
+        k = rmsnorm(k.reshape(-1, D), w.k_norm, eps).reshape(n, KVH * D)
+    if cfg.rope_enabled:
+        q = rope(q, positions, cfg.inv_freq(), H, D, cfg.rope_style)
+        k = rope(k, positions, cfg.inv_freq(), KVH, D, cfg.rope_style)
+    k_all = k if start == 0 else np.concatenate([_f64(past_k), k])
+    v_all = v if start == 0 else np.concatenate([_f64(past_v), v])
+    att = attention(q, k_all, v_all, np.arange(start, start + n), H, KVH, D)
+    x1 = x + linear(att, w.wo)
+    # MLP block: norm, SwiGLU, down projection, residual
+    h2 = rmsnorm(x1, w.mlp_norm, eps)
+    out = x1 + linear(swiglu(linear(h2, w.w_gate), linear(h2, w.w_up)), w.w_down)
+    return out, k_all, v_all
