@@ -1,0 +1,176 @@
+"""Paged attention (single sequence and batched decode) against the float64 reference.
+
+Unused slots of partially filled blocks are NaN (the cache's poison_unused mode), so a kernel
+that reads past a sequence's length, or a block it was not given, produces NaN and fails.
+"""
+
+import numpy as np
+import pytest
+
+import hybrid
+from hybrid import ops
+from hybrid import reference as ref
+from conftest import rel_err
+
+TOL = {"float32": 2e-5, "float16": 2e-5}  # against the reference run on the *stored* values
+
+
+def _cache(kvh, d, bs, dtype, layers=1):
+    return hybrid.PagedKVCache(num_layers=layers, num_kv_heads=kvh, head_dim=d, block_size=bs,
+                               dtype=dtype, poison_unused=True)
+
+
+def _fill(cache, rng, n, layer=0):
+    k = rng.standard_normal((n, cache.kv_dim), dtype=np.float32)
+    v = rng.standard_normal((n, cache.kv_dim), dtype=np.float32)
+    cache.append(layer, k, v)
+    return k, v
+
+
+BS = 16
+LENGTHS = [1, BS, BS + 1, 3 * BS + 5]
+
+
+@pytest.mark.parametrize("dtype", ["float32", "float16"])
+@pytest.mark.parametrize("head_dim", [64, 80, 128])
+@pytest.mark.parametrize("group", [1, 2, 4, 8])
+@pytest.mark.parametrize("n", LENGTHS)
+def test_prefill_from_empty(rng, dtype, head_dim, group, n):
+    kvh = 3 if group <= 2 else 1  # odd KV head counts too
+    h = kvh * group
+    cache = _cache(kvh, head_dim, BS, dtype)
+    _fill(cache, rng, n)
+    q = rng.standard_normal((n, h * head_dim), dtype=np.float32)
+    got = ops.paged_attention(q, cache, 0)
+    kb, vb = cache.blocks(0)
+    assert rel_err(got, ref.paged_attention(q, kb, vb, 0, h, kvh, head_dim)) < TOL[dtype]
+
+
+@pytest.mark.parametrize("dtype", ["float32", "float16"])
+@pytest.mark.parametrize("past,n", [(1, 1), (BS - 1, 1), (BS, BS + 1), (3 * BS + 5, 1),
+                                    (3 * BS + 5, 7), (2 * BS, BS)])
+@pytest.mark.parametrize("group", [1, 4, 8])
+def test_after_committed_history(rng, dtype, past, n, group):
+    kvh, d = 2, 64
+    cache = _cache(kvh, d, BS, dtype)
+    _fill(cache, rng, past)
+    cache.commit(past)
+    _fill(cache, rng, n)
+    q = rng.standard_normal((n, kvh * group * d), dtype=np.float32)
+    got = ops.paged_attention(q, cache, 0)
+    kb, vb = cache.blocks(0)
+    assert rel_err(got, ref.paged_attention(q, kb, vb, past, kvh * group, kvh, d)) < TOL[dtype]
+
+
+@pytest.mark.parametrize("dtype", ["float32", "float16"])
+@pytest.mark.parametrize("kvh,group,length", [(1, 8, 3000), (1, 1, 1111), (2, 4, 4097)])
+@pytest.mark.parametrize("n", [1, 3])
+def test_long_context_uses_splits(rng, dtype, kvh, group, length, n):
+    """Few KV heads at long context: the key range is split across threads and merged."""
+    d = 128
+    hybrid.set_num_threads(2)
+    cache = _cache(kvh, d, BS, dtype)
+    _fill(cache, rng, length - n)
+    cache.commit(length - n)
+    _fill(cache, rng, n)
+    q = rng.standard_normal((n, kvh * group * d), dtype=np.float32) * 2
+    got = ops.paged_attention(q, cache, 0)
+    kb, vb = cache.blocks(0)
+    expect = ref.paged_attention(q, kb, vb, length - n, kvh * group, kvh, d)
+    assert rel_err(got, expect) < TOL[dtype]
+    # the same answer on one thread (no splits)
+    hybrid.set_num_threads(1)
+    try:
+        one = ops.paged_attention(q, cache, 0)
+    finally:
+        hybrid.set_num_threads(None)
+    assert rel_err(one, expect) < TOL[dtype]
+
+
+@pytest.mark.parametrize("bs", [1, 3, 16, 32])
+def test_block_sizes(rng, bs):
+    kvh, group, d, n = 2, 2, 64, 2 * 32 + 3
+    cache = _cache(kvh, d, bs, "float32")
+    _fill(cache, rng, n)
+    q = rng.standard_normal((n, kvh * group * d), dtype=np.float32)
+    kb, vb = cache.blocks(0)
+    got = ops.paged_attention(q, cache, 0)
+    assert rel_err(got, ref.paged_attention(q, kb, vb, 0, kvh * group, kvh, d)) < 2e-5
+
+
+def test_scores_with_large_dynamic_range(rng):
+    """Online softmax must rescale correctly when a later block holds a much larger score."""
+    kvh, d = 1, 64
+    cache = _cache(kvh, d, BS, "float32")
+    k = rng.standard_normal((100, d), dtype=np.float32)
+    k[70] *= 40  # one dominant key late in the sequence
+    v = rng.standard_normal((100, d), dtype=np.float32)
+    cache.append(0, k, v)
+    q = np.tile(k[70] / 4, (100, 1)).astype(np.float32)
+    got = ops.paged_attention(q, cache, 0)
+    kb, vb = cache.blocks(0)
+    assert rel_err(got, ref.paged_attention(q, kb, vb, 0, 1, 1, d)) < 2e-5
+
+
+def test_scale_argument(rng):
+    cache = _cache(1, 64, BS, "float32")
+    _fill(cache, rng, 20)
+    q = rng.standard_normal((20, 64), dtype=np.float32)
+    kb, vb = cache.blocks(0)
+    got = ops.paged_attention(q, cache, 0, scale=0.3)
+    assert rel_err(got, ref.paged_attention(q, kb, vb, 0, 1, 1, 64, scale=0.3)) < 2e-5
+
+
+@pytest.mark.parametrize("dtype", ["float32", "float16"])
+@pytest.mark.parametrize("group", [1, 3, 8])
+def test_batched_decode(rng, dtype, group):
+    kvh, d = 2, 80
+    h = kvh * group
+    lengths = [1, BS, BS + 1, 3 * BS + 5, 200, 7]
+    caches = []
+    for length in lengths:
+        c = _cache(kvh, d, BS, dtype)
+        _fill(c, rng, length - 1)
+        c.commit(length - 1)
+        _fill(c, rng, 1)
+        caches.append(c)
+    q = rng.standard_normal((len(lengths), h * d), dtype=np.float32)
+    got = ops.paged_attention_batch(q, caches, 0)
+    blocks = [c.blocks(0) for c in caches]
+    expect = ref.paged_attention_batch(q, [b[0] for b in blocks], [b[1] for b in blocks],
+                                       lengths, h, kvh, d)
+    assert rel_err(got, expect) < TOL[dtype]
+    # each row equals the single-sequence kernel on that cache
+    for b, c in enumerate(caches):
+        one = ops.paged_attention(q[b:b + 1], c, 0)
+        assert rel_err(got[b:b + 1], one) < 1e-6
+
+
+def test_batched_decode_long_and_short_mixed(rng):
+    kvh, group, d = 1, 4, 128
+    caches = []
+    for length in (2500, 3):
+        c = _cache(kvh, d, BS, "float16")
+        _fill(c, rng, length - 1)
+        c.commit(length - 1)
+        _fill(c, rng, 1)
+        caches.append(c)
+    q = rng.standard_normal((2, kvh * group * d), dtype=np.float32)
+    got = ops.paged_attention_batch(q, caches, 0)
+    blocks = [c.blocks(0) for c in caches]
+    expect = ref.paged_attention_batch(q, [b[0] for b in blocks], [b[1] for b in blocks],
+                                       [2500, 3], kvh * group, kvh, d)
+    assert rel_err(got, expect) < TOL["float16"]
+
+
+def test_float16_cache_stores_rounded_values(rng):
+    """The f16 path reads exactly what was stored: compare against float64 on the f32 inputs with
+    a bound that f16 rounding (2^-11 relative) respects, and that a wrong conversion would not."""
+    kvh, d, n = 2, 64, 40
+    c16 = _cache(kvh, d, BS, "float16")
+    k, v = _fill(c16, rng, n)
+    q = rng.standard_normal((n, 4 * d), dtype=np.float32)
+    got = ops.paged_attention(q, c16, 0)
+    expect = ref.attention(q, k, v, np.arange(n), 4, kvh, d)
+    err = rel_err(got, expect)
+    assert 0 < err < 5e-3

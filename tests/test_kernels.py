@@ -1,0 +1,98 @@
+"""Row kernels (RMSNorm, RoPE, SwiGLU, add, linear) against the float64 reference."""
+
+import numpy as np
+import pytest
+
+import hybrid
+from hybrid import ops
+from hybrid import reference as ref
+from conftest import rel_err
+
+
+@pytest.mark.parametrize("rows,dim", [(1, 64), (1, 576), (7, 80), (33, 4096), (300, 128)])
+def test_rmsnorm(rng, rows, dim):
+    x = rng.standard_normal((rows, dim), dtype=np.float32) * 3
+    w = rng.standard_normal(dim, dtype=np.float32)
+    eps = 1e-5
+    assert rel_err(ops.rmsnorm(x, w, eps), ref.rmsnorm(x, w, eps)) < 2e-6
+
+
+def test_rmsnorm_in_place_zero_and_tiny_rows(rng):
+    x = np.zeros((3, 64), np.float32)
+    x[1] = rng.standard_normal(64, dtype=np.float32) * 1e-3
+    x[2] = rng.standard_normal(64, dtype=np.float32) * 1e3
+    w = rng.standard_normal(64, dtype=np.float32)
+    expect = ref.rmsnorm(x, w, 1e-6)
+    out = ops.rmsnorm(x, w, 1e-6, out=x)
+    assert out is x
+    assert np.all(x[0] == 0)
+    assert rel_err(x, expect) < 2e-6
+
+
+@pytest.mark.parametrize("style", ["neox", "gptj"])
+@pytest.mark.parametrize("rows,heads,head_dim", [(1, 1, 64), (5, 3, 80), (17, 8, 128), (2, 9, 2)])
+def test_rope(rng, style, rows, heads, head_dim):
+    x = rng.standard_normal((rows, heads * head_dim), dtype=np.float32)
+    pos = rng.integers(0, 40000, rows)
+    f = ref.rope_inv_freq(head_dim, 500000.0)
+    got = ops.rope(x, pos, f, num_heads=heads, head_dim=head_dim, style=style)
+    assert rel_err(got, ref.rope(x, pos, f, heads, head_dim, style)) < 2e-6
+    # position 0 is the identity, and the two styles differ elsewhere
+    zero = ops.rope(x, np.zeros(rows, int), f, num_heads=heads, head_dim=head_dim, style=style)
+    np.testing.assert_array_equal(zero, x)
+
+
+def test_rope_styles_are_different_rotations(rng):
+    x = rng.standard_normal((1, 64), dtype=np.float32)
+    f = ref.rope_inv_freq(64, 10000.0)
+    a = ops.rope(x, [5], f, num_heads=1, head_dim=64, style="neox")
+    b = ops.rope(x, [5], f, num_heads=1, head_dim=64, style="gptj")
+    assert rel_err(a, b) > 1e-2
+
+
+@pytest.mark.parametrize("head_dim", [63, 1, 0])
+def test_rope_rejects_odd_head_dim(rng, head_dim):
+    x = np.zeros((1, 2 * max(head_dim, 1)), np.float32)
+    with pytest.raises(ValueError, match="even head_dim"):
+        ops.rope(x, [0], np.ones(max(head_dim // 2, 1)), num_heads=2, head_dim=head_dim)
+    with pytest.raises(ValueError, match="even head_dim"):
+        hybrid.DecoderConfig(hidden_size=2 * 63, num_heads=2, head_dim=63)
+
+
+@pytest.mark.parametrize("n", [1, 7, 1536, 16384 * 3 + 5])
+def test_swiglu(rng, n):
+    g = rng.standard_normal(n, dtype=np.float32) * 6
+    u = rng.standard_normal(n, dtype=np.float32)
+    g[:1] = -100.0  # deep negative: silu -> 0 without overflow trouble
+    assert rel_err(ops.swiglu(g, u), ref.swiglu(g, u)) < 2e-6
+
+
+@pytest.mark.parametrize("shape", [(1, 5), (3, 576), (70, 1000)])
+def test_add(rng, shape):
+    a = rng.standard_normal(shape, dtype=np.float32)
+    b = rng.standard_normal(shape, dtype=np.float32)
+    np.testing.assert_array_equal(ops.add(a, b), a + b)
+
+
+@pytest.mark.parametrize("rows,fin,fout", [(1, 64, 96), (5, 576, 192), (37, 80, 33)])
+def test_linear(rng, rows, fin, fout):
+    x = rng.standard_normal((rows, fin), dtype=np.float32)
+    w = rng.standard_normal((fout, fin), dtype=np.float32)
+    b = rng.standard_normal(fout, dtype=np.float32)
+    assert rel_err(ops.linear(x, w), ref.linear(x, w)) < 1e-5
+    assert rel_err(ops.linear(x, w, b), ref.linear(x, w, b)) < 1e-5
+
+
+def test_ops_convert_without_touching_inputs(rng):
+    x64 = rng.standard_normal((4, 128))
+    strided = rng.standard_normal((4, 256), dtype=np.float32)[:, ::2]
+    keep64, keep_s = x64.copy(), strided.copy()
+    w = np.ones(128, np.float32)
+    assert rel_err(ops.rmsnorm(x64, w, 1e-6), ref.rmsnorm(x64, w, 1e-6)) < 2e-6
+    assert rel_err(ops.rmsnorm(strided, w, 1e-6), ref.rmsnorm(strided, w, 1e-6)) < 2e-6
+    np.testing.assert_array_equal(x64, keep64)
+    np.testing.assert_array_equal(strided, keep_s)
+    with pytest.raises(TypeError, match="floating-point"):
+        ops.rmsnorm(np.ones((2, 128), np.int32), w, 1e-6)
+    with pytest.raises(TypeError, match="out must be"):
+        ops.rmsnorm(keep_s, w, 1e-6, out=np.empty((4, 128), np.float64))
