@@ -1,0 +1,80 @@
+"""Decode attention: one query, 32 query heads / 8 KV heads, head_dim 128, contexts 1k/4k/16k,
+float32 and float16 KV.  hybrid's paged kernel reads the cache's blocks; the peer, torch's
+scaled_dot_product_attention, gets a contiguous copy of the same keys and values."""
+
+import math
+
+import numpy as np
+import pytest
+
+import hybrid
+from conftest import RESULTS, record
+
+H, KVH, D, BS = 32, 8, 128, 16
+CONTEXTS = [1024, 4096, 16384]
+_times: dict = {}
+
+
+def _cache(ctx, dtype, rng):
+    cache = hybrid.PagedKVCache(num_layers=1, num_kv_heads=KVH, head_dim=D, block_size=BS,
+                                dtype=dtype)
+    step = 4096
+    for s in range(0, ctx, step):
+        n = min(step, ctx - s)
+        cache.append(0, rng.standard_normal((n, KVH * D), dtype=np.float32),
+                     rng.standard_normal((n, KVH * D), dtype=np.float32))
+    cache.commit(ctx - 1)  # the last token is the one being decoded
+    return cache
+
+
+@pytest.mark.parametrize("dtype", ["float32", "float16"])
+@pytest.mark.parametrize("ctx", CONTEXTS)
+def test_decode_attention_hybrid(benchmark, read_bandwidth, ctx, dtype):
+    rng = np.random.default_rng(0)
+    cache = _cache(ctx, dtype, rng)
+    q = rng.standard_normal((1, H * D), dtype=np.float32)
+    out = np.empty_like(q)
+    benchmark(hybrid.ops.paged_attention, q, cache, 0, out=out)
+    kv_bytes = 2 * ctx * KVH * D * np.dtype(dtype).itemsize
+    t = record(benchmark, "attention", f"hybrid ctx={ctx} {dtype}", bytes_moved=kv_bytes,
+               bandwidth=read_bandwidth)
+    _times[("hybrid", ctx, dtype)] = t
+    _ratios(ctx, dtype)
+
+
+@pytest.mark.parametrize("dtype", ["float32", "float16"])
+@pytest.mark.parametrize("ctx", CONTEXTS)
+def test_decode_attention_torch_sdpa(benchmark, read_bandwidth, ctx, dtype):
+    torch = pytest.importorskip("torch", reason="torch is the attention peer (pip install '.[bench]')")
+    torch.set_num_threads(hybrid.get_num_threads())
+    rng = np.random.default_rng(0)
+    cache = _cache(ctx, dtype, rng)
+    k, v = cache.dense(0)  # contiguous copies [ctx, KVH*D] in the cache dtype
+    tdt = torch.float16 if dtype == "float16" else torch.float32
+    kt = torch.from_numpy(np.ascontiguousarray(k.reshape(ctx, KVH, D).transpose(1, 0, 2)))[None].to(tdt)
+    vt = torch.from_numpy(np.ascontiguousarray(v.reshape(ctx, KVH, D).transpose(1, 0, 2)))[None].to(tdt)
+    qt = torch.from_numpy(rng.standard_normal((1, H, 1, D), dtype=np.float32)).to(tdt)
+    sdpa = torch.nn.functional.scaled_dot_product_attention
+
+    def run():
+        with torch.no_grad():
+            return sdpa(qt, kt, vt, enable_gqa=True, scale=1 / math.sqrt(D))
+
+    benchmark(run)
+    kv_bytes = 2 * ctx * KVH * D * np.dtype(dtype).itemsize
+    t = record(benchmark, "attention", f"torch-sdpa ctx={ctx} {dtype}", bytes_moved=kv_bytes,
+               bandwidth=read_bandwidth)
+    _times[("torch", ctx, dtype)] = t
+    _ratios(ctx, dtype)
+
+
+def _ratios(ctx, dtype):
+    """Once both sides (and both dtypes) of a context are timed, record the ratios to quote."""
+    h, t = _times.get(("hybrid", ctx, dtype)), _times.get(("torch", ctx, dtype))
+    if h and t and ("ratio", ctx, dtype) not in _times:
+        _times[("ratio", ctx, dtype)] = True
+        RESULTS.append(("attention", f"speed-up over torch ctx={ctx} {dtype}", t / h, "x", ""))
+    f16, f32 = _times.get(("hybrid", ctx, "float16")), _times.get(("hybrid", ctx, "float32"))
+    if f16 and f32 and ("f16ratio", ctx) not in _times:
+        _times[("f16ratio", ctx)] = True
+        RESULTS.append(("attention", f"f16 / f32 time ctx={ctx}", f16 / f32, "x", "target <= 0.6"))
