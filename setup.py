@@ -21,6 +21,7 @@ from Cython.Build import cythonize
 from setuptools import Extension, setup
 
 CPU_MODULES = ["elementwise", "attention", "runtime"]
+HEADERS = ["hybrid/_cpu/simd.h", "hybrid/_cpu/attention_core.h", "hybrid/_cpu/omp_compat.h"]
 
 _OMP_PROBE = textwrap.dedent(
     """
@@ -108,6 +109,7 @@ def _extensions():
             f"hybrid._cpu.{name}",
             [f"hybrid/_cpu/{name}.pyx"],
             include_dirs=[np.get_include(), "hybrid/_cpu"],
+            depends=HEADERS,
             define_macros=macros,
             extra_compile_args=cflags,
             extra_link_args=[*omp_l],

@@ -15,6 +15,7 @@ from libc.string cimport memcpy
 import numpy as np
 
 cdef extern from "attention_core.h" nogil:
+    enum: HY_MAX_CHUNKS
     ctypedef struct hy_attn_shape:
         int num_heads
         int num_kv_heads
@@ -32,7 +33,7 @@ cdef extern from "attention_core.h" nogil:
         float *acc
     void hy_attn_task(const hy_attn_shape *sh, hy_attn_scratch *w, const float *q,
                       const int64_t *row_pos, long r0, long r1, const int64_t *kblk,
-                      const int64_t *vblk, int kv_head, long kb, long ke)
+                      const int64_t *vblk, int g0, int g1, long kb, long ke)
 
 cdef enum:
     # Query vectors (rows x heads of one GQA group) a task handles at most; bounds scratch to
@@ -40,13 +41,17 @@ cdef enum:
     QUERY_VECTORS_PER_TASK = 32
     # A split of the key range is never shorter than this many tokens.
     MIN_SPLIT_TOKENS = 256
-    # Task columns: r0, r1, table offset, kv head, first key, end key, partial slot (-1: direct)
-    NCOL = 7
+    # Task columns: r0, r1, table offset, first kv head, end kv head, first key, end key,
+    # partial slot (-1: the task covers all keys of its rows and writes out directly)
+    NCOL = 8
+    # Merge columns: r0, r1, first kv head, end kv head, first partial slot, number of splits
+    MCOL = 6
     # Below this many (query vector x key x head_dim) multiply-adds the call runs on one thread.
     PARALLEL_MIN_WORK = 262144
 
 
 cdef hy_attn_scratch *_alloc_scratch(int nq, int D, int bs) noexcept nogil:
+    bs = bs * HY_MAX_CHUNKS  # rows one softmax update covers
     cdef hy_attn_scratch *w = <hy_attn_scratch *> malloc(sizeof(hy_attn_scratch))
     if w == NULL:
         return NULL
@@ -73,82 +78,96 @@ cdef void _free_scratch(hy_attn_scratch *w) noexcept nogil:
 
 
 cdef void _finish_direct(const hy_attn_shape *sh, hy_attn_scratch *w, long r0, long r1,
-                         int kv_head, float *out) noexcept nogil:
+                         int g0, int g1, float *out) noexcept nogil:
     """out[r, head, :] = acc / l for every query vector of a task that covered all its keys."""
     cdef int D = sh.head_dim
     cdef int G = sh.num_heads // sh.num_kv_heads
     cdef long HD = <long> sh.num_heads * D
-    cdef long r
-    cdef int h, d, i
+    cdef long r, nrows = r1 - r0
+    cdef int g, h, d, i
     cdef float inv
-    for r in range(r0, r1):
-        for h in range(G):
-            i = <int> (r - r0) * G + h
-            inv = 1.0 / w.l[i] if w.l[i] > 0 else 0.0
-            for d in range(D):
-                out[r * HD + (kv_head * G + h) * D + d] = w.acc[i * D + d] * inv
+    for g in range(g0, g1):
+        for r in range(r0, r1):
+            for h in range(G):
+                i = <int> (((g - g0) * nrows + (r - r0)) * G + h)
+                inv = 1.0 / w.l[i] if w.l[i] > 0 else 0.0
+                for d in range(D):
+                    out[r * HD + (g * G + h) * D + d] = w.acc[i * D + d] * inv
 
 
-cdef void _merge_splits(const hy_attn_shape *sh, long r0, long r1, int kv_head, long slot0,
+cdef void _merge_splits(const hy_attn_shape *sh, long r0, long r1, int g0, int g1, long slot0,
                         int nsplit, int maxnq, const float *pm, const float *pl,
                         const float *pacc, float *out) noexcept nogil:
     """Combine the (m, l, acc) states of `nsplit` consecutive partial slots into out."""
     cdef int D = sh.head_dim
     cdef int G = sh.num_heads // sh.num_kv_heads
     cdef long HD = <long> sh.num_heads * D
-    cdef long r, slot
-    cdef int h, d, i, s
+    cdef long r, slot, nrows = r1 - r0
+    cdef int g, h, d, i, s
     cdef float mx, lsum, wgt, inv
     cdef float *o
-    for r in range(r0, r1):
-        for h in range(G):
-            i = <int> (r - r0) * G + h
-            mx = -INFINITY
-            for s in range(nsplit):
-                slot = slot0 + s
-                if pm[slot * maxnq + i] > mx:
-                    mx = pm[slot * maxnq + i]
-            o = out + r * HD + (kv_head * G + h) * D
-            for d in range(D):
-                o[d] = 0
-            lsum = 0
-            for s in range(nsplit):
-                slot = slot0 + s
-                if pl[slot * maxnq + i] == 0:
-                    continue
-                wgt = expf(pm[slot * maxnq + i] - mx)
-                lsum = lsum + pl[slot * maxnq + i] * wgt
+    for g in range(g0, g1):
+        for r in range(r0, r1):
+            for h in range(G):
+                i = <int> (((g - g0) * nrows + (r - r0)) * G + h)
+                mx = -INFINITY
+                for s in range(nsplit):
+                    slot = slot0 + s
+                    if pl[slot * maxnq + i] > 0 and pm[slot * maxnq + i] > mx:
+                        mx = pm[slot * maxnq + i]
+                o = out + r * HD + (g * G + h) * D
                 for d in range(D):
-                    o[d] += wgt * pacc[(slot * maxnq + i) * D + d]
-            inv = 1.0 / lsum if lsum > 0 else 0.0
-            for d in range(D):
-                o[d] *= inv
+                    o[d] = 0
+                lsum = 0
+                for s in range(nsplit):
+                    slot = slot0 + s
+                    if pl[slot * maxnq + i] == 0:
+                        continue
+                    wgt = expf(pm[slot * maxnq + i] - mx)
+                    lsum = lsum + pl[slot * maxnq + i] * wgt
+                    for d in range(D):
+                        o[d] += wgt * pacc[(slot * maxnq + i) * D + d]
+                inv = 1.0 / lsum if lsum > 0 else 0.0
+                for d in range(D):
+                    o[d] *= inv
 
 
 cdef object _plan(const int64_t[::1] row_pos, const int64_t[::1] seg_rows,
                   const int64_t[::1] seg_table, int num_kv_heads, int group, int block_size,
                   int nthreads):
-    """Cut the work into tasks.  Returns (tasks [n, NCOL], merges [m, 5], n_partial, tile_rows)."""
+    """Cut the work into tasks.
+
+    A tile of query rows of one sequence x a range of KV heads x a range of keys.  Decode rows
+    (one per sequence) take every KV head in one task, so a task streams whole blocks; prefill
+    tiles take one head and up to QUERY_VECTORS_PER_TASK query vectors.  When the tasks would not
+    keep every thread busy, each tile's keys are split (block-aligned, >= MIN_SPLIT_TOKENS).
+    Returns (tasks [n, NCOL], merges [m, MCOL], n_partial, max query vectors per task, threads).
+    """
     cdef int nseg = seg_rows.shape[0] - 1
-    cdef int tile = max(1, QUERY_VECTORS_PER_TASK // group)
-    cdef long n_tiles = 0
+    cdef long max_rows = 0
     cdef int s
-    cdef long r0, r1, keys, chunk, kb
     for s in range(nseg):
-        n_tiles += (seg_rows[s + 1] - seg_rows[s] + tile - 1) // tile
-    cdef long base = n_tiles * num_kv_heads
+        max_rows = max(max_rows, seg_rows[s + 1] - seg_rows[s])
+    cdef int tile = max(1, QUERY_VECTORS_PER_TASK // group)
+    if max_rows < tile:
+        tile = <int> max(1, max_rows)
+    cdef int heads = <int> max(1, min(num_kv_heads, QUERY_VECTORS_PER_TASK // (tile * group)))
+    cdef long n_tiles = 0
+    cdef long r0, r1, keys, chunk, kb
     cdef long work = 0
     for s in range(nseg):
+        n_tiles += (seg_rows[s + 1] - seg_rows[s] + tile - 1) // tile
         work += (seg_rows[s + 1] - seg_rows[s]) * (row_pos[seg_rows[s + 1] - 1] + 1)
     if work * num_kv_heads * group * 64 < PARALLEL_MIN_WORK:
         nthreads = 1
+    cdef long base = n_tiles * ((num_kv_heads + heads - 1) // heads)
     cdef long target = 4 * nthreads if nthreads > 1 else 1
     cdef long want = (target + base - 1) // base if base < target else 1
 
     tasks_l = []
     merges_l = []
     cdef long n_partial = 0
-    cdef int g, nsplit
+    cdef int g0, g1, nsplit
     for s in range(nseg):
         r0 = seg_rows[s]
         while r0 < seg_rows[s + 1]:
@@ -158,20 +177,24 @@ cdef object _plan(const int64_t[::1] row_pos, const int64_t[::1] seg_rows,
             chunk = (keys + nsplit - 1) // nsplit
             chunk = (chunk + block_size - 1) // block_size * block_size
             nsplit = <int> ((keys + chunk - 1) // chunk)
-            for g in range(num_kv_heads):
+            g0 = 0
+            while g0 < num_kv_heads:
+                g1 = min(g0 + heads, num_kv_heads)
                 if nsplit == 1:
-                    tasks_l.append((r0, r1, seg_table[s], g, 0, keys, -1))
+                    tasks_l.append((r0, r1, seg_table[s], g0, g1, 0, keys, -1))
                 else:
-                    merges_l.append((r0, r1, g, n_partial, nsplit))
+                    merges_l.append((r0, r1, g0, g1, n_partial, nsplit))
                     kb = 0
                     while kb < keys:
-                        tasks_l.append((r0, r1, seg_table[s], g, kb, min(kb + chunk, keys), n_partial))
+                        tasks_l.append((r0, r1, seg_table[s], g0, g1, kb, min(kb + chunk, keys),
+                                        n_partial))
                         n_partial += 1
                         kb += chunk
+                g0 = g1
             r0 = r1
     tasks = np.asarray(tasks_l, dtype=np.int64).reshape(-1, NCOL)
-    merges = np.asarray(merges_l, dtype=np.int64).reshape(-1, 5)
-    return tasks, merges, n_partial, tile, nthreads
+    merges = np.asarray(merges_l, dtype=np.int64).reshape(-1, MCOL)
+    return tasks, merges, n_partial, tile * heads * group, nthreads
 
 
 cdef void _run(const hy_attn_shape *sh, const float *q, const int64_t *row_pos,
@@ -191,20 +214,23 @@ cdef void _run(const hy_attn_shape *sh, const float *q, const int64_t *row_pos,
             if failed[0]:
                 continue
             hy_attn_task(sh, w, q, row_pos, tasks[t, 0], tasks[t, 1], kptr + tasks[t, 2],
-                         vptr + tasks[t, 2], <int> tasks[t, 3], tasks[t, 4], tasks[t, 5])
-            slot = tasks[t, 6]
+                         vptr + tasks[t, 2], <int> tasks[t, 3], <int> tasks[t, 4], tasks[t, 5],
+                         tasks[t, 6])
+            slot = tasks[t, 7]
             if slot < 0:
-                _finish_direct(sh, w, tasks[t, 0], tasks[t, 1], <int> tasks[t, 3], out)
+                _finish_direct(sh, w, tasks[t, 0], tasks[t, 1], <int> tasks[t, 3],
+                               <int> tasks[t, 4], out)
             else:
-                i = <int> ((tasks[t, 1] - tasks[t, 0]) * (sh.num_heads // sh.num_kv_heads))
+                i = <int> ((tasks[t, 1] - tasks[t, 0]) * (tasks[t, 4] - tasks[t, 3])
+                           * (sh.num_heads // sh.num_kv_heads))
                 memcpy(pm + slot * maxnq, w.m, sizeof(float) * i)
                 memcpy(pl + slot * maxnq, w.l, sizeof(float) * i)
                 memcpy(pacc + slot * maxnq * D, w.acc, sizeof(float) * i * D)
         _free_scratch(w)
     if n_merges > 0 and not failed[0]:
         for t in prange(n_merges, schedule="dynamic", num_threads=nthreads):
-            _merge_splits(sh, merges[t, 0], merges[t, 1], <int> merges[t, 2], merges[t, 3],
-                          <int> merges[t, 4], maxnq, pm, pl, pacc, out)
+            _merge_splits(sh, merges[t, 0], merges[t, 1], <int> merges[t, 2], <int> merges[t, 3],
+                          merges[t, 4], <int> merges[t, 5], maxnq, pm, pl, pacc, out)
 
 
 cdef _attend(float[:, ::1] q, const int64_t[::1] row_pos, const int64_t[::1] seg_rows,
@@ -219,9 +245,10 @@ cdef _attend(float[:, ::1] q, const int64_t[::1] row_pos, const int64_t[::1] seg
     sh.kv_f16 = kv_f16
     sh.scale = scale
     cdef int group = num_heads // num_kv_heads
-    tasks, merges, n_partial, tile, num_threads = _plan(row_pos, seg_rows, seg_table, num_kv_heads, group,
-                                           block_size, num_threads)
-    cdef int maxnq = tile * group
+    tasks, merges, n_partial, maxnq_o, num_threads = _plan(row_pos, seg_rows, seg_table,
+                                                          num_kv_heads, group, block_size,
+                                                          num_threads)
+    cdef int maxnq = maxnq_o
     pm_a = np.empty((max(n_partial, 1), maxnq), dtype=np.float32)
     pl_a = np.empty((max(n_partial, 1), maxnq), dtype=np.float32)
     pacc_a = np.empty((max(n_partial, 1), maxnq, head_dim), dtype=np.float32)

@@ -188,6 +188,45 @@ static inline void hy_silu_mul(const float *g, const float *u, float *out, long 
     for (; i < n; i++) out[i] = g[i] / (1.0f + expf(-g[i])) * u[i];
 }
 
+/* max_i x[i] (n >= 1) */
+static inline float hy_max(const float *x, long n) {
+    long i = 0;
+    float m = x[0];
+#ifdef HY_AVX2
+    if (n >= 8) {
+        __m256 mv = _mm256_loadu_ps(x);
+        for (i = 8; i + 8 <= n; i += 8) mv = _mm256_max_ps(mv, _mm256_loadu_ps(x + i));
+        __m128 h = _mm_max_ps(_mm256_castps256_ps128(mv), _mm256_extractf128_ps(mv, 1));
+        h = _mm_max_ps(h, _mm_movehl_ps(h, h));
+        h = _mm_max_ss(h, _mm_movehdup_ps(h));
+        m = _mm_cvtss_f32(h);
+    }
+#endif
+    for (; i < n; i++) m = x[i] > m ? x[i] : m;
+    return m;
+}
+
+/* x[i] = exp(x[i] - m); returns sum_i x[i] */
+static inline float hy_exp_shift_sum(float *x, long n, float m) {
+    long i = 0;
+    float s = 0.0f;
+#ifdef HY_AVX2
+    const __m256 mv = _mm256_set1_ps(m);
+    __m256 sv = _mm256_setzero_ps();
+    for (; i + 8 <= n; i += 8) {
+        __m256 e = hy_exp256(_mm256_sub_ps(_mm256_loadu_ps(x + i), mv));
+        _mm256_storeu_ps(x + i, e);
+        sv = _mm256_add_ps(sv, e);
+    }
+    s = hy_hsum256(sv);
+#endif
+    for (; i < n; i++) {
+        x[i] = expf(x[i] - m);
+        s += x[i];
+    }
+    return s;
+}
+
 /* ---------------------------------------------------------------- weighted row sums */
 
 /* acc[d] = alpha * acc[d] + sum_{j<c} p[j] * v[j*n + d]  for d < n */
@@ -253,5 +292,173 @@ static inline void hy_axpy_rows4(float *acc, const float *alpha, const float *p,
             acc[g * n + dd] = a;
         }
 }
+
+/* ---------------------------------------------------------------- attention micro-kernels
+ *
+ * Scores and weighted value sums of up to four query vectors against `c` rows of one KV head,
+ * reading the rows straight from a cache block (float32, or float16 converted in registers).
+ * They need n % 8 == 0 and AVX2+FMA (+F16C for float16); hy_attn_simd_ok() says whether they apply.
+ * QK works on 4 queries x 2 keys in registers; PV walks V rows in memory order (2 rows for 4
+ * queries, 4 rows for 1), so each K/V row is loaded once for the whole GQA group and both
+ * streams run front to back, which is what the hardware prefetchers follow.
+ */
+static inline int hy_attn_simd_ok(long n, int f16) {
+#if defined(HY_AVX2)
+#if !defined(HY_F16C)
+    if (f16) return 0;
+#endif
+    return n % 8 == 0;
+#else
+    (void)n; (void)f16;
+    return 0;
+#endif
+}
+
+#ifdef HY_AVX2
+#define HY_LD_F32(p) _mm256_loadu_ps((const float *)(p))
+#ifdef HY_F16C
+#define HY_LD_F16(p) _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(p)))
+#else
+#define HY_LD_F16(p) _mm256_setzero_ps() /* never used: hy_attn_simd_ok refuses */
+#endif
+#define HY_FMA _mm256_fmadd_ps
+
+/* s[g*ldp + j] = q_g . row_j   for g < 4, j < c;  q [4, n] float32, rows [c, n] of T */
+#define HY_DEFINE_QK4(NAME, T, LD)                                                               \
+    static inline void NAME(const float *q, const T *k, int c, long n, float *s, int ldp) {     \
+        const float *q0 = q, *q1 = q + n, *q2 = q + 2 * n, *q3 = q + 3 * n;                      \
+        int j = 0;                                                                               \
+        for (; j + 2 <= c; j += 2) {                                                             \
+            const T *k0 = k + (long)j * n, *k1 = k0 + n;                                         \
+            __m256 a00 = _mm256_setzero_ps(), a01 = a00, a10 = a00, a11 = a00;                   \
+            __m256 a20 = a00, a21 = a00, a30 = a00, a31 = a00;                                   \
+            for (long d = 0; d < n; d += 8) {                                                    \
+                __m256 x0 = LD(k0 + d), x1 = LD(k1 + d), qv;                                     \
+                qv = _mm256_loadu_ps(q0 + d); a00 = HY_FMA(qv, x0, a00); a01 = HY_FMA(qv, x1, a01); \
+                qv = _mm256_loadu_ps(q1 + d); a10 = HY_FMA(qv, x0, a10); a11 = HY_FMA(qv, x1, a11); \
+                qv = _mm256_loadu_ps(q2 + d); a20 = HY_FMA(qv, x0, a20); a21 = HY_FMA(qv, x1, a21); \
+                qv = _mm256_loadu_ps(q3 + d); a30 = HY_FMA(qv, x0, a30); a31 = HY_FMA(qv, x1, a31); \
+            }                                                                                    \
+            float t0[4], t1[4];                                                                  \
+            _mm_storeu_ps(t0, hy_hsum4x256(a00, a10, a20, a30));                                 \
+            _mm_storeu_ps(t1, hy_hsum4x256(a01, a11, a21, a31));                                 \
+            for (int g = 0; g < 4; g++) { s[g * ldp + j] = t0[g]; s[g * ldp + j + 1] = t1[g]; }  \
+        }                                                                                        \
+        for (; j < c; j++) {                                                                     \
+            const T *k0 = k + (long)j * n;                                                       \
+            __m256 a0 = _mm256_setzero_ps(), a1 = a0, a2 = a0, a3 = a0;                          \
+            for (long d = 0; d < n; d += 8) {                                                    \
+                __m256 x0 = LD(k0 + d);                                                          \
+                a0 = HY_FMA(_mm256_loadu_ps(q0 + d), x0, a0);                                    \
+                a1 = HY_FMA(_mm256_loadu_ps(q1 + d), x0, a1);                                    \
+                a2 = HY_FMA(_mm256_loadu_ps(q2 + d), x0, a2);                                    \
+                a3 = HY_FMA(_mm256_loadu_ps(q3 + d), x0, a3);                                    \
+            }                                                                                    \
+            float t0[4];                                                                         \
+            _mm_storeu_ps(t0, hy_hsum4x256(a0, a1, a2, a3));                                     \
+            for (int g = 0; g < 4; g++) s[g * ldp + j] = t0[g];                                  \
+        }                                                                                        \
+    }
+
+/* s[j] = q . row_j for j < c (one query, four keys per pass) */
+#define HY_DEFINE_QK1(NAME, T, LD)                                                               \
+    static inline void NAME(const float *q, const T *k, int c, long n, float *s) {              \
+        int j = 0;                                                                               \
+        for (; j + 4 <= c; j += 4) {                                                             \
+            const T *k0 = k + (long)j * n, *k1 = k0 + n, *k2 = k1 + n, *k3 = k2 + n;             \
+            __m256 a0 = _mm256_setzero_ps(), a1 = a0, a2 = a0, a3 = a0;                          \
+            for (long d = 0; d < n; d += 8) {                                                    \
+                __m256 qv = _mm256_loadu_ps(q + d);                                              \
+                a0 = HY_FMA(qv, LD(k0 + d), a0);                                                 \
+                a1 = HY_FMA(qv, LD(k1 + d), a1);                                                 \
+                a2 = HY_FMA(qv, LD(k2 + d), a2);                                                 \
+                a3 = HY_FMA(qv, LD(k3 + d), a3);                                                 \
+            }                                                                                    \
+            _mm_storeu_ps(s + j, hy_hsum4x256(a0, a1, a2, a3));                                  \
+        }                                                                                        \
+        for (; j < c; j++) {                                                                     \
+            const T *k0 = k + (long)j * n;                                                       \
+            __m256 a0 = _mm256_setzero_ps();                                                     \
+            for (long d = 0; d < n; d += 8) a0 = HY_FMA(_mm256_loadu_ps(q + d), LD(k0 + d), a0); \
+            s[j] = hy_hsum256(a0);                                                               \
+        }                                                                                        \
+    }
+
+/* acc[g, :] = alpha[g] * acc[g, :] + sum_j p[g*ldp + j] * row_j   for g < 4.
+ * Rows are read front to back, two at a time, so V streams through memory in order (hardware
+ * prefetchers follow it); the accumulators live in L1 and are loaded and stored per pair. */
+#define HY_DEFINE_PV4(NAME, T, LD)                                                               \
+    static inline void NAME(float *acc, const float *alpha, const float *p, int ldp,            \
+                            const T *v, int c, long n) {                                         \
+        for (int g = 0; g < 4; g++) {                                                            \
+            const __m256 sg = _mm256_set1_ps(alpha[g]);                                          \
+            for (long d = 0; d < n; d += 8)                                                      \
+                _mm256_storeu_ps(acc + g * n + d, _mm256_mul_ps(_mm256_loadu_ps(acc + g * n + d), sg)); \
+        }                                                                                        \
+        float *c0 = acc, *c1 = acc + n, *c2 = acc + 2 * n, *c3 = acc + 3 * n;                    \
+        int j = 0;                                                                               \
+        for (; j + 2 <= c; j += 2) {                                                             \
+            const T *r0 = v + (long)j * n, *r1 = r0 + n;                                         \
+            const __m256 p00 = _mm256_broadcast_ss(p + j), p01 = _mm256_broadcast_ss(p + j + 1); \
+            const __m256 p10 = _mm256_broadcast_ss(p + ldp + j), p11 = _mm256_broadcast_ss(p + ldp + j + 1); \
+            const __m256 p20 = _mm256_broadcast_ss(p + 2 * ldp + j), p21 = _mm256_broadcast_ss(p + 2 * ldp + j + 1); \
+            const __m256 p30 = _mm256_broadcast_ss(p + 3 * ldp + j), p31 = _mm256_broadcast_ss(p + 3 * ldp + j + 1); \
+            for (long d = 0; d < n; d += 8) {                                                    \
+                __m256 x0 = LD(r0 + d), x1 = LD(r1 + d);                                         \
+                _mm256_storeu_ps(c0 + d, HY_FMA(p01, x1, HY_FMA(p00, x0, _mm256_loadu_ps(c0 + d)))); \
+                _mm256_storeu_ps(c1 + d, HY_FMA(p11, x1, HY_FMA(p10, x0, _mm256_loadu_ps(c1 + d)))); \
+                _mm256_storeu_ps(c2 + d, HY_FMA(p21, x1, HY_FMA(p20, x0, _mm256_loadu_ps(c2 + d)))); \
+                _mm256_storeu_ps(c3 + d, HY_FMA(p31, x1, HY_FMA(p30, x0, _mm256_loadu_ps(c3 + d)))); \
+            }                                                                                    \
+        }                                                                                        \
+        for (; j < c; j++) {                                                                     \
+            const T *r0 = v + (long)j * n;                                                       \
+            const __m256 p0 = _mm256_broadcast_ss(p + j), p1 = _mm256_broadcast_ss(p + ldp + j); \
+            const __m256 p2 = _mm256_broadcast_ss(p + 2 * ldp + j), p3 = _mm256_broadcast_ss(p + 3 * ldp + j); \
+            for (long d = 0; d < n; d += 8) {                                                    \
+                __m256 x0 = LD(r0 + d);                                                          \
+                _mm256_storeu_ps(c0 + d, HY_FMA(p0, x0, _mm256_loadu_ps(c0 + d)));               \
+                _mm256_storeu_ps(c1 + d, HY_FMA(p1, x0, _mm256_loadu_ps(c1 + d)));               \
+                _mm256_storeu_ps(c2 + d, HY_FMA(p2, x0, _mm256_loadu_ps(c2 + d)));               \
+                _mm256_storeu_ps(c3 + d, HY_FMA(p3, x0, _mm256_loadu_ps(c3 + d)));               \
+            }                                                                                    \
+        }                                                                                        \
+    }
+
+/* acc[:] = alpha * acc[:] + sum_j p[j] * row_j  (one query, four rows per pass, in order) */
+#define HY_DEFINE_PV1(NAME, T, LD)                                                               \
+    static inline void NAME(float *acc, float alpha, const float *p, const T *v, int c, long n) { \
+        const __m256 sa = _mm256_set1_ps(alpha);                                                 \
+        for (long d = 0; d < n; d += 8)                                                          \
+            _mm256_storeu_ps(acc + d, _mm256_mul_ps(_mm256_loadu_ps(acc + d), sa));              \
+        int j = 0;                                                                               \
+        for (; j + 4 <= c; j += 4) {                                                             \
+            const T *r0 = v + (long)j * n, *r1 = r0 + n, *r2 = r1 + n, *r3 = r2 + n;             \
+            const __m256 p0 = _mm256_broadcast_ss(p + j), p1 = _mm256_broadcast_ss(p + j + 1);  \
+            const __m256 p2 = _mm256_broadcast_ss(p + j + 2), p3 = _mm256_broadcast_ss(p + j + 3); \
+            for (long d = 0; d < n; d += 8) {                                                    \
+                __m256 a = _mm256_loadu_ps(acc + d);                                             \
+                a = HY_FMA(p0, LD(r0 + d), a); a = HY_FMA(p1, LD(r1 + d), a);                    \
+                a = HY_FMA(p2, LD(r2 + d), a); a = HY_FMA(p3, LD(r3 + d), a);                    \
+                _mm256_storeu_ps(acc + d, a);                                                    \
+            }                                                                                    \
+        }                                                                                        \
+        for (; j < c; j++) {                                                                     \
+            const T *r0 = v + (long)j * n;                                                       \
+            const __m256 p0 = _mm256_broadcast_ss(p + j);                                        \
+            for (long d = 0; d < n; d += 8)                                                      \
+                _mm256_storeu_ps(acc + d, HY_FMA(p0, LD(r0 + d), _mm256_loadu_ps(acc + d)));     \
+        }                                                                                        \
+    }
+
+HY_DEFINE_QK4(hy_qk4_f32, float, HY_LD_F32)
+HY_DEFINE_QK4(hy_qk4_f16, uint16_t, HY_LD_F16)
+HY_DEFINE_QK1(hy_qk1_f32, float, HY_LD_F32)
+HY_DEFINE_QK1(hy_qk1_f16, uint16_t, HY_LD_F16)
+HY_DEFINE_PV4(hy_pv4_f32, float, HY_LD_F32)
+HY_DEFINE_PV4(hy_pv4_f16, uint16_t, HY_LD_F16)
+HY_DEFINE_PV1(hy_pv1_f32, float, HY_LD_F32)
+HY_DEFINE_PV1(hy_pv1_f16, uint16_t, HY_LD_F16)
+#endif /* HY_AVX2 */
 
 #endif /* HYBRID_SIMD_H */
