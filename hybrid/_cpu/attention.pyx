@@ -152,49 +152,72 @@ cdef object _plan(const int64_t[::1] row_pos, const int64_t[::1] seg_rows,
     if max_rows < tile:
         tile = <int> max(1, max_rows)
     cdef int heads = <int> max(1, min(num_kv_heads, QUERY_VECTORS_PER_TASK // (tile * group)))
-    cdef long n_tiles = 0
-    cdef long r0, r1, keys, chunk, kb
-    cdef long work = 0
+    cdef int head_groups = (num_kv_heads + heads - 1) // heads
+    cdef long n_tiles = 0, work = 0
     for s in range(nseg):
         n_tiles += (seg_rows[s + 1] - seg_rows[s] + tile - 1) // tile
         work += (seg_rows[s + 1] - seg_rows[s]) * (row_pos[seg_rows[s + 1] - 1] + 1)
     if work * num_kv_heads * group * 64 < PARALLEL_MIN_WORK:
         nthreads = 1
-    cdef long base = n_tiles * ((num_kv_heads + heads - 1) // heads)
+    cdef long base = n_tiles * head_groups
     cdef long target = 4 * nthreads if nthreads > 1 else 1
     cdef long want = (target + base - 1) // base if base < target else 1
 
-    tasks_l = []
-    merges_l = []
-    cdef long n_partial = 0
-    cdef int g0, g1, nsplit
+    # pass 1: splits per tile and the sizes of the tables
+    cdef long n_tasks = 0, n_merges = 0, n_partial = 0
+    cdef long r0, r1, keys, chunk, kb
+    cdef int nsplit, g0, g1
+    for s in range(nseg):
+        r0 = seg_rows[s]
+        while r0 < seg_rows[s + 1]:
+            r1 = min(r0 + tile, seg_rows[s + 1])
+            nsplit = _splits(row_pos[r1 - 1] + 1, want, block_size, &chunk)
+            n_tasks += nsplit * head_groups
+            if nsplit > 1:
+                n_merges += head_groups
+            r0 = r1
+    tasks = np.empty((n_tasks, NCOL), dtype=np.int64)
+    merges = np.empty((n_merges, MCOL), dtype=np.int64)
+    cdef int64_t[:, ::1] tv = tasks
+    cdef int64_t[:, ::1] mv = merges
+    # pass 2: fill them
+    cdef long t = 0, m = 0
     for s in range(nseg):
         r0 = seg_rows[s]
         while r0 < seg_rows[s + 1]:
             r1 = min(r0 + tile, seg_rows[s + 1])
             keys = row_pos[r1 - 1] + 1
-            nsplit = <int> max(1, min(want, keys // MIN_SPLIT_TOKENS))
-            chunk = (keys + nsplit - 1) // nsplit
-            chunk = (chunk + block_size - 1) // block_size * block_size
-            nsplit = <int> ((keys + chunk - 1) // chunk)
+            nsplit = _splits(keys, want, block_size, &chunk)
             g0 = 0
             while g0 < num_kv_heads:
                 g1 = min(g0 + heads, num_kv_heads)
-                if nsplit == 1:
-                    tasks_l.append((r0, r1, seg_table[s], g0, g1, 0, keys, -1))
-                else:
-                    merges_l.append((r0, r1, g0, g1, n_partial, nsplit))
-                    kb = 0
-                    while kb < keys:
-                        tasks_l.append((r0, r1, seg_table[s], g0, g1, kb, min(kb + chunk, keys),
-                                        n_partial))
+                if nsplit > 1:
+                    mv[m, 0] = r0; mv[m, 1] = r1; mv[m, 2] = g0; mv[m, 3] = g1
+                    mv[m, 4] = n_partial; mv[m, 5] = nsplit
+                    m += 1
+                kb = 0
+                while kb < keys:
+                    tv[t, 0] = r0; tv[t, 1] = r1; tv[t, 2] = seg_table[s]; tv[t, 3] = g0
+                    tv[t, 4] = g1; tv[t, 5] = kb; tv[t, 6] = min(kb + chunk, keys)
+                    if nsplit > 1:
+                        tv[t, 7] = n_partial
                         n_partial += 1
-                        kb += chunk
+                    else:
+                        tv[t, 7] = -1
+                    t += 1
+                    kb += chunk
                 g0 = g1
             r0 = r1
-    tasks = np.asarray(tasks_l, dtype=np.int64).reshape(-1, NCOL)
-    merges = np.asarray(merges_l, dtype=np.int64).reshape(-1, MCOL)
     return tasks, merges, n_partial, tile * heads * group, nthreads
+
+
+cdef inline int _splits(long keys, long want, int block_size, long *chunk) noexcept:
+    """How many block-aligned key ranges (each >= MIN_SPLIT_TOKENS) to cut `keys` into."""
+    cdef long n = max(1, min(want, keys // MIN_SPLIT_TOKENS))
+    cdef long c = (keys + n - 1) // n
+    c = (c + block_size - 1) // block_size * block_size
+    chunk[0] = c
+    return <int> ((keys + c - 1) // c)
 
 
 cdef void _run(const hy_attn_shape *sh, const float *q, const int64_t *row_pos,
