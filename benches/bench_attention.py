@@ -15,8 +15,8 @@ CONTEXTS = [1024, 4096, 16384]
 _times: dict = {}
 
 
-def _cache(ctx, dtype, rng):
-    cache = hybrid.PagedKVCache(num_layers=1, num_kv_heads=KVH, head_dim=D, block_size=BS,
+def _cache(ctx, dtype, rng, block_size=BS):
+    cache = hybrid.PagedKVCache(num_layers=1, num_kv_heads=KVH, head_dim=D, block_size=block_size,
                                 dtype=dtype)
     step = 4096
     for s in range(0, ctx, step):
@@ -40,6 +40,20 @@ def test_decode_attention_hybrid(benchmark, read_bandwidth, ctx, dtype):
                bandwidth=read_bandwidth)
     _times[("hybrid", ctx, dtype)] = t
     _ratios(ctx, dtype)
+
+
+@pytest.mark.parametrize("dtype", ["float32", "float16"])
+def test_decode_attention_hybrid_block64(benchmark, read_bandwidth, dtype):
+    """The same at 16k with 64-token blocks: fewer, longer softmax updates per KV head."""
+    ctx = 16384
+    rng = np.random.default_rng(0)
+    cache = _cache(ctx, dtype, rng, block_size=64)
+    q = rng.standard_normal((1, H * D), dtype=np.float32)
+    out = np.empty_like(q)
+    benchmark(hybrid.ops.paged_attention, q, cache, 0, out=out)
+    kv_bytes = 2 * ctx * KVH * D * np.dtype(dtype).itemsize
+    record(benchmark, "attention", f"hybrid ctx={ctx} {dtype} block_size=64", bytes_moved=kv_bytes,
+           bandwidth=read_bandwidth)
 
 
 @pytest.mark.parametrize("dtype", ["float32", "float16"])

@@ -2,15 +2,21 @@
 
 Layout (the contract with the attention kernels)
 ------------------------------------------------
-Each layer owns a pool of blocks.  One block holds ``block_size`` consecutive token positions::
+Each layer owns a pool of blocks.  One block holds ``block_size`` consecutive token positions of
+both K and V, interleaved per KV head::
 
-    K block, V block: [num_kv_heads, block_size, head_dim]   float32 or float16, C order
+    block: [num_kv_heads, 2, block_size, head_dim]   float32 or float16, C order
+           [h, 0] = K rows of head h, [h, 1] = V rows of head h
 
-so the rows of one KV head inside a block are contiguous.  Token position ``p`` of a layer lives
-in block ``table[p // block_size]`` at slot ``p % block_size``.  Blocks come from chunks that are
-never moved or resized, so a block's address is stable while the block is in use.  Each layer
-keeps persistent tables of its blocks' base addresses (int64), grown only when the number of
-blocks grows; the kernels walk them directly and never see a gathered copy of K or V.
+so the rows of one KV head are contiguous, and a kernel that reads K then V of head 0, then of
+head 1, ... walks the block as one forward stream (measured: two separate K and V pools, read
+head by head, stream at less than half the rate).  The kernels see this through block base
+addresses and ``head_stride`` = 2*block_size*head_dim elements between heads: the K address of a
+block is its base, the V address is base + block_size*head_dim elements.  Token position ``p``
+of a layer lives in block ``table[p // block_size]`` at slot ``p % block_size``.  Blocks come
+from chunks that are never moved or resized, so a block's address is stable while the block is
+in use.  Each layer keeps persistent tables of its blocks' K and V addresses (int64), grown only
+when the number of blocks grows; the kernels walk them directly and never see a gathered copy.
 
 Lengths
 -------
@@ -55,8 +61,7 @@ class _LayerBlocks:
         self.block_size = block_size
         self.dtype = dtype
         self.poison = poison
-        self.k_chunks: list = []  # each [n, KVH, bs, D]
-        self.v_chunks: list = []
+        self.chunks: list = []  # each [n, KVH, 2, bs, D]
         self.where: list = []  # block id -> (chunk index, index in chunk)
         self.k_addr = np.zeros(0, dtype=np.int64)  # block id -> K address
         self.v_addr = np.zeros(0, dtype=np.int64)
@@ -73,23 +78,23 @@ class _LayerBlocks:
         n = min(n, 4096)
         if max_blocks is not None:
             n = max(at_least, min(n, max_blocks - len(self.where)))
-        k = np.empty((n, *self.shape), dtype=self.dtype)
-        v = np.empty((n, *self.shape), dtype=self.dtype)
-        c = len(self.k_chunks)
-        self.k_chunks.append(k)
-        self.v_chunks.append(v)
+        kvh, bs, d = self.shape
+        chunk = np.empty((n, kvh, 2, bs, d), dtype=self.dtype)
+        c = len(self.chunks)
+        self.chunks.append(chunk)
         first = len(self.where)
         self.where.extend((c, i) for i in range(n))
-        stride = k[0].nbytes
-        kb = k.__array_interface__["data"][0]
-        vb = v.__array_interface__["data"][0]
-        self.k_addr = np.concatenate([self.k_addr, kb + stride * np.arange(n, dtype=np.int64)])
-        self.v_addr = np.concatenate([self.v_addr, vb + stride * np.arange(n, dtype=np.int64)])
+        base = chunk.__array_interface__["data"][0] + chunk[0].nbytes * np.arange(n, dtype=np.int64)
+        v_offset = bs * d * self.dtype.itemsize  # V rows of head 0 follow its K rows
+        self.k_addr = np.concatenate([self.k_addr, base])
+        self.v_addr = np.concatenate([self.v_addr, base + v_offset])
         self.free.extend(range(first + n - 1, first - 1, -1))
 
     def block_arrays(self, block_id: int):
+        """(K, V) views [num_kv_heads, block_size, head_dim] of one block."""
         c, i = self.where[block_id]
-        return self.k_chunks[c][i], self.v_chunks[c][i]
+        block = self.chunks[c][i]
+        return block[:, 0], block[:, 1]
 
     def ensure_blocks(self, n_blocks: int, max_blocks: "int | None") -> None:
         """Grow the table to ``n_blocks`` blocks (taking from the pool)."""
@@ -101,9 +106,8 @@ class _LayerBlocks:
         new = [self.free.pop() for _ in range(need)]
         if self.poison:
             for b in new:
-                kb, vb = self.block_arrays(b)
-                kb.fill(np.nan)
-                vb.fill(np.nan)
+                c, i = self.where[b]
+                self.chunks[c][i].fill(np.nan)
         start = len(self.table)
         self.table.extend(new)
         if len(self.table) > self.k_ptrs.shape[0]:
@@ -230,6 +234,11 @@ class PagedKVCache:
     def kv_dim(self) -> int:
         return self.num_kv_heads * self.head_dim
 
+    @property
+    def head_stride(self) -> int:
+        """Elements from one KV head's rows to the next head's inside a K (or V) block."""
+        return 2 * self.block_size * self.head_dim
+
     def placement(self, layer: int) -> Placement:
         return self._placements[self._check_layer(layer)]
 
@@ -337,7 +346,7 @@ class PagedKVCache:
         return lb.k_ptrs[:nb], lb.v_ptrs[:nb]
 
     def blocks(self, layer: int):
-        """(k_blocks, v_blocks): lists of the layer's block arrays [num_kv_heads, block_size,
+        """(k_blocks, v_blocks): lists of the layer's K and V views [num_kv_heads, block_size,
         head_dim], in position order (views into the pool, for reference checks and debugging)."""
         lb = self._layers[self._check_layer(layer)]
         pairs = [lb.block_arrays(b) for b in lb.table]
@@ -350,7 +359,7 @@ class PagedKVCache:
 
     def nbytes(self) -> int:
         """Bytes of block memory allocated by the pools (in use or free)."""
-        return sum(c.nbytes for lb in self._layers for c in lb.k_chunks + lb.v_chunks)
+        return sum(c.nbytes for lb in self._layers for c in lb.chunks)
 
     def __repr__(self) -> str:
         return (f"PagedKVCache(layers={self.num_layers}, kv_heads={self.num_kv_heads}, "

@@ -178,7 +178,7 @@ def paged_attention(q, cache: PagedKVCache, layer: int, *, scale: "float | None"
     s = 1.0 / math.sqrt(cache.head_dim) if scale is None else float(scale)
     registry.lookup("paged_attention", cache.placement(layer))(
         q, start, k_ptrs, v_ptrs, num_heads, cache.num_kv_heads, cache.head_dim,
-        cache.block_size, cache.dtype == np.float16, s, o)
+        cache.block_size, cache.head_stride, cache.dtype == np.float16, s, o)
     return o
 
 
@@ -244,7 +244,7 @@ def paged_attention_batch(q, caches, layer: int, *, scale: "float | None" = None
     s = 1.0 / math.sqrt(c0.head_dim) if scale is None else float(scale)
     registry.lookup("paged_attention_batch", c0.placement(layer))(
         q, kv_lens, indptr, np.concatenate(kp), np.concatenate(vp), num_heads, c0.num_kv_heads,
-        c0.head_dim, c0.block_size, c0.dtype == np.float16, s, o)
+        c0.head_dim, c0.block_size, c0.head_stride, c0.dtype == np.float16, s, o)
     return o
 
 

@@ -87,7 +87,25 @@ def test_long_context_uses_splits(rng, dtype, kvh, group, length, n):
     assert rel_err(one, expect) < TOL[dtype]
 
 
-@pytest.mark.parametrize("bs", [1, 3, 16, 32])
+@pytest.mark.parametrize("dtype", ["float32", "float16"])
+@pytest.mark.parametrize("head_dim,group", [(4, 1), (36, 4), (100, 3), (2, 8)])
+def test_head_dims_off_the_simd_path(rng, dtype, head_dim, group):
+    """head_dim not a multiple of 8 runs the portable C path (what HYBRID_PORTABLE builds run)."""
+    kvh = 2
+    for past, n in [(0, BS + 1), (3 * BS + 5, 1)]:
+        cache = _cache(kvh, head_dim, BS, dtype)
+        if past:
+            _fill(cache, rng, past)
+            cache.commit(past)
+        _fill(cache, rng, n)
+        q = rng.standard_normal((n, kvh * group * head_dim), dtype=np.float32)
+        got = ops.paged_attention(q, cache, 0)
+        kb, vb = cache.blocks(0)
+        expect = ref.paged_attention(q, kb, vb, past, kvh * group, kvh, head_dim)
+        assert rel_err(got, expect) < TOL[dtype]
+
+
+@pytest.mark.parametrize("bs", [1, 3, 16, 32, 64])
 def test_block_sizes(rng, bs):
     kvh, group, d, n = 2, 2, 64, 2 * 32 + 3
     cache = _cache(kvh, d, bs, "float32")

@@ -15,13 +15,13 @@ from libc.string cimport memcpy
 import numpy as np
 
 cdef extern from "attention_core.h" nogil:
-    enum: HY_MAX_CHUNKS
     ctypedef struct hy_attn_shape:
         int num_heads
         int num_kv_heads
         int head_dim
         int block_size
         int kv_f16
+        long head_stride
         float scale
     ctypedef struct hy_attn_scratch:
         float *q
@@ -51,7 +51,6 @@ cdef enum:
 
 
 cdef hy_attn_scratch *_alloc_scratch(int nq, int D, int bs) noexcept nogil:
-    bs = bs * HY_MAX_CHUNKS  # rows one softmax update covers
     cdef hy_attn_scratch *w = <hy_attn_scratch *> malloc(sizeof(hy_attn_scratch))
     if w == NULL:
         return NULL
@@ -258,9 +257,10 @@ cdef void _run(const hy_attn_shape *sh, const float *q, const int64_t *row_pos,
 
 cdef _attend(float[:, ::1] q, const int64_t[::1] row_pos, const int64_t[::1] seg_rows,
              const int64_t[::1] seg_table, const int64_t[::1] k_ptrs, const int64_t[::1] v_ptrs,
-             int num_heads, int num_kv_heads, int head_dim, int block_size, bint kv_f16,
-             float scale, float[:, ::1] out, int num_threads):
+             int num_heads, int num_kv_heads, int head_dim, int block_size, long head_stride,
+             bint kv_f16, float scale, float[:, ::1] out, int num_threads):
     cdef hy_attn_shape sh
+    sh.head_stride = head_stride
     sh.num_heads = num_heads
     sh.num_kv_heads = num_kv_heads
     sh.head_dim = head_dim
@@ -290,7 +290,11 @@ cdef _attend(float[:, ::1] q, const int64_t[::1] row_pos, const int64_t[::1] seg
         raise MemoryError("paged attention: could not allocate per-thread scratch")
 
 
-def _check_common(q, out, int num_heads, int num_kv_heads, int head_dim, int block_size):
+def _check_common(q, out, int num_heads, int num_kv_heads, int head_dim, int block_size,
+                  long head_stride):
+    if head_stride < <long> block_size * head_dim:
+        raise ValueError(f"head_stride ({head_stride}) is smaller than block_size*head_dim "
+                         f"({block_size * head_dim}): heads' rows would overlap")
     if num_heads <= 0 or num_kv_heads <= 0 or num_heads % num_kv_heads != 0:
         raise ValueError(f"num_heads ({num_heads}) must be a positive multiple of "
                          f"num_kv_heads ({num_kv_heads})")
@@ -308,11 +312,12 @@ def paged_attention(float[:, ::1] q,            # IN  [n_rows, num_heads*head_di
                     const int64_t[::1] k_ptrs,  # IN  [n_blocks] base address of each K block
                     const int64_t[::1] v_ptrs,  # IN  [n_blocks] base address of each V block
                     int num_heads, int num_kv_heads, int head_dim, int block_size,
+                    long head_stride,           # elements between KV heads' rows in a block
                     bint kv_f16, float scale,
                     float[:, ::1] out,          # OUT [n_rows, num_heads*head_dim] float32
                     int num_threads):
     """Causal attention of one sequence: row i sees key positions 0 .. start_pos + i."""
-    _check_common(q, out, num_heads, num_kv_heads, head_dim, block_size)
+    _check_common(q, out, num_heads, num_kv_heads, head_dim, block_size, head_stride)
     cdef long n = q.shape[0]
     if n == 0:
         return
@@ -326,7 +331,7 @@ def paged_attention(float[:, ::1] q,            # IN  [n_rows, num_heads*head_di
     seg_rows = np.array([0, n], dtype=np.int64)
     seg_table = np.zeros(1, dtype=np.int64)
     _attend(q, row_pos, seg_rows, seg_table, k_ptrs, v_ptrs, num_heads, num_kv_heads, head_dim,
-            block_size, kv_f16, scale, out, num_threads)
+            block_size, head_stride, kv_f16, scale, out, num_threads)
 
 
 def paged_attention_batch(float[:, ::1] q,            # IN  [B, num_heads*head_dim] float32
@@ -336,11 +341,12 @@ def paged_attention_batch(float[:, ::1] q,            # IN  [B, num_heads*head_d
                           const int64_t[::1] k_ptrs,   # IN  [total blocks] K block addresses
                           const int64_t[::1] v_ptrs,   # IN  [total blocks] V block addresses
                           int num_heads, int num_kv_heads, int head_dim, int block_size,
+                          long head_stride,            # elements between KV heads' rows
                           bint kv_f16, float scale,
                           float[:, ::1] out,           # OUT [B, num_heads*head_dim] float32
                           int num_threads):
     """Decode attention of B sequences: row b sees key positions 0 .. kv_lens[b]-1 of its blocks."""
-    _check_common(q, out, num_heads, num_kv_heads, head_dim, block_size)
+    _check_common(q, out, num_heads, num_kv_heads, head_dim, block_size, head_stride)
     cdef long B = q.shape[0]
     if kv_lens.shape[0] != B or indptr.shape[0] != B + 1:
         raise ValueError(f"kv_lens ({kv_lens.shape[0]}) and indptr ({indptr.shape[0]}) must "
@@ -360,4 +366,5 @@ def paged_attention_batch(float[:, ::1] q,            # IN  [B, num_heads*head_d
     seg_rows = np.arange(B + 1, dtype=np.int64)
     seg_table = np.ascontiguousarray(np.asarray(indptr)[:B], dtype=np.int64)
     _attend(q, row_pos, seg_rows, seg_table, k_ptrs, v_ptrs, num_heads, num_kv_heads, head_dim,
-            block_size, kv_f16, scale, out, num_threads)
+            block_size, head_stride, kv_f16, scale, out, num_threads)
+

@@ -42,15 +42,16 @@ def linear(x, weight, bias, out):
 
 
 def paged_attention(q, start_pos, k_ptrs, v_ptrs, num_heads, num_kv_heads, head_dim,
-                    block_size, kv_f16, scale, out):
+                    block_size, head_stride, kv_f16, scale, out):
     attention.paged_attention(q, start_pos, k_ptrs, v_ptrs, num_heads, num_kv_heads, head_dim,
-                              block_size, kv_f16, scale, out, get_num_threads())
+                              block_size, head_stride, kv_f16, scale, out, get_num_threads())
 
 
 def paged_attention_batch(q, kv_lens, indptr, k_ptrs, v_ptrs, num_heads, num_kv_heads, head_dim,
-                          block_size, kv_f16, scale, out):
+                          block_size, head_stride, kv_f16, scale, out):
     attention.paged_attention_batch(q, kv_lens, indptr, k_ptrs, v_ptrs, num_heads, num_kv_heads,
-                                    head_dim, block_size, kv_f16, scale, out, get_num_threads())
+                                    head_dim, block_size, head_stride, kv_f16, scale, out,
+                                    get_num_threads())
 
 
 def to_device(array, placement):

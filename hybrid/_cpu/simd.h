@@ -298,9 +298,11 @@ static inline void hy_axpy_rows4(float *acc, const float *alpha, const float *p,
  * Scores and weighted value sums of up to four query vectors against `c` rows of one KV head,
  * reading the rows straight from a cache block (float32, or float16 converted in registers).
  * They need n % 8 == 0 and AVX2+FMA (+F16C for float16); hy_attn_simd_ok() says whether they apply.
- * QK works on 4 queries x 2 keys in registers; PV walks V rows in memory order (2 rows for 4
- * queries, 4 rows for 1), so each K/V row is loaded once for the whole GQA group and both
- * streams run front to back, which is what the hardware prefetchers follow.
+ * QK scores 4 queries against one key row at a time; PV adds V rows into 4 accumulators.  Each
+ * K/V row is loaded once for the whole GQA group, and rows are walked front to back: on the
+ * machines measured, reading float32 rows two side by side (or a strip of every row) defeated the
+ * hardware prefetchers and cost 30-70% at long context.  Float16 rows are half the bytes and the
+ * kernel is bound by the accumulator stores instead, so PV takes them two rows per pass.
  */
 static inline int hy_attn_simd_ok(long n, int f16) {
 #if defined(HY_AVX2)
@@ -327,24 +329,7 @@ static inline int hy_attn_simd_ok(long n, int f16) {
 #define HY_DEFINE_QK4(NAME, T, LD)                                                               \
     static inline void NAME(const float *q, const T *k, int c, long n, float *s, int ldp) {     \
         const float *q0 = q, *q1 = q + n, *q2 = q + 2 * n, *q3 = q + 3 * n;                      \
-        int j = 0;                                                                               \
-        for (; j + 2 <= c; j += 2) {                                                             \
-            const T *k0 = k + (long)j * n, *k1 = k0 + n;                                         \
-            __m256 a00 = _mm256_setzero_ps(), a01 = a00, a10 = a00, a11 = a00;                   \
-            __m256 a20 = a00, a21 = a00, a30 = a00, a31 = a00;                                   \
-            for (long d = 0; d < n; d += 8) {                                                    \
-                __m256 x0 = LD(k0 + d), x1 = LD(k1 + d), qv;                                     \
-                qv = _mm256_loadu_ps(q0 + d); a00 = HY_FMA(qv, x0, a00); a01 = HY_FMA(qv, x1, a01); \
-                qv = _mm256_loadu_ps(q1 + d); a10 = HY_FMA(qv, x0, a10); a11 = HY_FMA(qv, x1, a11); \
-                qv = _mm256_loadu_ps(q2 + d); a20 = HY_FMA(qv, x0, a20); a21 = HY_FMA(qv, x1, a21); \
-                qv = _mm256_loadu_ps(q3 + d); a30 = HY_FMA(qv, x0, a30); a31 = HY_FMA(qv, x1, a31); \
-            }                                                                                    \
-            float t0[4], t1[4];                                                                  \
-            _mm_storeu_ps(t0, hy_hsum4x256(a00, a10, a20, a30));                                 \
-            _mm_storeu_ps(t1, hy_hsum4x256(a01, a11, a21, a31));                                 \
-            for (int g = 0; g < 4; g++) { s[g * ldp + j] = t0[g]; s[g * ldp + j + 1] = t1[g]; }  \
-        }                                                                                        \
-        for (; j < c; j++) {                                                                     \
+        for (int j = 0; j < c; j++) {                                                            \
             const T *k0 = k + (long)j * n;                                                       \
             __m256 a0 = _mm256_setzero_ps(), a1 = a0, a2 = a0, a3 = a0;                          \
             for (long d = 0; d < n; d += 8) {                                                    \
@@ -385,9 +370,33 @@ static inline int hy_attn_simd_ok(long n, int f16) {
     }
 
 /* acc[g, :] = alpha[g] * acc[g, :] + sum_j p[g*ldp + j] * row_j   for g < 4.
- * Rows are read front to back, two at a time, so V streams through memory in order (hardware
- * prefetchers follow it); the accumulators live in L1 and are loaded and stored per pair. */
+ * Rows are read strictly front to back, one at a time; the accumulators live in L1. */
 #define HY_DEFINE_PV4(NAME, T, LD)                                                               \
+    static inline void NAME(float *acc, const float *alpha, const float *p, int ldp,            \
+                            const T *v, int c, long n) {                                         \
+        for (int g = 0; g < 4; g++) {                                                            \
+            const __m256 sg = _mm256_set1_ps(alpha[g]);                                          \
+            for (long d = 0; d < n; d += 8)                                                      \
+                _mm256_storeu_ps(acc + g * n + d, _mm256_mul_ps(_mm256_loadu_ps(acc + g * n + d), sg)); \
+        }                                                                                        \
+        float *c0 = acc, *c1 = acc + n, *c2 = acc + 2 * n, *c3 = acc + 3 * n;                    \
+        for (int j = 0; j < c; j++) {                                                            \
+            const T *r0 = v + (long)j * n;                                                       \
+            const __m256 p0 = _mm256_broadcast_ss(p + j), p1 = _mm256_broadcast_ss(p + ldp + j); \
+            const __m256 p2 = _mm256_broadcast_ss(p + 2 * ldp + j), p3 = _mm256_broadcast_ss(p + 3 * ldp + j); \
+            for (long d = 0; d < n; d += 8) {                                                    \
+                __m256 x0 = LD(r0 + d);                                                          \
+                _mm256_storeu_ps(c0 + d, HY_FMA(p0, x0, _mm256_loadu_ps(c0 + d)));               \
+                _mm256_storeu_ps(c1 + d, HY_FMA(p1, x0, _mm256_loadu_ps(c1 + d)));               \
+                _mm256_storeu_ps(c2 + d, HY_FMA(p2, x0, _mm256_loadu_ps(c2 + d)));               \
+                _mm256_storeu_ps(c3 + d, HY_FMA(p3, x0, _mm256_loadu_ps(c3 + d)));               \
+            }                                                                                    \
+        }                                                                                        \
+    }
+
+/* The same, two rows per pass: half the accumulator loads and stores.  Used for float16 rows,
+ * where the kernel is bound by those stores rather than by memory. */
+#define HY_DEFINE_PV4_PAIRS(NAME, T, LD)                                                               \
     static inline void NAME(float *acc, const float *alpha, const float *p, int ldp,            \
                             const T *v, int c, long n) {                                         \
         for (int g = 0; g < 4; g++) {                                                            \
@@ -456,7 +465,7 @@ HY_DEFINE_QK4(hy_qk4_f16, uint16_t, HY_LD_F16)
 HY_DEFINE_QK1(hy_qk1_f32, float, HY_LD_F32)
 HY_DEFINE_QK1(hy_qk1_f16, uint16_t, HY_LD_F16)
 HY_DEFINE_PV4(hy_pv4_f32, float, HY_LD_F32)
-HY_DEFINE_PV4(hy_pv4_f16, uint16_t, HY_LD_F16)
+HY_DEFINE_PV4_PAIRS(hy_pv4_f16, uint16_t, HY_LD_F16)
 HY_DEFINE_PV1(hy_pv1_f32, float, HY_LD_F32)
 HY_DEFINE_PV1(hy_pv1_f16, uint16_t, HY_LD_F16)
 #endif /* HY_AVX2 */
