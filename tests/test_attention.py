@@ -192,3 +192,20 @@ def test_float16_cache_stores_rounded_values(rng):
     expect = ref.attention(q, k, v, np.arange(n), 4, kvh, d)
     err = rel_err(got, expect)
     assert 0 < err < 5e-3
+
+
+def test_long_context_single_kv_head_is_split_across_threads():
+    """2+ threads stay busy with one KV head at long context: the key range is split."""
+    from hybrid._cpu import attention
+
+    tasks, threads = attention.plan(1, 4095, num_kv_heads=1, group=8, block_size=16,
+                                    num_threads=2)
+    assert threads == 2 and len(tasks) >= 4
+    assert tasks[0, 5] == 0 and tasks[-1, 6] == 4096  # the splits cover every key
+    assert np.all(tasks[1:, 5] == tasks[:-1, 6]) and np.all(tasks[:, 5] % 16 == 0)
+    # decode over many KV heads: one task per split covers all heads (whole blocks stream)
+    tasks, _ = attention.plan(1, 16383, num_kv_heads=8, group=4, block_size=16, num_threads=2)
+    assert np.all(tasks[:, 3] == 0) and np.all(tasks[:, 4] == 8)
+    # a tiny problem runs on the calling thread
+    _, threads = attention.plan(1, 10, num_kv_heads=2, group=2, block_size=16, num_threads=2)
+    assert threads == 1

@@ -368,3 +368,17 @@ def paged_attention_batch(float[:, ::1] q,            # IN  [B, num_heads*head_d
     _attend(q, row_pos, seg_rows, seg_table, k_ptrs, v_ptrs, num_heads, num_kv_heads, head_dim,
             block_size, head_stride, kv_f16, scale, out, num_threads)
 
+
+
+def plan(long n_rows, long start_pos, int num_kv_heads, int group, int block_size,
+         int num_threads):
+    """The task table paged_attention would run for one sequence (introspection and tests).
+
+    Returns (tasks [n, 8]: r0, r1, table offset, kv head begin, kv head end, key begin, key end,
+    partial slot; threads used).
+    """
+    row_pos = np.arange(start_pos, start_pos + n_rows, dtype=np.int64)
+    tasks, merges, n_partial, maxnq, threads = _plan(
+        row_pos, np.array([0, n_rows], dtype=np.int64), np.zeros(1, dtype=np.int64),
+        num_kv_heads, group, block_size, num_threads)
+    return tasks, threads
