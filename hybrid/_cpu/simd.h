@@ -345,6 +345,43 @@ static inline int hy_attn_simd_ok(long n, int f16) {
         }                                                                                        \
     }
 
+/* The same, two keys per pass (eight independent FMA chains): used for float16 rows. */
+#define HY_DEFINE_QK4_PAIRS(NAME, T, LD)                                                               \
+    static inline void NAME(const float *q, const T *k, int c, long n, float *s, int ldp) {     \
+        const float *q0 = q, *q1 = q + n, *q2 = q + 2 * n, *q3 = q + 3 * n;                      \
+        int j = 0;                                                                               \
+        for (; j + 2 <= c; j += 2) {                                                             \
+            const T *k0 = k + (long)j * n, *k1 = k0 + n;                                         \
+            __m256 a00 = _mm256_setzero_ps(), a01 = a00, a10 = a00, a11 = a00;                   \
+            __m256 a20 = a00, a21 = a00, a30 = a00, a31 = a00;                                   \
+            for (long d = 0; d < n; d += 8) {                                                    \
+                __m256 x0 = LD(k0 + d), x1 = LD(k1 + d), qv;                                     \
+                qv = _mm256_loadu_ps(q0 + d); a00 = HY_FMA(qv, x0, a00); a01 = HY_FMA(qv, x1, a01); \
+                qv = _mm256_loadu_ps(q1 + d); a10 = HY_FMA(qv, x0, a10); a11 = HY_FMA(qv, x1, a11); \
+                qv = _mm256_loadu_ps(q2 + d); a20 = HY_FMA(qv, x0, a20); a21 = HY_FMA(qv, x1, a21); \
+                qv = _mm256_loadu_ps(q3 + d); a30 = HY_FMA(qv, x0, a30); a31 = HY_FMA(qv, x1, a31); \
+            }                                                                                    \
+            float t0[4], t1[4];                                                                  \
+            _mm_storeu_ps(t0, hy_hsum4x256(a00, a10, a20, a30));                                 \
+            _mm_storeu_ps(t1, hy_hsum4x256(a01, a11, a21, a31));                                 \
+            for (int g = 0; g < 4; g++) { s[g * ldp + j] = t0[g]; s[g * ldp + j + 1] = t1[g]; }  \
+        }                                                                                        \
+        for (; j < c; j++) {                                                                     \
+            const T *k0 = k + (long)j * n;                                                       \
+            __m256 a0 = _mm256_setzero_ps(), a1 = a0, a2 = a0, a3 = a0;                          \
+            for (long d = 0; d < n; d += 8) {                                                    \
+                __m256 x0 = LD(k0 + d);                                                          \
+                a0 = HY_FMA(_mm256_loadu_ps(q0 + d), x0, a0);                                    \
+                a1 = HY_FMA(_mm256_loadu_ps(q1 + d), x0, a1);                                    \
+                a2 = HY_FMA(_mm256_loadu_ps(q2 + d), x0, a2);                                    \
+                a3 = HY_FMA(_mm256_loadu_ps(q3 + d), x0, a3);                                    \
+            }                                                                                    \
+            float t0[4];                                                                         \
+            _mm_storeu_ps(t0, hy_hsum4x256(a0, a1, a2, a3));                                     \
+            for (int g = 0; g < 4; g++) s[g * ldp + j] = t0[g];                                  \
+        }                                                                                        \
+    }
+
 /* s[j] = q . row_j for j < c (one query, four keys per pass) */
 #define HY_DEFINE_QK1(NAME, T, LD)                                                               \
     static inline void NAME(const float *q, const T *k, int c, long n, float *s) {              \
@@ -375,6 +412,7 @@ static inline int hy_attn_simd_ok(long n, int f16) {
     static inline void NAME(float *acc, const float *alpha, const float *p, int ldp,            \
                             const T *v, int c, long n) {                                         \
         for (int g = 0; g < 4; g++) {                                                            \
+            if (alpha[g] == 1.0f) continue; /* the running max did not move: nothing to rescale */ \
             const __m256 sg = _mm256_set1_ps(alpha[g]);                                          \
             for (long d = 0; d < n; d += 8)                                                      \
                 _mm256_storeu_ps(acc + g * n + d, _mm256_mul_ps(_mm256_loadu_ps(acc + g * n + d), sg)); \
@@ -400,6 +438,7 @@ static inline int hy_attn_simd_ok(long n, int f16) {
     static inline void NAME(float *acc, const float *alpha, const float *p, int ldp,            \
                             const T *v, int c, long n) {                                         \
         for (int g = 0; g < 4; g++) {                                                            \
+            if (alpha[g] == 1.0f) continue; /* the running max did not move: nothing to rescale */ \
             const __m256 sg = _mm256_set1_ps(alpha[g]);                                          \
             for (long d = 0; d < n; d += 8)                                                      \
                 _mm256_storeu_ps(acc + g * n + d, _mm256_mul_ps(_mm256_loadu_ps(acc + g * n + d), sg)); \
@@ -438,7 +477,7 @@ static inline int hy_attn_simd_ok(long n, int f16) {
 #define HY_DEFINE_PV1(NAME, T, LD)                                                               \
     static inline void NAME(float *acc, float alpha, const float *p, const T *v, int c, long n) { \
         const __m256 sa = _mm256_set1_ps(alpha);                                                 \
-        for (long d = 0; d < n; d += 8)                                                          \
+        for (long d = 0; alpha != 1.0f && d < n; d += 8)                                         \
             _mm256_storeu_ps(acc + d, _mm256_mul_ps(_mm256_loadu_ps(acc + d), sa));              \
         int j = 0;                                                                               \
         for (; j + 4 <= c; j += 4) {                                                             \
@@ -461,7 +500,7 @@ static inline int hy_attn_simd_ok(long n, int f16) {
     }
 
 HY_DEFINE_QK4(hy_qk4_f32, float, HY_LD_F32)
-HY_DEFINE_QK4(hy_qk4_f16, uint16_t, HY_LD_F16)
+HY_DEFINE_QK4_PAIRS(hy_qk4_f16, uint16_t, HY_LD_F16)
 HY_DEFINE_QK1(hy_qk1_f32, float, HY_LD_F32)
 HY_DEFINE_QK1(hy_qk1_f16, uint16_t, HY_LD_F16)
 HY_DEFINE_PV4(hy_pv4_f32, float, HY_LD_F32)
