@@ -21,9 +21,17 @@ from .threads import get_num_threads, set_num_threads
 
 __version__ = "0.1.0"
 
+
+def load_model(path=None, **kwargs):
+    """Load a model (see hybrid.models.load_model); imports the model packages only when called."""
+    from .models import load_model as _load
+
+    return _load(path, **kwargs)
+
+
 __all__ = [
     "AppendResult", "BackendUnavailable", "CacheCapacityError", "DecoderConfig", "DecoderLayer",
     "LayerWeights", "NoBackendError", "PagedKVCache", "Placement", "Scratch", "backend_status",
-    "get_num_threads", "ops", "placement_of", "profiling", "reference", "set_num_threads",
+    "get_num_threads", "load_model", "ops", "placement_of", "profiling", "reference", "set_num_threads",
     "to_device",
 ]

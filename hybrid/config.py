@@ -22,7 +22,8 @@ class DecoderConfig:
     Defaults follow the seed: ``num_kv_heads`` 0 -> ``num_heads``; ``intermediate_size`` 0 ->
     ``4 * hidden_size``; ``head_dim`` 0 -> ``hidden_size // num_heads``.  ``rope_theta`` 0 turns
     rotary embedding off.  ``rope_style`` is ``"neox"`` (rotate-half: Llama, Qwen; default) or
-    ``"gptj"`` (adjacent pairs).  ``rope_inv_freq`` overrides the per-pair frequencies (scaled RoPE).
+    ``"gptj"`` (adjacent pairs).  ``rope_inv_freq`` overrides the per-pair frequencies (scaled RoPE);
+    ``attn_scale`` overrides the softmax scale 1/sqrt(head_dim) (YaRN's attention factor).
     """
 
     hidden_size: int
@@ -34,6 +35,7 @@ class DecoderConfig:
     rms_norm_eps: float = 1e-6
     rope_style: str = "neox"
     rope_inv_freq: "np.ndarray | None" = None
+    attn_scale: "float | None" = None  # softmax scale; None: 1/sqrt(head_dim)
 
     def __post_init__(self):
         self.hidden_size = _positive_int("hidden_size", self.hidden_size)
@@ -63,6 +65,10 @@ class DecoderConfig:
         self.rms_norm_eps = float(self.rms_norm_eps)
         if not self.rms_norm_eps > 0:
             raise ValueError(f"rms_norm_eps must be > 0, got {self.rms_norm_eps}")
+        if self.attn_scale is not None:
+            self.attn_scale = float(self.attn_scale)
+            if not self.attn_scale > 0:
+                raise ValueError(f"attn_scale must be > 0, got {self.attn_scale}")
         if self.rope_inv_freq is not None:
             f = np.ascontiguousarray(self.rope_inv_freq, dtype=np.float64)
             if f.shape != (self.head_dim // 2,):
@@ -73,6 +79,10 @@ class DecoderConfig:
     @property
     def rope_enabled(self) -> bool:
         return self.rope_theta != 0 or self.rope_inv_freq is not None
+
+    @property
+    def softmax_scale(self) -> float:
+        return self.attn_scale if self.attn_scale is not None else 1.0 / float(np.sqrt(self.head_dim))
 
     @property
     def q_size(self) -> int:
@@ -88,6 +98,10 @@ class DecoderConfig:
 
     def inv_freq(self) -> np.ndarray:
         """[head_dim/2] float64 angle per position of each rotated pair."""
+        if self.attn_scale is not None:
+            self.attn_scale = float(self.attn_scale)
+            if not self.attn_scale > 0:
+                raise ValueError(f"attn_scale must be > 0, got {self.attn_scale}")
         if self.rope_inv_freq is not None:
             return self.rope_inv_freq
         d = self.head_dim

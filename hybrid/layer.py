@@ -98,7 +98,8 @@ class DecoderLayer:
         with region("Block/Attention"):
             cache.append(layer, k, v)
             try:
-                att = ops.paged_attention(q, cache, layer, out=self.scratch.get("att", q.shape))
+                att = ops.paged_attention(q, cache, layer, scale=self.config.softmax_scale,
+                                          out=self.scratch.get("att", q.shape))
             except BaseException:
                 cache._rollback_layer(layer, start)
                 raise
@@ -131,6 +132,7 @@ class DecoderLayer:
                 for b, c in enumerate(caches):
                     c.append(self.index, k[b:b + 1], v[b:b + 1])
                 att = ops.paged_attention_batch(q, caches, self.index,
+                                                scale=self.config.softmax_scale,
                                                 out=self.scratch.get("att", q.shape))
             except BaseException:
                 self._rollback_all(caches, starts)

@@ -149,7 +149,7 @@ def decoder_layer(x, positions, past_k, past_v, w, cfg):
         k = rope(k, positions, cfg.inv_freq(), KVH, D, cfg.rope_style)
     k_all = k if start == 0 else np.concatenate([_f64(past_k), k])
     v_all = v if start == 0 else np.concatenate([_f64(past_v), v])
-    att = attention(q, k_all, v_all, np.arange(start, start + n), H, KVH, D)
+    att = attention(q, k_all, v_all, np.arange(start, start + n), H, KVH, D, cfg.softmax_scale)
     x1 = x + linear(att, w.wo)
     # MLP block: norm, SwiGLU, down projection, residual
     h2 = rmsnorm(x1, w.mlp_norm, eps)

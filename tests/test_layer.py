@@ -37,7 +37,7 @@ def test_layer_matches_reference(rng, qk_norm, style, heads, kv_heads):
         exp_t, k_all, v_all = ref.decoder_layer(x[t:t + 1], [t], k_all, v_all, w, cfg)
         assert rel_err(got_t, exp_t) < 1e-5
     kd, vd = cache.dense(1)
-    assert rel_err(kd, k_all) < 1e-6 and rel_err(vd, v_all) < 1e-6
+    assert rel_err(kd, k_all) < 1e-5 and rel_err(vd, v_all) < 1e-5
 
 
 def test_forward_without_cache_is_causal_attention_over_the_tokens(rng):

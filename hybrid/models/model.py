@@ -1,0 +1,260 @@
+"""Model: embedding, decoder layers, final norm and LM head, with generation.
+
+    model = hybrid.load_model()                      # the embedded SmolLM2-135M-Instruct
+    ids = model.tokenizer.encode("Why is the sky blue?")
+    new = model.generate(ids, max_new_tokens=32)     # greedy; the new tokens only
+    for text in model.stream(ids, max_new_tokens=32): print(text, end="")
+
+Each step prefills or decodes through every layer and then commits once, so every layer of a step
+reads the same start position.  Batched generation prefills each prompt on its own and then
+decodes all unfinished sequences together through ``forward_batch``.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from .. import ops
+from ..kvcache import PagedKVCache
+from ..layer import DecoderLayer
+from ..placement import Placement
+from ..scratch import Scratch
+from .sampling import Sampler, SamplingParams
+from .weights import ModelWeights
+
+
+@dataclass
+class GenerationStats:
+    prompt_tokens: int = 0
+    new_tokens: int = 0
+    prefill_s: float = 0.0
+    decode_s: float = 0.0
+
+    @property
+    def prefill_tps(self) -> float:
+        return self.prompt_tokens / self.prefill_s if self.prefill_s else 0.0
+
+    @property
+    def decode_tps(self) -> float:
+        return max(self.new_tokens - 1, 0) / self.decode_s if self.decode_s else 0.0
+
+    def __str__(self) -> str:
+        return (f"prefill {self.prompt_tokens} tokens at {self.prefill_tps:.1f} tok/s, "
+                f"decode {self.new_tokens} tokens at {self.decode_tps:.1f} tok/s")
+
+
+def layer_placements(num_layers: int, gpu_layers=0, placements=None) -> list:
+    """Per-layer placements: an explicit list, or the last ``gpu_layers`` on cuda:0 (llama.cpp's
+    -ngl), the rest on the CPU."""
+    if placements is not None:
+        if len(placements) != num_layers:
+            raise ValueError(f"placements has {len(placements)} entries for {num_layers} layers")
+        return [Placement.parse(p) for p in placements]
+    if isinstance(gpu_layers, bool) or not isinstance(gpu_layers, int) or gpu_layers < 0:
+        raise ValueError(f"gpu_layers must be an integer >= 0, got {gpu_layers!r}")
+    n_gpu = min(gpu_layers, num_layers)
+    return [Placement.parse("cpu")] * (num_layers - n_gpu) + [Placement.parse("cuda:0")] * n_gpu
+
+
+class Model:
+    """A loaded decoder-only model.  See ``hybrid.load_model``."""
+
+    def __init__(self, weights: ModelWeights, tokenizer=None, *, gpu_layers: int = 0,
+                 placements=None, kv_dtype: str = "float16", kv_on_cpu: bool = False,
+                 block_size: int = 16, max_tokens: "int | None" = None):
+        self.weights = weights
+        self.tokenizer = tokenizer
+        self.config = weights.config
+        self.kv_dtype = kv_dtype
+        self.block_size = block_size
+        self.max_position = weights.max_position or None
+        self.max_tokens = max_tokens or self.max_position
+        self.placements = layer_placements(weights.num_layers, gpu_layers, placements)
+        self.cache_placements = [Placement.parse("cpu") if kv_on_cpu else p
+                                 for p in self.placements]
+        scratch = Scratch()  # layers run one after another and share their buffers
+        self.layers = [DecoderLayer(self.config, lw, index=i, placement=p, scratch=scratch)
+                       for i, (lw, p) in enumerate(zip(weights.layers, self.placements))]
+        self.embed = weights.embed  # [vocab, hidden] float32
+        self.final_norm = weights.final_norm  # [hidden]
+        self.lm_head = weights.lm_head  # [vocab, hidden]
+        self.last_stats = GenerationStats()
+
+    @property
+    def vocab_size(self) -> int:
+        return self.embed.shape[0]
+
+    def new_cache(self) -> PagedKVCache:
+        return PagedKVCache(num_layers=len(self.layers), num_kv_heads=self.config.num_kv_heads,
+                            head_dim=self.config.head_dim, block_size=self.block_size,
+                            dtype=self.kv_dtype, placement=self.cache_placements,
+                            max_tokens=self.max_tokens)
+
+    # ------------------------------------------------------------------ forward
+    def _ids(self, ids) -> np.ndarray:
+        arr = np.asarray(ids)
+        if arr.ndim != 1 or (arr.size and not np.issubdtype(arr.dtype, np.integer)):
+            raise TypeError("token ids must be a 1-D sequence of integers")
+        if arr.size and (arr.min() < 0 or arr.max() >= self.vocab_size):
+            raise ValueError(f"token ids must be in [0, {self.vocab_size}), got "
+                             f"{int(arr.min())}..{int(arr.max())}")
+        return arr.astype(np.int64)
+
+    def _check_room(self, cache: PagedKVCache, n_new: int) -> None:
+        total = cache.seq_len + n_new
+        if self.max_position and total > self.max_position:
+            raise ValueError(f"{total} tokens exceed the model's context length "
+                             f"{self.max_position}")
+        if cache.max_tokens and total > cache.max_tokens:
+            raise ValueError(f"{total} tokens exceed the KV cache capacity {cache.max_tokens}")
+
+    def _head(self, h: np.ndarray) -> np.ndarray:
+        """Final norm and LM head: h [rows, hidden] -> logits [rows, vocab] float32."""
+        h = ops.rmsnorm(h, self.final_norm, self.config.rms_norm_eps)
+        return ops.linear(h, self.lm_head)
+
+    def forward(self, ids, cache: PagedKVCache) -> np.ndarray:
+        """Run ``ids`` (continuing ``cache``), commit them, return the last position's logits."""
+        ids = self._ids(ids)
+        if ids.size == 0:
+            raise ValueError("forward needs at least one token")
+        self._check_room(cache, ids.size)
+        start = cache.seq_len
+        x = self.embed[ids]  # [n, hidden]
+        positions = np.arange(start, start + ids.size)
+        try:
+            for layer in self.layers:
+                x = layer.forward(x, positions, cache)
+        except BaseException:
+            cache.discard_uncommitted()
+            raise
+        cache.commit(ids.size)
+        return self._head(x[-1:])[0]
+
+    def forward_batch(self, tokens, caches) -> np.ndarray:
+        """One decode token per sequence: tokens [B] -> logits [B, vocab]; commits each cache."""
+        tokens = self._ids(tokens)
+        for c in caches:
+            self._check_room(c, 1)
+        x = self.embed[tokens]  # [B, hidden]
+        positions = [c.seq_len for c in caches]
+        try:
+            for layer in self.layers:
+                x = layer.forward_batch(x, positions, caches)
+        except BaseException:
+            for c in caches:
+                c.discard_uncommitted()
+            raise
+        for c in caches:
+            c.commit(1)
+        return self._head(x)
+
+    def logits(self, ids) -> np.ndarray:
+        """[vocab] float32 logits of the last position of ``ids`` (a fresh cache)."""
+        return self.forward(ids, self.new_cache())
+
+    # ------------------------------------------------------------------ generation
+    def _params(self, temperature, top_k, top_p, repetition_penalty, seed) -> SamplingParams:
+        return SamplingParams(temperature=temperature, top_k=top_k, top_p=top_p,
+                              repetition_penalty=repetition_penalty, seed=seed)
+
+    def _stop_ids(self, stop_tokens):
+        stops = set(stop_tokens) if stop_tokens is not None else set()
+        if stop_tokens is None and self.tokenizer is not None:
+            stops |= set(self.tokenizer.eos_ids)
+        return stops
+
+    def generate_tokens(self, ids, max_new_tokens: int = 32, *, temperature: float = 0.0,
+                        top_k: int = 0, top_p: float = 1.0, repetition_penalty: float = 1.0,
+                        seed=None, stop_tokens=None, stop_strings=(), cache=None):
+        """Yield new token ids one by one (the streaming core of ``generate``)."""
+        ids = list(self._ids(ids))
+        if not ids:
+            raise ValueError("the prompt has no tokens")
+        if max_new_tokens < 0:
+            raise ValueError(f"max_new_tokens must be >= 0, got {max_new_tokens}")
+        sampler = Sampler(self._params(temperature, top_k, top_p, repetition_penalty, seed))
+        stops = self._stop_ids(stop_tokens)
+        cache = cache if cache is not None else self.new_cache()
+        self._check_room(cache, len(ids) + max_new_tokens)
+        stats = self.last_stats = GenerationStats(prompt_tokens=len(ids))
+        if max_new_tokens == 0:
+            return
+        t0 = time.perf_counter()
+        logits = self.forward(ids, cache)
+        stats.prefill_s = time.perf_counter() - t0
+        history = list(ids)
+        new: list = []
+        t1 = time.perf_counter()
+        while True:
+            tok = sampler(logits, history)
+            history.append(tok)
+            new.append(tok)
+            stats.new_tokens = len(new)
+            yield tok
+            if tok in stops or len(new) >= max_new_tokens:
+                break
+            if stop_strings and self.tokenizer is not None:
+                text = self.tokenizer.decode(new)
+                if any(s in text for s in stop_strings):
+                    break
+            logits = self.forward([tok], cache)
+            stats.decode_s = time.perf_counter() - t1
+
+    def generate(self, ids, max_new_tokens: int = 32, **kw) -> list:
+        """The new token ids (stop tokens and the token completing a stop string included)."""
+        return list(self.generate_tokens(ids, max_new_tokens, **kw))
+
+    def stream(self, ids, max_new_tokens: int = 32, **kw):
+        """Yield decoded text pieces as tokens arrive (whole UTF-8 characters only)."""
+        if self.tokenizer is None:
+            raise ValueError("streaming text needs a tokenizer")
+        new, sent = [], ""
+        for tok in self.generate_tokens(ids, max_new_tokens, **kw):
+            new.append(tok)
+            text = self.tokenizer.decode(new)
+            if text.endswith("\ufffd"):
+                continue  # a multi-byte character is not complete yet
+            if len(text) > len(sent):
+                yield text[len(sent):]
+                sent = text
+
+    def generate_batch(self, prompts, max_new_tokens: int = 32, *, temperature: float = 0.0,
+                       top_k: int = 0, top_p: float = 1.0, repetition_penalty: float = 1.0,
+                       seed=None, stop_tokens=None, stop_strings=()) -> list:
+        """Generate for several prompts: each is prefilled alone, then all unfinished sequences
+        decode together one token per step.  Returns the new ids of each prompt."""
+        prompts = [list(self._ids(p)) for p in prompts]
+        if any(not p for p in prompts):
+            raise ValueError("every prompt needs at least one token")
+        stops = self._stop_ids(stop_tokens)
+        caches = [self.new_cache() for _ in prompts]
+        for p, c in zip(prompts, caches):
+            self._check_room(c, len(p) + max_new_tokens)
+        samplers = [Sampler(self._params(temperature, top_k, top_p, repetition_penalty,
+                                         None if seed is None else seed + i))
+                    for i in range(len(prompts))]
+        outs = [[] for _ in prompts]
+        if max_new_tokens == 0:
+            return outs
+        logits = [self.forward(p, c) for p, c in zip(prompts, caches)]
+        active = list(range(len(prompts)))
+        while active:
+            next_tokens, still = [], []
+            for j, b in enumerate(active):
+                tok = samplers[b](logits[j], prompts[b] + outs[b])
+                outs[b].append(tok)
+                done = tok in stops or len(outs[b]) >= max_new_tokens
+                if not done and stop_strings and self.tokenizer is not None:
+                    done = any(s in self.tokenizer.decode(outs[b]) for s in stop_strings)
+                if not done:
+                    still.append(b)
+                    next_tokens.append(tok)
+            active = still
+            if active:
+                batch_logits = self.forward_batch(next_tokens, [caches[b] for b in active])
+                logits = list(batch_logits)
+        return outs

@@ -1,0 +1,63 @@
+"""RoPE frequencies with the scaling schemes found in real configs (default, linear, llama3, yarn).
+
+Each function returns ``(inv_freq [head_dim/2] float64, attention_factor)``; ``attention_factor``
+multiplies cos and sin (yarn), which scales every score by its square.  The formulas follow
+Hugging Face transformers' ``modeling_rope_utils``, computed in float64.
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+
+
+def default_inv_freq(head_dim: int, theta: float) -> np.ndarray:
+    return 1.0 / (theta ** (np.arange(0, head_dim, 2, dtype=np.float64) / head_dim))
+
+
+def rope_frequencies(head_dim: int, theta: float, scaling: "dict | None",
+                     max_position: "int | None" = None):
+    """(inv_freq, attention_factor) for ``scaling`` (a HF ``rope_scaling`` dict, or None)."""
+    inv = default_inv_freq(head_dim, theta)
+    if not scaling:
+        return inv, 1.0
+    kind = scaling.get("rope_type", scaling.get("type", "default"))
+    if kind == "default":
+        return inv, 1.0
+    if kind == "linear":
+        return inv / float(scaling["factor"]), 1.0
+    if kind == "llama3":
+        factor = float(scaling["factor"])
+        low = float(scaling.get("low_freq_factor", 1.0))
+        high = float(scaling.get("high_freq_factor", 4.0))
+        old_ctx = float(scaling.get("original_max_position_embeddings", 8192))
+        low_wavelen, high_wavelen = old_ctx / low, old_ctx / high
+        wavelen = 2 * math.pi / inv
+        out = np.where(wavelen > low_wavelen, inv / factor, inv)
+        smooth = (old_ctx / wavelen - low) / (high - low)
+        smoothed = (1 - smooth) * out / factor + smooth * out
+        medium = (wavelen >= high_wavelen) & (wavelen <= low_wavelen)
+        return np.where(medium, smoothed, out), 1.0
+    if kind == "yarn":
+        factor = float(scaling["factor"])
+        old_ctx = float(scaling.get("original_max_position_embeddings") or max_position or 4096)
+        beta_fast = float(scaling.get("beta_fast") or 32)
+        beta_slow = float(scaling.get("beta_slow") or 1)
+        attn = scaling.get("attention_factor")
+        if attn is None:
+            attn = 0.1 * math.log(factor) + 1.0 if factor > 1 else 1.0
+
+        def dim_for(rotations):
+            return (head_dim * math.log(old_ctx / (rotations * 2 * math.pi))) / (2 * math.log(theta))
+
+        lo = max(math.floor(dim_for(beta_fast)), 0)
+        hi = min(math.ceil(dim_for(beta_slow)), head_dim - 1)
+        if lo == hi:
+            hi += 0.001
+        ramp = np.clip((np.arange(head_dim // 2, dtype=np.float64) - lo) / (hi - lo), 0, 1)
+        extrapolation = 1 - ramp
+        out = (inv / factor) * (1 - extrapolation) + inv * extrapolation
+        return out, float(attn)
+    raise ValueError(f"unsupported RoPE scaling type {kind!r} (supported: default, linear, "
+                     f"llama3, yarn)")

@@ -1,0 +1,134 @@
+"""Load a Llama-family model from a Hugging Face folder: ``config.json`` + ``*.safetensors`` (sharded
+or not) through the ``safetensors`` package.  bfloat16 tensors are widened to float32 here."""
+
+from __future__ import annotations
+
+import glob
+import json
+import os
+
+import numpy as np
+
+from ..config import DecoderConfig
+from .errors import ModelLoadError
+from .rope_scaling import rope_frequencies
+from .weights import ModelWeights, layer_weights
+
+ARCH_OF = {"LlamaForCausalLM": "llama", "Qwen2ForCausalLM": "qwen2", "Qwen3ForCausalLM": "qwen3",
+           "MistralForCausalLM": "llama"}
+P = "model.layers.{i}."
+NAMES = {
+    "attn_norm": P + "input_layernorm.weight", "wq": P + "self_attn.q_proj.weight",
+    "wk": P + "self_attn.k_proj.weight", "wv": P + "self_attn.v_proj.weight",
+    "wo": P + "self_attn.o_proj.weight", "mlp_norm": P + "post_attention_layernorm.weight",
+    "w_gate": P + "mlp.gate_proj.weight", "w_up": P + "mlp.up_proj.weight",
+    "w_down": P + "mlp.down_proj.weight", "q_norm": P + "self_attn.q_norm.weight",
+    "k_norm": P + "self_attn.k_norm.weight", "bq": P + "self_attn.q_proj.bias",
+    "bk": P + "self_attn.k_proj.bias", "bv": P + "self_attn.v_proj.bias",
+}
+
+
+def _bf16_to_f32(raw: np.ndarray) -> np.ndarray:
+    return (raw.astype(np.uint32) << 16).view(np.float32)
+
+
+class _Shards:
+    """Tensor name -> float32 array across the folder's safetensors files."""
+
+    def __init__(self, folder):
+        try:
+            from safetensors import safe_open
+        except ImportError as exc:
+            raise ModelLoadError(folder, "loading safetensors needs the 'safetensors' package "
+                                         f"(pip install 'hybrid[models]'): {exc}") from None
+        files = sorted(glob.glob(os.path.join(folder, "*.safetensors")))
+        if not files:
+            raise ModelLoadError(folder, "no *.safetensors files in the model folder")
+        self.folder = folder
+        self.where = {}
+        self.handles = {}
+        for f in files:
+            try:
+                h = safe_open(f, framework="numpy")
+            except Exception as exc:
+                raise ModelLoadError(f, f"not a readable safetensors file ({exc})") from None
+            self.handles[f] = h
+            for name in h.keys():
+                self.where[name] = f
+
+    def __contains__(self, name):
+        return name in self.where
+
+    def get(self, name: str) -> np.ndarray:
+        f = self.where.get(name)
+        if f is None:
+            raise ModelLoadError(self.folder, f"missing tensor {name}")
+        h = self.handles[f]
+        dtype = h.get_slice(name).get_dtype()
+        if dtype == "BF16":
+            return _bf16_to_f32(self._raw(f, name, np.uint16))
+        try:
+            arr = h.get_tensor(name)
+        except Exception as exc:
+            raise ModelLoadError(f, f"tensor {name} cannot be read ({exc})") from None
+        return np.ascontiguousarray(arr, dtype=np.float32)
+
+    @staticmethod
+    def _raw(f, name, dtype):
+        with open(f, "rb") as fh:
+            n = int.from_bytes(fh.read(8), "little")
+            header = json.loads(fh.read(n))
+        begin, end = header[name]["data_offsets"]
+        shape = header[name]["shape"]
+        data = np.fromfile(f, dtype=np.uint8, count=end - begin, offset=8 + n + begin)
+        return data.view(dtype).reshape(shape)
+
+
+def read_safetensors_folder(folder) -> ModelWeights:
+    folder = os.fspath(folder)
+    cpath = os.path.join(folder, "config.json")
+    if not os.path.isfile(cpath):
+        raise ModelLoadError(folder, "no config.json in the model folder")
+    with open(cpath, encoding="utf-8") as f:
+        try:
+            c = json.load(f)
+        except json.JSONDecodeError as exc:
+            raise ModelLoadError(cpath, f"invalid JSON ({exc})") from None
+    archs = c.get("architectures") or []
+    arch = next((ARCH_OF[a] for a in archs if a in ARCH_OF), None)
+    if arch is None:
+        raise ModelLoadError(cpath, f"unsupported architecture {archs or c.get('model_type')!r} "
+                                    f"(supported: {', '.join(sorted(ARCH_OF))})")
+    heads = c["num_attention_heads"]
+    hidden = c["hidden_size"]
+    head_dim = c.get("head_dim") or hidden // heads
+    rope = c.get("rope_parameters") or {}
+    theta = float(rope.get("rope_theta", c.get("rope_theta", 10000.0)))
+    scaling = c.get("rope_scaling") or (rope if rope.get("rope_type", "default") != "default" else None)
+    max_pos = int(c.get("max_position_embeddings") or 0)
+    inv_freq, attn_factor = rope_frequencies(head_dim, theta, scaling, max_pos)
+    cfg = DecoderConfig(hidden_size=hidden, num_heads=heads,
+                        num_kv_heads=c.get("num_key_value_heads") or heads, head_dim=head_dim,
+                        intermediate_size=c["intermediate_size"], rope_theta=theta,
+                        rms_norm_eps=c.get("rms_norm_eps", 1e-6),
+                        rope_inv_freq=inv_freq if scaling else None,
+                        attn_scale=attn_factor ** 2 / np.sqrt(head_dim) if attn_factor != 1.0 else None)
+    shards = _Shards(folder)
+    qk_norm = NAMES["q_norm"].format(i=0) in shards
+    qkv_bias = NAMES["bq"].format(i=0) in shards
+    layers = []
+    for i in range(c["num_hidden_layers"]):
+        lw = layer_weights(shards.get, i, cfg, qk_norm, qkv_bias, NAMES)
+        try:
+            lw.validated(cfg)
+        except (ValueError, TypeError) as exc:
+            raise ModelLoadError(folder, f"layer {i}: {exc} (config.json and the weights disagree)") from None
+        layers.append(lw)
+    embed = shards.get("model.embed_tokens.weight")
+    tied = bool(c.get("tie_word_embeddings", False)) or "lm_head.weight" not in shards
+    lm_head = embed if tied else shards.get("lm_head.weight")
+    eos = c.get("eos_token_id")
+    return ModelWeights(arch=arch, config=cfg, embed=embed, final_norm=shards.get("model.norm.weight"),
+                        lm_head=lm_head, layers=layers, max_position=max_pos, tied_embeddings=tied,
+                        metadata={"format": "safetensors", "folder": folder, "eos_token_id": eos,
+                                  "bos_token_id": c.get("bos_token_id")})

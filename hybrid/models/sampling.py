@@ -1,0 +1,64 @@
+"""Choosing the next token from logits: greedy, temperature, top-k, top-p, repetition penalty."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+
+@dataclass
+class SamplingParams:
+    """temperature 0 is greedy (argmax).  top_k 0 and top_p 1 turn those filters off.
+    repetition_penalty > 1 discourages tokens already in the sequence (as transformers applies it:
+    positive logits divided, negative multiplied).  ``seed`` makes sampling reproducible."""
+
+    temperature: float = 0.0
+    top_k: int = 0
+    top_p: float = 1.0
+    repetition_penalty: float = 1.0
+    seed: "int | None" = None
+
+    def __post_init__(self):
+        if self.temperature < 0:
+            raise ValueError(f"temperature must be >= 0, got {self.temperature}")
+        if self.top_k < 0:
+            raise ValueError(f"top_k must be >= 0, got {self.top_k}")
+        if not 0 < self.top_p <= 1:
+            raise ValueError(f"top_p must be in (0, 1], got {self.top_p}")
+        if self.repetition_penalty <= 0:
+            raise ValueError(f"repetition_penalty must be > 0, got {self.repetition_penalty}")
+
+
+class Sampler:
+    """Stateful sampler (its random generator advances with each draw)."""
+
+    def __init__(self, params: SamplingParams):
+        self.params = params
+        self.rng = np.random.default_rng(params.seed)
+
+    def __call__(self, logits: np.ndarray, history) -> int:
+        p = self.params
+        x = np.asarray(logits, dtype=np.float64)
+        if p.repetition_penalty != 1.0 and len(history):
+            seen = np.unique(np.asarray(history, dtype=np.int64))
+            seen = seen[(seen >= 0) & (seen < x.shape[0])]
+            v = x[seen]
+            x = x.copy()
+            x[seen] = np.where(v > 0, v / p.repetition_penalty, v * p.repetition_penalty)
+        if p.temperature == 0.0:
+            return int(np.argmax(x))
+        x = x / p.temperature
+        if p.top_k and p.top_k < x.shape[0]:
+            kth = np.partition(x, -p.top_k)[-p.top_k]
+            x = np.where(x < kth, -np.inf, x)
+        probs = np.exp(x - np.max(x))
+        probs /= probs.sum()
+        if p.top_p < 1.0:
+            order = np.argsort(-probs, kind="stable")
+            cum = np.cumsum(probs[order])
+            keep = order[: int(np.searchsorted(cum, p.top_p) + 1)]
+            mask = np.zeros_like(probs)
+            mask[keep] = probs[keep]
+            probs = mask / mask.sum()
+        return int(self.rng.choice(probs.shape[0], p=probs))

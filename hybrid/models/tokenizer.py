@@ -1,0 +1,167 @@
+"""Tokenizers built on the ``tokenizers`` library: from GGUF metadata or a ``tokenizer.json``.
+
+GGUF byte-level BPE vocabularies (``tokenizer.ggml.model = "gpt2"``) become a tokenizers BPE
+model with the file's merges, split the way llama.cpp splits for the file's
+``tokenizer.ggml.pre`` (SmolLM: digits one by one, then the GPT-2 pattern; Llama 3 and Qwen2:
+their own patterns).  Tokens the file marks as control stay whole as special tokens.
+Chat templates are rendered with jinja2 in a sandbox, as transformers does.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+
+from .errors import ModelLoadError
+
+_LLAMA3_SPLIT = (
+    r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}"
+    r"| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+"
+)
+_QWEN2_SPLIT = (
+    r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}"
+    r"| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+"
+)
+_SPLITS = {"llama3": _LLAMA3_SPLIT, "llama-bpe": _LLAMA3_SPLIT, "llama-v3": _LLAMA3_SPLIT,
+           "smaug-bpe": _LLAMA3_SPLIT, "qwen2": _QWEN2_SPLIT, "deepseek-r1-qwen": _QWEN2_SPLIT}
+CONTROL, USER_DEFINED = 3, 4
+
+
+def _tokenizers():
+    try:
+        import tokenizers
+    except ImportError as exc:
+        raise ImportError("hybrid's tokenizer needs the 'tokenizers' package "
+                          "(pip install 'hybrid[models]')") from exc
+    return tokenizers
+
+
+class Tokenizer:
+    """Text <-> token ids, special tokens, and the model's chat template.
+
+    ``encode(text)`` -> list[int] (with BOS when the model asks for it); ``decode(ids)`` -> str;
+    ``apply_chat_template(messages)`` -> the prompt string the model was trained on.
+    """
+
+    def __init__(self, backend, bos_id=None, eos_ids=(), add_bos=False, chat_template=None,
+                 bos_token=None, eos_token=None):
+        self.backend = backend  # tokenizers.Tokenizer
+        self.bos_id = bos_id
+        self.eos_ids = tuple(i for i in eos_ids if i is not None)
+        self.add_bos = bool(add_bos)
+        self.chat_template = chat_template
+        self.bos_token = bos_token
+        self.eos_token = eos_token
+
+    @property
+    def vocab_size(self) -> int:
+        return self.backend.get_vocab_size(with_added_tokens=True)
+
+    def encode(self, text: str, add_special_tokens: bool = True) -> list:
+        if not isinstance(text, str):
+            raise TypeError(f"encode takes a str, got {type(text).__name__}")
+        ids = self.backend.encode(text, add_special_tokens=False).ids
+        if add_special_tokens and self.add_bos and self.bos_id is not None:
+            if not ids or ids[0] != self.bos_id:
+                ids = [self.bos_id] + ids
+        return ids
+
+    def decode(self, ids, skip_special_tokens: bool = True) -> str:
+        return self.backend.decode(list(ids), skip_special_tokens=skip_special_tokens)
+
+    def token_text(self, token_id: int) -> str:
+        return self.backend.id_to_token(token_id) or ""
+
+    def apply_chat_template(self, messages, add_generation_prompt: bool = True) -> str:
+        """Render ``messages`` ([{"role": ..., "content": ...}]) with the model's template."""
+        if not self.chat_template:
+            raise ValueError("this model has no chat template")
+        try:
+            from jinja2.sandbox import ImmutableSandboxedEnvironment
+        except ImportError as exc:
+            raise ImportError("chat templates need jinja2 (pip install 'hybrid[models]')") from exc
+
+        def raise_exception(message):
+            raise ValueError(f"chat template: {message}")
+
+        env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True)
+        env.globals["raise_exception"] = raise_exception
+        return env.from_string(self.chat_template).render(
+            messages=messages, add_generation_prompt=add_generation_prompt,
+            bos_token=self.bos_token or "", eos_token=self.eos_token or "")
+
+    # ------------------------------------------------------------------ constructors
+    @classmethod
+    def from_gguf_metadata(cls, meta: dict, path="(gguf)") -> "Tokenizer":
+        tk = _tokenizers()
+        kind = meta.get("tokenizer_model")
+        tokens = meta.get("tokens")
+        if not tokens:
+            raise ModelLoadError(path, "the file has no tokenizer vocabulary (tokenizer.ggml.tokens)")
+        if kind != "gpt2":
+            raise ModelLoadError(path, f"tokenizer type {kind!r} is not supported yet "
+                                       f"(supported: 'gpt2' byte-level BPE)")
+        merges = [tuple(m.split(" ", 1)) for m in meta.get("merges") or []]
+        vocab = {t: i for i, t in enumerate(tokens)}
+        backend = tk.Tokenizer(tk.models.BPE(vocab=vocab, merges=merges, fuse_unk=False))
+        pre = meta.get("tokenizer_pre")
+        pt = tk.pre_tokenizers
+        if pre in _SPLITS:
+            backend.pre_tokenizer = pt.Sequence([
+                pt.Split(tk.Regex(_SPLITS[pre]), behavior="isolated"),
+                pt.ByteLevel(add_prefix_space=False, use_regex=False)])
+        elif pre == "smollm":  # llama.cpp: every digit alone, then the GPT-2 pattern
+            backend.pre_tokenizer = pt.Sequence([
+                pt.Digits(individual_digits=True),
+                pt.ByteLevel(add_prefix_space=False, use_regex=True)])
+        else:
+            backend.pre_tokenizer = pt.ByteLevel(add_prefix_space=False, use_regex=True)
+        backend.decoder = tk.decoders.ByteLevel()
+        types = meta.get("token_types") or []
+        special = [tk.AddedToken(t, special=True, normalized=False)
+                   for t, ty in zip(tokens, types) if ty == CONTROL]
+        if special:
+            backend.add_special_tokens(special)
+        user = [tk.AddedToken(t, special=False, normalized=False)
+                for t, ty in zip(tokens, types) if ty == USER_DEFINED]
+        if user:
+            backend.add_tokens(user)
+        bos, eos = meta.get("bos_token_id"), meta.get("eos_token_id")
+        eos_ids = [eos]
+        for name in ("<|im_end|>", "<|eot_id|>", "<|endoftext|>"):
+            if name in vocab and types and types[vocab[name]] == CONTROL:
+                eos_ids.append(vocab[name])
+        return cls(backend, bos_id=bos, eos_ids=sorted(set(i for i in eos_ids if i is not None)),
+                   add_bos=meta.get("add_bos_token", False),
+                   chat_template=meta.get("chat_template"),
+                   bos_token=tokens[bos] if bos is not None and bos < len(tokens) else None,
+                   eos_token=tokens[eos] if eos is not None and eos < len(tokens) else None)
+
+    @classmethod
+    def from_folder(cls, folder, eos_from_config=None) -> "Tokenizer":
+        """From ``tokenizer.json`` (+ ``tokenizer_config.json``) in a Hugging Face model folder."""
+        tk = _tokenizers()
+        path = os.path.join(folder, "tokenizer.json")
+        if not os.path.isfile(path):
+            raise ModelLoadError(folder, "no tokenizer.json in the model folder")
+        backend = tk.Tokenizer.from_file(path)
+        conf = {}
+        cpath = os.path.join(folder, "tokenizer_config.json")
+        if os.path.isfile(cpath):
+            with open(cpath, encoding="utf-8") as f:
+                conf = json.load(f)
+
+        def token_of(key):
+            v = conf.get(key)
+            return v.get("content") if isinstance(v, dict) else v
+
+        bos_t, eos_t = token_of("bos_token"), token_of("eos_token")
+        bos = backend.token_to_id(bos_t) if bos_t else None
+        eos_ids = [backend.token_to_id(eos_t)] if eos_t else []
+        if isinstance(eos_from_config, int):
+            eos_ids.append(eos_from_config)
+        elif isinstance(eos_from_config, (list, tuple)):
+            eos_ids.extend(eos_from_config)
+        return cls(backend, bos_id=bos, eos_ids=sorted(set(i for i in eos_ids if i is not None)),
+                   add_bos=bool(conf.get("add_bos_token", False)),
+                   chat_template=conf.get("chat_template"), bos_token=bos_t, eos_token=eos_t)
