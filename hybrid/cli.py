@@ -1,5 +1,6 @@
 """The ``hybrid`` command.
 
+    hybrid generate PROMPT      stream a model's answer (default: the embedded SmolLM2-135M-Instruct)
     hybrid info                 CPU features, threads, BLAS, and every backend's status
     hybrid demo [--layers N]    run a SmolLM2-135M-shaped stack of decoder layers (random weights,
                                 nothing downloaded): prefill, decode and batched decode, timed
@@ -41,10 +42,60 @@ def random_weights(cfg: DecoderConfig, rng: np.random.Generator, qk_norm: bool =
         k_norm=norm(cfg.head_dim) if qk_norm else None)
 
 
+def cpu_features() -> list:
+    """SIMD features of this CPU that matter to the kernels (from /proc/cpuinfo where present)."""
+    wanted = ("avx2", "fma", "f16c", "avx512f", "avx512_bf16", "amx_tile", "asimd", "sve")
+    try:
+        with open("/proc/cpuinfo") as f:
+            for line in f:
+                if line.startswith(("flags", "Features")):
+                    have = set(line.split(":", 1)[1].split())
+                    return [w for w in wanted if w in have]
+    except OSError:
+        pass
+    return []
+
+
+def _generate(args) -> int:
+    from .models import ModelLoadError, load_model
+
+    if args.threads:
+        set_num_threads(args.threads)
+    try:
+        model = load_model(args.model, gpu_layers=args.gpu_layers, kv_dtype=args.kv_dtype)
+    except ModelLoadError as exc:
+        print(f"hybrid: cannot load the model: {exc}", file=sys.stderr)
+        return 2
+    tok = model.tokenizer
+    use_chat = args.chat if args.chat is not None else bool(tok.chat_template)
+    prompt = args.prompt
+    if use_chat:
+        if not tok.chat_template:
+            print("hybrid: --chat: this model has no chat template", file=sys.stderr)
+            return 2
+        prompt = tok.apply_chat_template([{"role": "user", "content": prompt}])
+    ids = tok.encode(prompt)
+    if not ids:
+        print("hybrid: the prompt tokenises to nothing", file=sys.stderr)
+        return 2
+    try:
+        for piece in model.stream(ids, max_new_tokens=args.max_tokens, temperature=args.temperature,
+                                  top_k=args.top_k, top_p=args.top_p, seed=args.seed):
+            sys.stdout.write(piece)
+            sys.stdout.flush()
+    except ValueError as exc:
+        print(f"\nhybrid: {exc}", file=sys.stderr)
+        return 2
+    print()
+    print(f"[{model.last_stats}, {get_num_threads()} threads]", file=sys.stderr)
+    return 0
+
+
 def _info(_args) -> int:
     from threadpoolctl import threadpool_info
 
     print("hybrid", __import__("hybrid").__version__)
+    print(f"CPU features: {' '.join(cpu_features()) or '(unknown)'}")
     try:
         from ._cpu import runtime
 
@@ -122,6 +173,24 @@ def main(argv=None) -> int:
     parser = argparse.ArgumentParser(prog="hybrid", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     sub = parser.add_subparsers(dest="cmd", required=True)
+    gen = sub.add_parser("generate", help="stream a model's answer to PROMPT")
+    gen.add_argument("prompt")
+    gen.add_argument("--model", default=None,
+                     help="a .gguf file or a safetensors folder (default: SmolLM2-135M-Instruct)")
+    gen.add_argument("--max-tokens", type=int, default=128)
+    gen.add_argument("--temperature", type=float, default=0.0)
+    gen.add_argument("--top-k", type=int, default=0)
+    gen.add_argument("--top-p", type=float, default=1.0)
+    gen.add_argument("--seed", type=int, default=None)
+    gen.add_argument("--threads", type=int, default=0)
+    gen.add_argument("--gpu-layers", type=int, default=0)
+    gen.add_argument("--kv-dtype", choices=["float16", "float32"], default="float16")
+    chat = gen.add_mutually_exclusive_group()
+    chat.add_argument("--chat", dest="chat", action="store_true", default=None,
+                      help="wrap PROMPT in the model's chat template (the default when it has one)")
+    chat.add_argument("--raw", dest="chat", action="store_false",
+                      help="send PROMPT as it is, without the chat template")
+    gen.set_defaults(fn=_generate)
     sub.add_parser("info", help="CPU features, threads, backends").set_defaults(fn=_info)
     demo = sub.add_parser("demo", help="run a random-weight decoder stack")
     demo.add_argument("--preset", choices=sorted(PRESETS), default="smollm2-135m")

@@ -1,0 +1,235 @@
+"""Tiny random Llama and Qwen3 models saved by transformers as safetensors: loading, logits over a
+prefill and decode steps, batched generation, sampling, stop strings, and load errors."""
+
+import json
+import os
+import shutil
+
+import numpy as np
+import pytest
+
+import hybrid
+from hybrid.models import ModelLoadError, load_model
+from conftest import rel_err
+
+torch = pytest.importorskip("torch", reason="torch is a test-only reference")
+tf = pytest.importorskip("transformers", reason="transformers is a test-only reference")
+pytest.importorskip("safetensors", reason="pip install '.[models]'")
+tokenizers = pytest.importorskip("tokenizers", reason="pip install '.[models]'")
+
+VOCAB = 96
+
+
+def _write_tokenizer(folder):
+    vocab = {f"w{i}": i for i in range(VOCAB)}
+    tk = tokenizers.Tokenizer(tokenizers.models.WordLevel(vocab=vocab, unk_token="w0"))
+    tk.pre_tokenizer = tokenizers.pre_tokenizers.WhitespaceSplit()
+    tk.decoder = tokenizers.decoders.WordPiece(prefix="##")  # joins with spaces
+    tk.save(os.path.join(folder, "tokenizer.json"))
+    with open(os.path.join(folder, "tokenizer_config.json"), "w") as f:
+        json.dump({"eos_token": "w1", "bos_token": "w2", "add_bos_token": False}, f)
+
+
+def _make(kind, folder, seed):
+    torch.manual_seed(seed)
+    common = dict(vocab_size=VOCAB, hidden_size=64, intermediate_size=96, num_hidden_layers=3,
+                  num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=256,
+                  rms_norm_eps=1e-6, eos_token_id=1, bos_token_id=2, tie_word_embeddings=False)
+    if kind == "llama":
+        cfg = tf.LlamaConfig(**common, head_dim=16, rope_theta=10000.0)
+        model = tf.LlamaForCausalLM(cfg)
+    else:
+        cfg = tf.Qwen3Config(**common, head_dim=32, rope_theta=1000000.0)
+        model = tf.Qwen3ForCausalLM(cfg)
+    with torch.no_grad():
+        for n, p in model.named_parameters():
+            p.copy_(1 + 0.2 * torch.randn_like(p) if "norm" in n else 0.2 * torch.randn_like(p))
+    model.eval().save_pretrained(folder, safe_serialization=True)
+    _write_tokenizer(folder)
+    return model
+
+
+@pytest.fixture(scope="module", params=["llama", "qwen3"])
+def tiny(request, tmp_path_factory):
+    folder = str(tmp_path_factory.mktemp(request.param))
+    hf = _make(request.param, folder, seed=1234)
+    return request.param, folder, hf
+
+
+def test_logits_match_over_prefill_and_decode(tiny, rng):
+    kind, folder, hf = tiny
+    model = load_model(folder, kv_dtype="float32")
+    assert model.weights.arch == kind
+    assert (model.weights.layers[0].q_norm is not None) == (kind == "qwen3")
+    ids = list(rng.integers(3, VOCAB, 17))
+    steps = list(rng.integers(3, VOCAB, 10))
+    with torch.no_grad():
+        want = hf(torch.tensor([ids + steps])).logits[0].numpy()
+    cache = model.new_cache()
+    got = [model.forward(ids, cache)]
+    for t in steps:
+        got.append(model.forward([t], cache))
+    assert rel_err(np.stack(got), want[len(ids) - 1:]) < 1e-4
+
+
+def test_generate_batch_equals_one_by_one(tiny, rng):
+    _, folder, _ = tiny
+    model = load_model(folder)
+    prompts = [list(rng.integers(3, VOCAB, n)) for n in (1, 5, 17, 9)]
+    one = [model.generate(p, max_new_tokens=12, stop_tokens=[]) for p in prompts]
+    assert model.generate_batch(prompts, max_new_tokens=12, stop_tokens=[]) == one
+    # sequences that finish at different steps (stop tokens) still match
+    stop = [one[0][3], one[2][6]]
+    alone = [model.generate(p, max_new_tokens=12, stop_tokens=stop) for p in prompts]
+    both = model.generate_batch(prompts, max_new_tokens=12, stop_tokens=stop)
+    assert both == alone and len({len(x) for x in both}) > 1
+
+
+def test_sampling_is_reproducible_and_varies(tiny):
+    _, folder, _ = tiny
+    model = load_model(folder)
+    kw = dict(max_new_tokens=16, temperature=1.5, top_k=40, top_p=0.95, stop_tokens=[])
+    a = model.generate([5, 6, 7], seed=7, **kw)
+    assert a == model.generate([5, 6, 7], seed=7, **kw)
+    others = {tuple(model.generate([5, 6, 7], seed=s, **kw)) for s in range(8, 14)}
+    assert len(others | {tuple(a)}) > 1
+    greedy = model.generate([5, 6, 7], max_new_tokens=8, stop_tokens=[])
+    assert greedy == model.generate([5, 6, 7], max_new_tokens=8, stop_tokens=[], top_k=1,
+                                    temperature=0.7, seed=3)
+
+
+def test_repetition_penalty_changes_the_choice():
+    from hybrid.models import Sampler, SamplingParams
+
+    logits = np.array([0.0, 2.0, 1.9, -1.0], np.float32)
+    assert Sampler(SamplingParams())(logits, [1]) == 1
+    assert Sampler(SamplingParams(repetition_penalty=1.2))(logits, [1]) == 2
+    with pytest.raises(ValueError, match="top_p"):
+        SamplingParams(top_p=0)
+
+
+def test_stop_strings_and_streaming(tiny):
+    _, folder, _ = tiny
+    model = load_model(folder)
+    full = model.generate([4, 9], max_new_tokens=10, stop_tokens=[])
+    word = model.tokenizer.decode([full[2]])
+    out = model.generate([4, 9], max_new_tokens=10, stop_tokens=[], stop_strings=[word])
+    first = next(i for i, t in enumerate(full) if word in model.tokenizer.decode(full[:i + 1]))
+    assert out == full[:first + 1]
+    text = "".join(model.stream([4, 9], max_new_tokens=10, stop_tokens=[]))
+    assert text == model.tokenizer.decode(full)
+
+
+def test_context_limits_raise_before_any_work(tiny):
+    _, folder, _ = tiny
+    model = load_model(folder)
+    with pytest.raises(ValueError, match="exceed the model's context length 256"):
+        model.generate([3] * 250, max_new_tokens=10)
+    small = load_model(folder, max_tokens=20)
+    with pytest.raises(ValueError, match="exceed the KV cache capacity 20"):
+        small.generate([3] * 15, max_new_tokens=10)
+    with pytest.raises(ValueError, match="the prompt has no tokens"):
+        model.generate(model.tokenizer.encode(""), max_new_tokens=4)
+
+
+def test_gpu_layers_explain_why_they_cannot_run(tiny):
+    _, folder, _ = tiny
+    with pytest.raises(hybrid.NoBackendError, match="cuda: unavailable"):
+        load_model(folder, gpu_layers=1)
+
+
+# ------------------------------------------------------------------ load errors
+
+def test_missing_and_non_gguf_files(tmp_path):
+    with pytest.raises(ModelLoadError, match="no such file"):
+        load_model(tmp_path / "nope.gguf")
+    bad = tmp_path / "bad.gguf"
+    bad.write_bytes(b"NOPE" + b"\0" * 100)
+    with pytest.raises(ModelLoadError, match=r"bad.gguf: not a GGUF file"):
+        load_model(bad)
+
+
+def test_truncated_gguf(tmp_path):
+    from hybrid.models import default_model_path
+
+    try:
+        src = default_model_path()
+    except ModelLoadError as exc:
+        pytest.skip(str(exc))
+    cut = tmp_path / "cut.gguf"
+    with open(src, "rb") as f:
+        cut.write_bytes(f.read(3_000_000))
+    with pytest.raises(ModelLoadError, match=r"cut.gguf: (truncated or corrupt|tensor .* cannot be read)"):
+        load_model(cut)
+
+
+def test_folder_errors(tiny, tmp_path):
+    _, folder, _ = tiny
+    work = tmp_path / "m"
+    shutil.copytree(folder, work)
+    cfg_path = work / "config.json"
+    cfg = json.loads(cfg_path.read_text())
+    # config/weights shape mismatch
+    cfg_path.write_text(json.dumps({**cfg, "intermediate_size": 100}))
+    with pytest.raises(ModelLoadError, match=r"layer 0: weight w_gate has shape"):
+        load_model(work)
+    # unsupported architecture
+    cfg_path.write_text(json.dumps({**cfg, "architectures": ["GPT2LMHeadModel"]}))
+    with pytest.raises(ModelLoadError, match="unsupported architecture"):
+        load_model(work)
+    # a missing tensor
+    cfg_path.write_text(json.dumps({**cfg, "num_hidden_layers": cfg["num_hidden_layers"] + 1}))
+    with pytest.raises(ModelLoadError, match=r"missing tensor model.layers.3.input_layernorm.weight"):
+        load_model(work)
+    # no weights at all
+    cfg_path.write_text(json.dumps(cfg))
+    for f in work.glob("*.safetensors"):
+        f.unlink()
+    with pytest.raises(ModelLoadError, match=r"no \*.safetensors files"):
+        load_model(work)
+
+
+def _tiny_gguf(path, arch="llama", bad_type=None):
+    """A tiny GGUF written with the gguf package (llama.cpp's own writer)."""
+    gguf = pytest.importorskip("gguf")
+    w = gguf.GGUFWriter(str(path), arch)
+    w.add_block_count(1)
+    w.add_embedding_length(8)
+    w.add_feed_forward_length(16)
+    w.add_head_count(2)
+    w.add_head_count_kv(1)
+    w.add_layer_norm_rms_eps(1e-5)
+    w.add_rope_freq_base(10000.0)
+    w.add_context_length(64)
+    shapes = {"token_embd.weight": (32, 8), "output_norm.weight": (8,),
+              "blk.0.attn_norm.weight": (8,), "blk.0.attn_q.weight": (8, 8),
+              "blk.0.attn_k.weight": (4, 8), "blk.0.attn_v.weight": (4, 8),
+              "blk.0.attn_output.weight": (8, 8), "blk.0.ffn_norm.weight": (8,),
+              "blk.0.ffn_gate.weight": (16, 8), "blk.0.ffn_up.weight": (16, 8),
+              "blk.0.ffn_down.weight": (8, 16)}
+    for name, shape in shapes.items():
+        if bad_type is not None and name == "blk.0.ffn_up.weight":
+            # one Q8_1 block (32 values in 40 bytes) per row
+            w.add_tensor(name, np.zeros((16, 40), np.uint8), raw_dtype=bad_type)
+        else:
+            w.add_tensor(name, np.full(shape, 0.1, np.float32))
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+
+
+def test_gguf_unsupported_architecture_and_quantisation(tmp_path):
+    gguf = pytest.importorskip("gguf")
+    ok = tmp_path / "ok.gguf"
+    _tiny_gguf(ok)
+    weights = hybrid.models.read_weights(ok)
+    assert weights.num_layers == 1 and weights.tied_embeddings
+    arch = tmp_path / "arch.gguf"
+    _tiny_gguf(arch, arch="gpt2")
+    with pytest.raises(ModelLoadError, match=r"arch.gguf: unsupported architecture 'gpt2'"):
+        hybrid.models.read_weights(arch)
+    quant = tmp_path / "quant.gguf"
+    _tiny_gguf(quant, bad_type=gguf.GGMLQuantizationType.Q8_1)
+    with pytest.raises(ModelLoadError, match=r"tensor blk.0.ffn_up.weight has quantisation type Q8_1"):
+        hybrid.models.read_weights(quant)
