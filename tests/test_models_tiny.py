@@ -233,3 +233,26 @@ def test_gguf_unsupported_architecture_and_quantisation(tmp_path):
     _tiny_gguf(quant, bad_type=gguf.GGMLQuantizationType.Q8_1)
     with pytest.raises(ModelLoadError, match=r"tensor blk.0.ffn_up.weight has quantisation type Q8_1"):
         hybrid.models.read_weights(quant)
+
+
+@pytest.mark.parametrize("scaling", [
+    {"rope_type": "linear", "factor": 4.0},
+    {"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
+     "original_max_position_embeddings": 8192},
+    {"rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": 4096},
+    {"rope_type": "yarn", "factor": 16.0, "original_max_position_embeddings": 2048,
+     "beta_fast": 16, "beta_slow": 2, "mscale": 0.707, "mscale_all_dim": 1.0},
+])
+def test_rope_scaling_matches_transformers(scaling):
+    from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS
+
+    from hybrid.models.rope_scaling import rope_frequencies
+
+    theta, head_dim = 500000.0, 128
+    cfg = tf.LlamaConfig(hidden_size=1024, num_attention_heads=8, head_dim=head_dim,
+                         max_position_embeddings=32768,
+                         rope_parameters={"rope_theta": theta, **scaling})
+    want, want_factor = ROPE_INIT_FUNCTIONS[scaling["rope_type"]](cfg, "cpu")
+    got, factor = rope_frequencies(head_dim, theta, scaling, 32768)
+    assert rel_err(got, want.double().numpy()) < 1e-6
+    assert factor == pytest.approx(want_factor, rel=1e-6)

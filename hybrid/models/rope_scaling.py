@@ -44,15 +44,21 @@ def rope_frequencies(head_dim: int, theta: float, scaling: "dict | None",
         old_ctx = float(scaling.get("original_max_position_embeddings") or max_position or 4096)
         beta_fast = float(scaling.get("beta_fast") or 32)
         beta_slow = float(scaling.get("beta_slow") or 1)
+        def mscale(scale, m=1.0):
+            return 0.1 * m * math.log(scale) + 1.0 if scale > 1 else 1.0
+
         attn = scaling.get("attention_factor")
         if attn is None:
-            attn = 0.1 * math.log(factor) + 1.0 if factor > 1 else 1.0
+            m, m_all = scaling.get("mscale"), scaling.get("mscale_all_dim")
+            attn = mscale(factor, m) / mscale(factor, m_all) if m and m_all else mscale(factor)
 
         def dim_for(rotations):
             return (head_dim * math.log(old_ctx / (rotations * 2 * math.pi))) / (2 * math.log(theta))
 
-        lo = max(math.floor(dim_for(beta_fast)), 0)
-        hi = min(math.ceil(dim_for(beta_slow)), head_dim - 1)
+        lo, hi = dim_for(beta_fast), dim_for(beta_slow)
+        if scaling.get("truncate", True):
+            lo, hi = math.floor(lo), math.ceil(hi)
+        lo, hi = max(lo, 0), min(hi, head_dim - 1)
         if lo == hi:
             hi += 0.001
         ramp = np.clip((np.arange(head_dim // 2, dtype=np.float64) - lo) / (hi - lo), 0, 1)

@@ -1,0 +1,176 @@
+"""End to end on SmolLM2-135M-Instruct, 2 threads: prefill tokens/s for a 256-token prompt and decode
+tokens/s for 128 new tokens.  Peers in the same run: Hugging Face transformers (torch eager,
+float32) on the same GGUF, and llama.cpp through llama-cpp-python where it is installed, on the
+shipped Q4_1 file and on a float32 re-encoding of it (equal precision: both then stream float32
+weights, so decode is bound by memory bandwidth)."""
+
+import os
+import time
+
+import numpy as np
+import pytest
+
+import hybrid
+from conftest import RESULTS, THREADS, record
+
+PROMPT_TOKENS, NEW_TOKENS = 256, 128
+_tps: dict = {}
+
+try:
+    from hybrid.models import default_model_path
+
+    GGUF = default_model_path()
+except Exception as exc:  # noqa: BLE001
+    pytest.skip(f"the default model is not installed ({exc})", allow_module_level=True)
+
+
+@pytest.fixture(scope="module")
+def model():
+    return hybrid.load_model(GGUF, kv_dtype="float16")
+
+
+@pytest.fixture(scope="module")
+def prompt(model):
+    text = " ".join(["The history of astronomy is a long story of careful observation."] * 40)
+    return model.tokenizer.encode(text)[:PROMPT_TOKENS]
+
+
+@pytest.fixture(scope="module")
+def f32_gguf(tmp_path_factory):
+    """The same model re-encoded with every tensor dequantised to float32, metadata copied."""
+    gguf = pytest.importorskip("gguf")
+    from gguf.quants import dequantize
+
+    src = gguf.GGUFReader(GGUF)
+    out = str(tmp_path_factory.mktemp("f32") / "smollm2-135m-f32.gguf")
+    arch = bytes(src.fields["general.architecture"].parts[-1]).decode()
+    w = gguf.GGUFWriter(out, arch)
+    for name, field in src.fields.items():
+        if name.startswith("GGUF.") or name == "general.architecture":
+            continue
+        if name == "general.file_type":
+            w.add_uint32(name, 0)  # all F32
+            continue
+        kind = field.types[0]
+        if kind == gguf.GGUFValueType.STRING:
+            w.add_string(name, bytes(field.parts[field.data[0]]).decode())
+        elif kind == gguf.GGUFValueType.ARRAY:
+            sub = field.types[-1]
+            if sub == gguf.GGUFValueType.STRING:
+                vals = [bytes(field.parts[i]).decode("utf-8", errors="replace") for i in field.data]
+            else:
+                vals = [field.parts[i].tolist()[0] for i in field.data]
+            w.add_array(name, vals)
+        else:
+            w.add_key_value(name, field.parts[field.data[0]].tolist()[0], kind)
+    for t in src.tensors:
+        shape = tuple(int(x) for x in reversed(t.shape.tolist()))
+        w.add_tensor(t.name, np.ascontiguousarray(dequantize(t.data, t.tensor_type).reshape(shape),
+                                                  dtype=np.float32))
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+    return out
+
+
+def _quote(name, tps, note=""):
+    _tps[name] = tps
+    RESULTS.append(("generate", name, tps, "tok/s", note))
+
+
+def test_hybrid_prefill(benchmark, model, prompt):
+    def run():
+        model.forward(prompt, model.new_cache())
+    benchmark.pedantic(run, rounds=3, warmup_rounds=1)
+    record(benchmark, "generate", "hybrid prefill 256")
+    _quote("hybrid prefill", PROMPT_TOKENS / benchmark.stats.stats.median)
+
+
+def test_hybrid_decode(benchmark, model, prompt, read_bandwidth):
+    def run():
+        model.generate(prompt, max_new_tokens=NEW_TOKENS, stop_tokens=[])
+    benchmark.pedantic(run, rounds=2, warmup_rounds=0)
+    st = model.last_stats
+    tps = st.decode_tps
+    weights = model.weights.nbytes()
+    _quote("hybrid decode", tps, f"weights streamed {weights * tps / 1e9:.1f} GB/s = "
+                                 f"{weights * tps / read_bandwidth:.0%} of read bw")
+    benchmark.extra_info.update(decode_tok_per_s=tps, prefill_tok_per_s=st.prefill_tps,
+                                weight_GB_per_s=weights * tps / 1e9)
+
+
+def test_hybrid_python_overhead(benchmark, model):
+    """Time per decode step of the same 30-layer stack at toy width (every kernel is nearly free):
+    what remains is Python and dispatch, compared with a real SmolLM2 step."""
+    cfg = hybrid.DecoderConfig(hidden_size=16, num_heads=2, num_kv_heads=1, head_dim=8,
+                               intermediate_size=16)
+    from hybrid.cli import random_weights
+
+    rng = np.random.default_rng(0)
+    layers = [hybrid.DecoderLayer(cfg, random_weights(cfg, rng), index=i)
+              for i in range(model.weights.num_layers)]
+    cache = hybrid.PagedKVCache(num_layers=len(layers), num_kv_heads=1, head_dim=8)
+    x = np.ones((1, 16), np.float32)
+
+    def step():
+        h = x
+        for layer in layers:
+            h = layer.forward(h, [cache.seq_len], cache)
+        cache.commit(1)
+    benchmark(step)
+    overhead = benchmark.stats.stats.median
+    real = 1.0 / _tps["hybrid decode"] if "hybrid decode" in _tps else None
+    if real:
+        RESULTS.append(("generate", "python overhead / decode step", overhead / real, "x",
+                        "target < 0.10"))
+
+
+def test_transformers_peer(benchmark, prompt):
+    torch = pytest.importorskip("torch", reason="torch is the peer's runtime")
+    tf = pytest.importorskip("transformers", reason="transformers is the peer")
+    pytest.importorskip("accelerate", reason="transformers' GGUF loading needs accelerate")
+    torch.set_num_threads(THREADS)
+    folder, name = os.path.split(GGUF)
+    hf = tf.AutoModelForCausalLM.from_pretrained(folder, gguf_file=name, dtype=torch.float32).eval()
+    ids = torch.tensor([prompt])
+    with torch.no_grad():
+        t0 = time.perf_counter()
+        hf(ids)
+        prefill = time.perf_counter() - t0
+        t0 = time.perf_counter()
+        hf.generate(ids, max_new_tokens=32, min_new_tokens=32, do_sample=False)
+        total = time.perf_counter() - t0
+    decode_tps = 31 / max(total - prefill, 1e-9)
+    benchmark.pedantic(lambda: None, rounds=1)
+    _quote("transformers prefill", PROMPT_TOKENS / prefill)
+    _quote("transformers decode", decode_tps)
+    if "hybrid decode" in _tps:
+        RESULTS.append(("generate", "decode speed-up over transformers",
+                        _tps["hybrid decode"] / decode_tps, "x", "target >= 3"))
+        RESULTS.append(("generate", "prefill speed-up over transformers",
+                        _tps["hybrid prefill"] / (PROMPT_TOKENS / prefill), "x", ""))
+
+
+@pytest.mark.parametrize("which", ["q4_1", "f32"])
+def test_llama_cpp_peer(benchmark, prompt, which, request):
+    llama_cpp = pytest.importorskip("llama_cpp", reason="llama-cpp-python is not installed "
+                                                        "(an optional peer)")
+    path = GGUF if which == "q4_1" else request.getfixturevalue("f32_gguf")
+    llm = llama_cpp.Llama(model_path=path, n_ctx=1024, n_threads=THREADS, n_batch=512,
+                          verbose=False)
+    t0 = time.perf_counter()
+    llm.eval(prompt)
+    prefill = time.perf_counter() - t0
+    tok = prompt[-1]
+    t0 = time.perf_counter()
+    for _ in range(NEW_TOKENS):
+        llm.eval([tok])
+        tok = int(np.argmax(llm.scores[llm.n_tokens - 1]))
+    decode = time.perf_counter() - t0
+    benchmark.pedantic(lambda: None, rounds=1)
+    _quote(f"llama.cpp {which} prefill", PROMPT_TOKENS / prefill)
+    _quote(f"llama.cpp {which} decode", NEW_TOKENS / decode)
+    if which == "f32" and "hybrid decode" in _tps:
+        RESULTS.append(("generate", "decode vs llama.cpp (both float32 weights)",
+                        _tps["hybrid decode"] / (NEW_TOKENS / decode), "x", "target >= 0.9"))
