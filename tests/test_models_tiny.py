@@ -256,3 +256,55 @@ def test_rope_scaling_matches_transformers(scaling):
     got, factor = rope_frequencies(head_dim, theta, scaling, 32768)
     assert rel_err(got, want.double().numpy()) < 1e-6
     assert factor == pytest.approx(want_factor, rel=1e-6)
+
+
+def _spm_gguf(path):
+    """A tiny Llama GGUF whose tokenizer is a SentencePiece vocabulary with scores, no merges."""
+    gguf = pytest.importorskip("gguf")
+    letters = "abcdefghijklmnopqrstuvwxyz"
+    pieces = ["\u2581the", "\u2581cat", "\u2581sat", "\u2581on", "\u2581mat", "he", "at", "th",
+              "\u2581t", "\u2581c", "\u2581s", "\u2581o", "\u2581m", "on", "\u2581"]
+    pieces += list(letters) + ["\u2581" + c for c in letters if "\u2581" + c not in pieces]
+    tokens = ["<unk>", "<s>", "</s>"] + [f"<0x{b:02X}>" for b in range(256)] + pieces
+    types = [2, 3, 3] + [6] * 256 + [1] * len(pieces)
+    scores = [0.0, 0.0, 0.0] + [0.0] * 256 + [-float(i) for i in range(len(pieces))]
+    w = gguf.GGUFWriter(str(path), "llama")
+    w.add_block_count(1)
+    w.add_embedding_length(8)
+    w.add_head_count(2)
+    w.add_tokenizer_model("llama")
+    w.add_token_list(tokens)
+    w.add_token_scores(scores)
+    w.add_token_types(types)
+    w.add_bos_token_id(1)
+    w.add_eos_token_id(2)
+    w.add_unk_token_id(0)
+    w.add_add_bos_token(True)
+    w.add_tensor("token_embd.weight", np.zeros((len(tokens), 8), np.float32))
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+    return tokens
+
+
+def test_sentencepiece_gguf_tokenizer_matches_transformers(tmp_path):
+    from hybrid.models import Tokenizer
+    from hybrid.models.gguf_file import _field
+
+    gguf = pytest.importorskip("gguf")
+    path = tmp_path / "spm.gguf"
+    _spm_gguf(path)
+    reader = gguf.GGUFReader(str(path))
+    meta = {"tokenizer_model": "llama", "tokens": _field(reader, "tokenizer.ggml.tokens"),
+            "scores": _field(reader, "tokenizer.ggml.scores"),
+            "token_types": _field(reader, "tokenizer.ggml.token_type"),
+            "bos_token_id": 1, "eos_token_id": 2, "add_bos_token": True}
+    ours = Tokenizer.from_gguf_metadata(meta, path)
+    theirs = tf.AutoTokenizer.from_pretrained(str(tmp_path), gguf_file="spm.gguf")
+    for text in ["the cat sat on the mat", "a cat", "zebra! ok?", "  two  spaces", "caf\u00e9"]:
+        ids = ours.encode(text)
+        assert ids == theirs(text)["input_ids"], text
+        assert ours.decode(ids) == theirs.decode(ids, skip_special_tokens=True), text
+    assert ours.decode(ours.encode("the cat sat")) == "the cat sat"
+    assert ours.encode("the cat")[0] == 1  # BOS

@@ -3,7 +3,9 @@
 GGUF byte-level BPE vocabularies (``tokenizer.ggml.model = "gpt2"``) become a tokenizers BPE
 model with the file's merges, split the way llama.cpp splits for the file's
 ``tokenizer.ggml.pre`` (SmolLM: digits one by one, then the GPT-2 pattern; Llama 3 and Qwen2:
-their own patterns).  Tokens the file marks as control stay whole as special tokens.
+their own patterns).  SentencePiece vocabularies (``"llama"``: Llama 2, Mistral) become a BPE
+with "▁" spaces and byte fallback, merges rebuilt from the token scores when the file has none.
+Tokens the file marks as control stay whole as special tokens.
 Chat templates are rendered with jinja2 in a sandbox, as transformers does.
 """
 
@@ -34,6 +36,49 @@ def _tokenizers():
         raise ImportError("hybrid's tokenizer needs the 'tokenizers' package "
                           "(pip install 'hybrid[models]')") from exc
     return tokenizers
+
+
+def merges_from_scores(tokens, scores) -> list:
+    """BPE merges implied by a SentencePiece vocabulary: every split of a token into two tokens,
+    best-scored results first (how transformers rebuilds them for GGUF files without merges)."""
+    vocab = {t: i for i, t in enumerate(tokens)}
+    merges = []
+    for piece, score in zip(tokens, scores):
+        local = [(piece[:k], piece[k:], score) for k in range(1, len(piece))
+                 if piece[:k] in vocab and piece[k:] in vocab]
+        local.sort(key=lambda m: (vocab[m[0]], vocab[m[1]]))
+        merges.extend(local)
+    merges.sort(key=lambda m: (m[2], len(m[0]), len(m[1])), reverse=True)
+    return [(a, b) for a, b, _ in merges]
+
+
+def _byte_level_bpe(tk, vocab, merges, pre):
+    backend = tk.Tokenizer(tk.models.BPE(vocab=vocab, merges=merges, fuse_unk=False))
+    pt = tk.pre_tokenizers
+    if pre in _SPLITS:
+        backend.pre_tokenizer = pt.Sequence([
+            pt.Split(tk.Regex(_SPLITS[pre]), behavior="isolated"),
+            pt.ByteLevel(add_prefix_space=False, use_regex=False)])
+    elif pre == "smollm":  # llama.cpp: every digit alone, then the GPT-2 pattern
+        backend.pre_tokenizer = pt.Sequence([
+            pt.Digits(individual_digits=True),
+            pt.ByteLevel(add_prefix_space=False, use_regex=True)])
+    else:
+        backend.pre_tokenizer = pt.ByteLevel(add_prefix_space=False, use_regex=True)
+    backend.decoder = tk.decoders.ByteLevel()
+    return backend
+
+
+def _sentencepiece_bpe(tk, vocab, merges):
+    """Llama/Mistral SentencePiece BPE: "▁" for spaces and a leading one, <0xNN> byte fallback."""
+    backend = tk.Tokenizer(tk.models.BPE(vocab=vocab, merges=merges, fuse_unk=True,
+                                         byte_fallback=True))
+    backend.pre_tokenizer = tk.pre_tokenizers.Metaspace(replacement="\u2581",
+                                                        prepend_scheme="first", split=False)
+    d = tk.decoders
+    backend.decoder = d.Sequence([d.Replace("\u2581", " "), d.ByteFallback(), d.Fuse(),
+                                  d.Strip(content=" ", left=1)])
+    return backend
 
 
 class Tokenizer:
@@ -98,25 +143,20 @@ class Tokenizer:
         tokens = meta.get("tokens")
         if not tokens:
             raise ModelLoadError(path, "the file has no tokenizer vocabulary (tokenizer.ggml.tokens)")
-        if kind != "gpt2":
-            raise ModelLoadError(path, f"tokenizer type {kind!r} is not supported yet "
-                                       f"(supported: 'gpt2' byte-level BPE)")
-        merges = [tuple(m.split(" ", 1)) for m in meta.get("merges") or []]
+        if kind not in ("gpt2", "llama"):
+            raise ModelLoadError(path, f"tokenizer type {kind!r} is not supported (supported: "
+                                       f"'gpt2' byte-level BPE, 'llama' SentencePiece BPE)")
         vocab = {t: i for i, t in enumerate(tokens)}
-        backend = tk.Tokenizer(tk.models.BPE(vocab=vocab, merges=merges, fuse_unk=False))
-        pre = meta.get("tokenizer_pre")
-        pt = tk.pre_tokenizers
-        if pre in _SPLITS:
-            backend.pre_tokenizer = pt.Sequence([
-                pt.Split(tk.Regex(_SPLITS[pre]), behavior="isolated"),
-                pt.ByteLevel(add_prefix_space=False, use_regex=False)])
-        elif pre == "smollm":  # llama.cpp: every digit alone, then the GPT-2 pattern
-            backend.pre_tokenizer = pt.Sequence([
-                pt.Digits(individual_digits=True),
-                pt.ByteLevel(add_prefix_space=False, use_regex=True)])
+        if meta.get("merges"):
+            merges = [tuple(m.split(" ", 1)) for m in meta["merges"]]
+        elif kind == "llama":
+            merges = merges_from_scores(tokens, meta.get("scores") or [0.0] * len(tokens))
         else:
-            backend.pre_tokenizer = pt.ByteLevel(add_prefix_space=False, use_regex=True)
-        backend.decoder = tk.decoders.ByteLevel()
+            raise ModelLoadError(path, "a byte-level BPE vocabulary without merges")
+        if kind == "llama":
+            backend = _sentencepiece_bpe(tk, vocab, merges)
+        else:
+            backend = _byte_level_bpe(tk, vocab, merges, meta.get("tokenizer_pre"))
         types = meta.get("token_types") or []
         special = [tk.AddedToken(t, special=True, normalized=False)
                    for t, ty in zip(tokens, types) if ty == CONTROL]
@@ -131,8 +171,9 @@ class Tokenizer:
         for name in ("<|im_end|>", "<|eot_id|>", "<|endoftext|>"):
             if name in vocab and types and types[vocab[name]] == CONTROL:
                 eos_ids.append(vocab[name])
+        add_bos = meta.get("add_bos_token")
         return cls(backend, bos_id=bos, eos_ids=sorted(set(i for i in eos_ids if i is not None)),
-                   add_bos=meta.get("add_bos_token", False),
+                   add_bos=(kind == "llama") if add_bos is None else add_bos,
                    chat_template=meta.get("chat_template"),
                    bos_token=tokens[bos] if bos is not None and bos < len(tokens) else None,
                    eos_token=tokens[eos] if eos is not None and eos < len(tokens) else None)
