@@ -256,6 +256,9 @@ class PagedKVCache:
         return int(layer)
 
     def _as_rows(self, name: str, a) -> np.ndarray:
+        if (type(a) is np.ndarray and a.dtype == np.float32 and a.ndim == 2
+                and a.shape[1] == self.kv_dim):
+            return a  # the common case, checked cheaply
         arr = np.asarray(a)
         if not np.issubdtype(arr.dtype, np.floating):
             raise TypeError(f"{name} must be a floating-point array, got dtype {arr.dtype}")

@@ -46,6 +46,8 @@ class DecoderLayer:
         registry.require(self.placement)  # e.g. cuda:0 without a CUDA backend: says why
         self.scratch = scratch if scratch is not None else Scratch()
         self._inv_freq = config.inv_freq() if config.rope_enabled else None
+        self._k = ops.bind(self.placement)  # kernels resolved once; arrays are checked on entry
+        self._bufs = (None, None)  # (rows, activation buffers) of the last call
 
     # ------------------------------------------------------------------ validation
     def _input(self, hidden, out, n_expected: "int | None" = None):
@@ -99,7 +101,7 @@ class DecoderLayer:
             cache.append(layer, k, v)
             try:
                 att = ops.paged_attention(q, cache, layer, scale=self.config.softmax_scale,
-                                          out=self.scratch.get("att", q.shape))
+                                          out=self._buffers(n)["att"])
             except BaseException:
                 cache._rollback_layer(layer, start)
                 raise
@@ -133,7 +135,7 @@ class DecoderLayer:
                     c.append(self.index, k[b:b + 1], v[b:b + 1])
                 att = ops.paged_attention_batch(q, caches, self.index,
                                                 scale=self.config.softmax_scale,
-                                                out=self.scratch.get("att", q.shape))
+                                                out=self._buffers(B)["att"])
             except BaseException:
                 self._rollback_all(caches, starts)
                 raise
@@ -150,53 +152,65 @@ class DecoderLayer:
     __call__ = forward
 
     # ------------------------------------------------------------------ steps
+    def _buffers(self, n: int) -> dict:
+        """Activation buffers for n rows, views into the shared scratch (kept for the next call
+        with the same n, so a decode step allocates nothing)."""
+        rows, bufs = self._bufs
+        if rows == n:
+            return bufs
+        cfg, s = self.config, self.scratch
+        shapes = {"h": (n, cfg.hidden_size), "q": (n, cfg.q_size), "k": (n, cfg.kv_size),
+                  "v": (n, cfg.kv_size), "att": (n, cfg.q_size), "o": (n, cfg.hidden_size),
+                  "x1": (n, cfg.hidden_size), "gate": (n, cfg.intermediate_size),
+                  "up": (n, cfg.intermediate_size)}
+        bufs = {name: s.get(name, shape) for name, shape in shapes.items()}
+        self._bufs = (n, bufs)
+        return bufs
+
     def _qkv(self, x: np.ndarray, pos: np.ndarray):
         """Attention-block prologue: norm, projections, QK-norm, RoPE (into scratch buffers)."""
-        cfg, w, s, dev = self.config, self.weights, self.scratch, self.placement
+        cfg, w, k_, b = self.config, self.weights, self._k, self._buffers(x.shape[0])
         n, H, KVH, D, eps = x.shape[0], cfg.num_heads, cfg.num_kv_heads, cfg.head_dim, cfg.rms_norm_eps
         with region("Block/AttnNorm"):
-            h = ops.rmsnorm(x, w.attn_norm, eps, out=s.get("h", x.shape), device=dev)
+            h = k_.rmsnorm(x, w.attn_norm, eps, b["h"])  # [n, hidden]
         with region("Block/QProj"):
-            q = ops.linear(h, w.wq, w.bq, out=s.get("q", (n, H * D)), device=dev)
+            q = k_.linear(h, w.wq, w.bq, b["q"])  # [n, H*D]
         with region("Block/KProj"):
-            k = ops.linear(h, w.wk, w.bk, out=s.get("k", (n, KVH * D)), device=dev)
+            k = k_.linear(h, w.wk, w.bk, b["k"])  # [n, KVH*D]
         with region("Block/VProj"):
-            v = ops.linear(h, w.wv, w.bv, out=s.get("v", (n, KVH * D)), device=dev)
+            v = k_.linear(h, w.wv, w.bv, b["v"])  # [n, KVH*D]
         if w.q_norm is not None:
             with region("Block/QNorm"):  # per head, over head_dim
-                ops.rmsnorm(q.reshape(n * H, D), w.q_norm, eps, out=q.reshape(n * H, D), device=dev)
+                k_.rmsnorm(q.reshape(n * H, D), w.q_norm, eps, q.reshape(n * H, D))
         if w.k_norm is not None:
             with region("Block/KNorm"):
-                ops.rmsnorm(k.reshape(n * KVH, D), w.k_norm, eps, out=k.reshape(n * KVH, D),
-                            device=dev)
+                k_.rmsnorm(k.reshape(n * KVH, D), w.k_norm, eps, k.reshape(n * KVH, D))
         if self._inv_freq is not None:
+            neox = cfg.rope_style == "neox"
             with region("Block/RoPE_Q"):
-                ops.rope(q, pos, self._inv_freq, num_heads=H, head_dim=D, style=cfg.rope_style,
-                         out=q, device=dev)
+                k_.rope(q, pos, self._inv_freq, H, D, neox)
             with region("Block/RoPE_K"):
-                ops.rope(k, pos, self._inv_freq, num_heads=KVH, head_dim=D, style=cfg.rope_style,
-                         out=k, device=dev)
+                k_.rope(k, pos, self._inv_freq, KVH, D, neox)
         return q, k, v
 
     def _finish(self, x: np.ndarray, att: np.ndarray, out):
         """O projection and residual, then the MLP block and its residual."""
-        cfg, w, s, dev = self.config, self.weights, self.scratch, self.placement
-        n, hid, inter = x.shape[0], cfg.hidden_size, cfg.intermediate_size
+        cfg, w, k_, b = self.config, self.weights, self._k, self._buffers(x.shape[0])
         with region("Block/OProj"):
-            o = ops.linear(att, w.wo, out=s.get("o", (n, hid)), device=dev)
-        x1 = ops.add(x, o, out=s.get("x1", (n, hid)), device=dev)  # residual 1
+            o = k_.linear(att, w.wo, None, b["o"])  # [n, hidden]
+        x1 = k_.add(x, o, b["x1"])  # residual 1
         with region("Block/MlpNorm"):
-            h2 = ops.rmsnorm(x1, w.mlp_norm, cfg.rms_norm_eps, out=s.get("h", (n, hid)), device=dev)
+            h2 = k_.rmsnorm(x1, w.mlp_norm, cfg.rms_norm_eps, b["h"])
         with region("Block/GateProj"):
-            gate = ops.linear(h2, w.w_gate, out=s.get("gate", (n, inter)), device=dev)
+            gate = k_.linear(h2, w.w_gate, None, b["gate"])  # [n, intermediate]
         with region("Block/UpProj"):
-            up = ops.linear(h2, w.w_up, out=s.get("up", (n, inter)), device=dev)
+            up = k_.linear(h2, w.w_up, None, b["up"])
         with region("Block/SwiGLU"):
-            act = ops.swiglu(gate, up, out=gate, device=dev)
+            act = k_.swiglu(gate, up, gate)  # in place
         with region("Block/DownProj"):
-            d = ops.linear(act, w.w_down, out=s.get("o", (n, hid)), device=dev)
-        result = out if out is not None else np.empty((n, hid), dtype=np.float32)
-        return ops.add(x1, d, out=result, device=dev)  # residual 2
+            d = k_.linear(act, w.w_down, None, b["o"])  # [n, hidden]
+        result = out if out is not None else np.empty(x.shape, dtype=np.float32)
+        return k_.add(x1, d, result)  # residual 2
 
     def _private_cache(self) -> PagedKVCache:
         """A throwaway float32 cache for ``forward(..., cache=None)``."""

@@ -248,5 +248,41 @@ def paged_attention_batch(q, caches, layer: int, *, scale: "float | None" = None
     return o
 
 
-__all__ = ["rmsnorm", "rope", "swiglu", "add", "linear", "paged_attention",
+class BoundOps:
+    """The kernels of one device resolved once, called without argument checks (FlashInfer's
+    plan-once, run-many).  For callers that validated their arrays already, such as DecoderLayer:
+    every array must be C-contiguous float32 with consistent shapes; ``out`` is required."""
+
+    def __init__(self, device):
+        self.device = Placement.parse(device)
+        for name in ("rmsnorm", "rope", "swiglu", "add", "linear"):
+            setattr(self, "_" + name, registry.lookup(name, self.device))
+
+    def rmsnorm(self, x, weight, eps, out):  # x, out [rows, dim]
+        self._rmsnorm(x, weight, eps, out)
+        return out
+
+    def rope(self, x, positions, inv_freq, num_heads, head_dim, neox):  # in place
+        self._rope(x, positions, inv_freq, num_heads, head_dim, neox)
+        return x
+
+    def swiglu(self, gate, up, out):
+        self._swiglu(gate.reshape(-1), up.reshape(-1), out.reshape(-1))
+        return out
+
+    def add(self, a, b, out):
+        self._add(a.reshape(-1), b.reshape(-1), out.reshape(-1))
+        return out
+
+    def linear(self, x, weight, bias, out):  # [rows, in] @ [out, in].T (+ bias) -> out
+        self._linear(x, weight, bias, out)
+        return out
+
+
+def bind(device) -> BoundOps:
+    """Resolve the kernels for ``device`` once (see BoundOps)."""
+    return BoundOps(device)
+
+
+__all__ = ["bind", "BoundOps", "rmsnorm", "rope", "swiglu", "add", "linear", "paged_attention",
            "paged_attention_batch", "as_f32", "positions_array", "Placement"]

@@ -35,6 +35,9 @@ cdef extern from "attention_core.h" nogil:
                       const int64_t *row_pos, long r0, long r1, const int64_t *kblk,
                       const int64_t *vblk, int g0, int g1, long kb, long ke)
 
+_NO_PARTIAL2 = np.zeros((1, 1), dtype=np.float32)
+_NO_PARTIAL3 = np.zeros((1, 1, 1), dtype=np.float32)
+
 cdef enum:
     # Query vectors (rows x heads of one GQA group) a task handles at most; bounds scratch to
     # 32 * head_dim floats of accumulator per thread.
@@ -272,9 +275,12 @@ cdef _attend(float[:, ::1] q, const int64_t[::1] row_pos, const int64_t[::1] seg
                                                           num_kv_heads, group, block_size,
                                                           num_threads)
     cdef int maxnq = maxnq_o
-    pm_a = np.empty((max(n_partial, 1), maxnq), dtype=np.float32)
-    pl_a = np.empty((max(n_partial, 1), maxnq), dtype=np.float32)
-    pacc_a = np.empty((max(n_partial, 1), maxnq, head_dim), dtype=np.float32)
+    if n_partial:
+        pm_a = np.empty((n_partial, maxnq), dtype=np.float32)
+        pl_a = np.empty((n_partial, maxnq), dtype=np.float32)
+        pacc_a = np.empty((n_partial, maxnq, head_dim), dtype=np.float32)
+    else:  # no split: the partial buffers are never touched
+        pm_a, pl_a, pacc_a = _NO_PARTIAL2, _NO_PARTIAL2, _NO_PARTIAL3
     cdef float[:, ::1] pm = pm_a
     cdef float[:, ::1] pl = pl_a
     cdef float[:, :, ::1] pacc = pacc_a
