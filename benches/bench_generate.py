@@ -16,11 +16,11 @@ from conftest import RESULTS, THREADS, record
 PROMPT_TOKENS, NEW_TOKENS = 256, 128
 _tps: dict = {}
 
-try:
-    from hybrid.models import default_model_path
+from hybrid.models import ModelLoadError, default_model_path  # noqa: E402
 
+try:
     GGUF = default_model_path()
-except Exception as exc:  # noqa: BLE001
+except ModelLoadError as exc:
     pytest.skip(f"the default model is not installed ({exc})", allow_module_level=True)
 
 

