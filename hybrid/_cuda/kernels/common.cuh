@@ -1,0 +1,45 @@
+// Shared helpers of hybrid's CUDA kernels.  No CUDA headers are needed: float16 conversions are
+// inline PTX, so NVRTC alone compiles every kernel.
+#pragma once
+
+typedef unsigned short hy_half;       // IEEE binary16 bits
+typedef unsigned long long hy_u64;    // device pointers in block tables
+
+#define HY_NEG_INF (-__int_as_float(0x7f800000))
+
+__device__ __forceinline__ float hy_h2f(hy_half h) {
+    float f;
+    asm("cvt.f32.f16 %0, %1;" : "=f"(f) : "h"(h));
+    return f;
+}
+
+__device__ __forceinline__ hy_half hy_f2h(float f) {
+    hy_half h;
+    asm("cvt.rn.f16.f32 %0, %1;" : "=h"(h) : "f"(f));
+    return h;
+}
+
+__device__ __forceinline__ float hy_warp_sum(float v) {
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
+    return v;
+}
+
+__device__ __forceinline__ float hy_warp_max(float v) {
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1) v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, o));
+    return v;
+}
+
+// Sum over a block of blockDim.x threads (a multiple of 32, at most 1024); every thread gets it.
+__device__ __forceinline__ float hy_block_sum(float v, float *shared32) {
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+    v = hy_warp_sum(v);
+    if (lane == 0) shared32[warp] = v;
+    __syncthreads();
+    const int nwarps = (blockDim.x + 31) >> 5;
+    v = lane < nwarps ? shared32[lane] : 0.0f;
+    v = hy_warp_sum(v);
+    __syncthreads();
+    return v;
+}

@@ -1,0 +1,51 @@
+"""Every kernel variant hybrid compiles, in one table (the CI compile test walks it all)."""
+
+from __future__ import annotations
+
+from .compiler import KernelSpec
+
+# head sizes the attention kernels are built for; others are rejected with a clear error
+ATTENTION_HEAD_DIMS = (64, 80, 96, 128, 256)
+ATTENTION_GROUPS = (1, 2, 3, 4, 5, 6, 7, 8)
+ARCHS_CHECKED = ("sm_80", "sm_90")
+
+
+def elementwise(neox: bool = True) -> KernelSpec:
+    return KernelSpec("elementwise.cu", (("ROPE_NEOX", int(neox)),),
+                      ("hybrid_rmsnorm_f32", "hybrid_rope_f32", "hybrid_swiglu_f32",
+                       "hybrid_add_f32", "hybrid_copy_f32"))
+
+
+def kv_append(f16: bool) -> KernelSpec:
+    name = "hybrid_kv_append_f16" if f16 else "hybrid_kv_append_f32"
+    return KernelSpec("kv_append.cu", (("KV_F16", int(f16)),), (name,))
+
+
+def linear() -> KernelSpec:
+    return KernelSpec("linear.cu", (), ("hybrid_gemv_f32", "hybrid_gemm_f32"))
+
+
+def paged_attention(head_dim: int, group: int, f16: bool, fused_rope: bool,
+                    neox: bool = True) -> KernelSpec:
+    if head_dim not in ATTENTION_HEAD_DIMS:
+        raise ValueError(f"CUDA paged attention supports head_dim in {ATTENTION_HEAD_DIMS}, "
+                         f"got {head_dim}")
+    if group not in ATTENTION_GROUPS:
+        raise ValueError(f"CUDA paged attention supports GQA groups of 1..8 query heads per "
+                         f"KV head, got {group}")
+    defines = (("HEAD_DIM", head_dim), ("GROUP", group), ("KV_F16", int(f16)),
+               ("FUSED_ROPE", int(fused_rope)), ("ROPE_NEOX", int(neox)))
+    return KernelSpec("paged_attention.cu", defines,
+                      ("hybrid_paged_attention", "hybrid_paged_attention_merge"))
+
+
+def all_variants() -> list:
+    """Every variant: what the compile check covers."""
+    specs = [elementwise(True), elementwise(False), kv_append(False), kv_append(True), linear()]
+    for d in ATTENTION_HEAD_DIMS:
+        for g in ATTENTION_GROUPS:
+            for f16 in (False, True):
+                for fused in (False, True):
+                    for neox in ((True, False) if fused else (True,)):
+                        specs.append(paged_attention(d, g, f16, fused, neox))
+    return specs
