@@ -1,10 +1,11 @@
 """Paged causal attention on the CPU, straight over the KV cache's blocks.
 
 Queries are float32; blocks are float32 or float16 in the layout documented in hybrid/kvcache.py
-([num_kv_heads, block_size, head_dim] per block).  Work is cut into tasks of (query-row tile,
-KV head, key range); each task loads a K/V row once for every query head of its GQA group.  When
-there are too few (tile x KV head) tasks to keep every thread busy (decode at long context with
-few KV heads), the key range is split and the partial (max, sum, acc) states are merged in fp32.
+(K and V rows of each KV head interleaved inside a block).  Work is cut into tasks of (query-row
+tile, range of KV heads, key range); each task loads a K/V row once for every query head of its
+GQA group, and a decode task covers every KV head so it reads blocks front to back.  When there
+are too few tasks to keep every thread busy (decode at long context with few KV heads), the key
+range is split and the partial (max, sum, acc) states are merged in fp32.
 """
 from cython.parallel cimport parallel, prange
 from libc.math cimport expf, INFINITY

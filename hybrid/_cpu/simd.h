@@ -6,11 +6,13 @@
  * `static inline`, free of global state and safe to call from OpenMP threads.
  *
  *   hy_dot            sum_i a[i] * b[i]                        float32 accumulation, 16 lanes
- *   hy_dot4           four queries against one key             one key load serves four queries
+ *   hy_max            max_i x[i]
  *   hy_exp_inplace    x[i] = exp(x[i])                         Cephes-style polynomial, ~1 ulp
+ *   hy_exp_shift_sum  x[i] = exp(x[i] - m), returns the sum
  *   hy_silu_mul       out[i] = silu(g[i]) * u[i]
  *   hy_f16_to_f32     IEEE binary16 -> float32 rows
- *   hy_axpy_rows      acc[d] = alpha*acc[d] + sum_j p[j] * v[j, d]   (1 or 4 query accumulators)
+ *   hy_axpy_rows(4)   acc[d] = alpha*acc[d] + sum_j p[j] * v[j, d]   (portable attention path)
+ *   hy_qk4/qk1, hy_pv4/pv1 _f32/_f16   attention micro-kernels reading cache rows in place
  */
 #ifndef HYBRID_SIMD_H
 #define HYBRID_SIMD_H
@@ -109,31 +111,6 @@ static inline float hy_dot(const float *a, const float *b, long n) {
 #endif
     for (; i < n; i++) s += a[i] * b[i];
     return s;
-}
-
-/* out[g] = dot(q + g*n, k) for g = 0..3: the key row is loaded once for four queries. */
-static inline void hy_dot4(const float *q, const float *k, long n, float *out) {
-    long i = 0;
-    const float *q0 = q, *q1 = q + n, *q2 = q + 2 * n, *q3 = q + 3 * n;
-    float r0 = 0.0f, r1 = 0.0f, r2 = 0.0f, r3 = 0.0f;
-#ifdef HY_AVX2
-    __m256 a0 = _mm256_setzero_ps(), a1 = _mm256_setzero_ps();
-    __m256 a2 = _mm256_setzero_ps(), a3 = _mm256_setzero_ps();
-    for (; i + 8 <= n; i += 8) {
-        __m256 kv = _mm256_loadu_ps(k + i);
-        a0 = _mm256_fmadd_ps(_mm256_loadu_ps(q0 + i), kv, a0);
-        a1 = _mm256_fmadd_ps(_mm256_loadu_ps(q1 + i), kv, a1);
-        a2 = _mm256_fmadd_ps(_mm256_loadu_ps(q2 + i), kv, a2);
-        a3 = _mm256_fmadd_ps(_mm256_loadu_ps(q3 + i), kv, a3);
-    }
-    float t[4];
-    _mm_storeu_ps(t, hy_hsum4x256(a0, a1, a2, a3));
-    r0 = t[0]; r1 = t[1]; r2 = t[2]; r3 = t[3];
-#endif
-    for (; i < n; i++) {
-        r0 += q0[i] * k[i]; r1 += q1[i] * k[i]; r2 += q2[i] * k[i]; r3 += q3[i] * k[i];
-    }
-    out[0] = r0; out[1] = r1; out[2] = r2; out[3] = r3;
 }
 
 /* ---------------------------------------------------------------- exp */
