@@ -4,7 +4,6 @@ un-permutation of llama.cpp's Q/K rows."""
 
 import os
 
-import numpy as np
 import pytest
 
 import hybrid

@@ -9,7 +9,7 @@ import numpy as np
 from ..threads import get_num_threads
 
 try:
-    from . import attention, elementwise, runtime
+    from . import attention, elementwise
 except ImportError as exc:  # the extension was not built (source checkout without build_ext)
     from ..registry import BackendUnavailable
 

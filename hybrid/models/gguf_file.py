@@ -33,7 +33,6 @@ NAMES = {
 
 def _import_gguf(path):
     try:
-        import gguf  # noqa: F401
         from gguf import GGUFReader
         from gguf.quants import dequantize
     except ImportError as exc:
@@ -158,8 +157,8 @@ def read_gguf(path) -> ModelWeights:
         return w
 
     try:
-        qk_norm = f"blk.0.attn_q_norm.weight" in tensors
-        qkv_bias = f"blk.0.attn_q.bias" in tensors
+        qk_norm = "blk.0.attn_q_norm.weight" in tensors
+        qkv_bias = "blk.0.attn_q.bias" in tensors
         layers = [layer_weights(get_layer_tensor, i, cfg, qk_norm, qkv_bias, NAMES)
                   for i in range(n_layers)]
         for i, lw in enumerate(layers):
@@ -192,7 +191,8 @@ def read_gguf(path) -> ModelWeights:
         "chat_template": _field(reader, "tokenizer.chat_template"),
         "name": _field(reader, "general.name"),
     }
-    del reader  # drop the memory map: only the float32 copies stay
+    # the reader, its memory map and the quantised tensors go with this frame: only the float32
+    # copies stay
     return ModelWeights(arch=arch, config=cfg, embed=embed, final_norm=final_norm,
                         lm_head=lm_head, layers=layers, max_position=max_pos,
                         tied_embeddings=tied, metadata=metadata)

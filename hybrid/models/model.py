@@ -13,7 +13,7 @@ decodes all unfinished sequences together through ``forward_batch``.
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 import numpy as np
 
