@@ -130,6 +130,7 @@ extern "C" __global__ void hybrid_paged_attention(
             const int d = lane * EPT + e;
             kreg[e] = d < HEAD_DIM ? k_s[warp][d] : 0.0f;
         }
+        __syncwarp();  // every lane has read the row before the next one overwrites it
 #else
 #pragma unroll
         for (int e = 0; e < EPT; e++) {
