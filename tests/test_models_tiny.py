@@ -38,6 +38,9 @@ def _make(kind, folder, seed):
     if kind == "llama":
         cfg = tf.LlamaConfig(**common, head_dim=16, rope_theta=10000.0)
         model = tf.LlamaForCausalLM(cfg)
+    elif kind == "qwen2":  # q/k/v biases, head_dim = hidden / heads
+        cfg = tf.Qwen2Config(**common, rope_theta=1000000.0)
+        model = tf.Qwen2ForCausalLM(cfg)
     else:
         cfg = tf.Qwen3Config(**common, head_dim=32, rope_theta=1000000.0)
         model = tf.Qwen3ForCausalLM(cfg)
@@ -49,7 +52,7 @@ def _make(kind, folder, seed):
     return model
 
 
-@pytest.fixture(scope="module", params=["llama", "qwen3"])
+@pytest.fixture(scope="module", params=["llama", "qwen3", "qwen2"])
 def tiny(request, tmp_path_factory):
     folder = str(tmp_path_factory.mktemp(request.param))
     hf = _make(request.param, folder, seed=1234)
@@ -61,6 +64,7 @@ def test_logits_match_over_prefill_and_decode(tiny, rng):
     model = load_model(folder, kv_dtype="float32")
     assert model.weights.arch == kind
     assert (model.weights.layers[0].q_norm is not None) == (kind == "qwen3")
+    assert (model.weights.layers[0].bq is not None) == (kind == "qwen2")
     ids = list(rng.integers(3, VOCAB, 17))
     steps = list(rng.integers(3, VOCAB, 10))
     with torch.no_grad():
