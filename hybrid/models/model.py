@@ -60,7 +60,12 @@ def layer_placements(num_layers: int, gpu_layers=0, placements=None) -> list:
 
 
 class Model:
-    """A loaded decoder-only model.  See ``hybrid.load_model``."""
+    """A loaded decoder-only model.  See ``hybrid.load_model``.
+
+    One Model runs one call at a time: its layers share activation buffers.  To serve threads in
+    parallel, give each its own Model over the same ``ModelWeights`` (the weights are shared, not
+    copied): ``Model(model.weights, model.tokenizer)``.
+    """
 
     def __init__(self, weights: ModelWeights, tokenizer=None, *, gpu_layers: int = 0,
                  placements=None, kv_dtype: str = "float16", kv_on_cpu: bool = False,
