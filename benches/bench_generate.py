@@ -100,6 +100,21 @@ def test_hybrid_decode(benchmark, model, prompt, read_bandwidth):
                                 weight_GB_per_s=weights * tps / 1e9)
 
 
+@pytest.mark.parametrize("batch", [4, 8])
+def test_hybrid_batched_decode(benchmark, model, prompt, batch):
+    """generate_batch: every prompt prefilled alone, then all decoded together (forward_batch)."""
+    prompts = [prompt[: 64 + 16 * i] for i in range(batch)]
+    new = 64
+
+    def run():
+        model.generate_batch(prompts, max_new_tokens=new, stop_tokens=[])
+    benchmark.pedantic(run, rounds=1, warmup_rounds=0)
+    prefill = sum(len(p) for p in prompts) / _tps.get("hybrid prefill", float("inf"))
+    decode_s = max(benchmark.stats.stats.median - prefill, 1e-9)
+    _quote(f"hybrid batched decode x{batch}", batch * new / decode_s,
+           "aggregate over the batch (prefill time subtracted at the single-prompt rate)")
+
+
 def test_hybrid_python_overhead(benchmark, model):
     """Time per decode step of the same 30-layer stack at toy width (every kernel is nearly free):
     what remains is Python and dispatch, compared with a real SmolLM2 step."""
