@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 import hybrid
-from conftest import RESULTS, record
+from conftest import record, record_ratio
 
 H, KVH, D, BS = 32, 8, 128, 16
 CONTEXTS = [1024, 4096, 16384]
@@ -84,11 +84,7 @@ def test_decode_attention_torch_sdpa(benchmark, read_bandwidth, ctx, dtype):
 
 def _ratios(ctx, dtype):
     """Once both sides (and both dtypes) of a context are timed, record the ratios to quote."""
-    h, t = _times.get(("hybrid", ctx, dtype)), _times.get(("torch", ctx, dtype))
-    if h and t and ("ratio", ctx, dtype) not in _times:
-        _times[("ratio", ctx, dtype)] = True
-        RESULTS.append(("attention", f"speed-up over torch ctx={ctx} {dtype}", t / h, "x", ""))
-    f16, f32 = _times.get(("hybrid", ctx, "float16")), _times.get(("hybrid", ctx, "float32"))
-    if f16 and f32 and ("f16ratio", ctx) not in _times:
-        _times[("f16ratio", ctx)] = True
-        RESULTS.append(("attention", f"f16 / f32 time ctx={ctx}", f16 / f32, "x", "target <= 0.6"))
+    record_ratio("attention", f"speed-up over torch ctx={ctx} {dtype}",
+                 _times.get(("torch", ctx, dtype)), _times.get(("hybrid", ctx, dtype)))
+    record_ratio("attention", f"f16 / f32 time ctx={ctx}", _times.get(("hybrid", ctx, "float16")),
+                 _times.get(("hybrid", ctx, "float32")), "target <= 0.6")

@@ -7,7 +7,7 @@ import pytest
 
 import hybrid
 from hybrid.cli import PRESETS, random_weights
-from conftest import RESULTS, record
+from conftest import record, record_ratio
 
 PROMPT = 128
 _times: dict = {}
@@ -109,7 +109,5 @@ def test_layer_transformers(benchmark, preset, step):
 
 
 def _ratio(preset, step):
-    h, p = _times.get(("hybrid", preset, step)), _times.get(("hf", preset, step))
-    if h and p and ("r", preset, step) not in _times:
-        _times[("r", preset, step)] = True
-        RESULTS.append(("layer", f"speed-up over transformers {preset} {step}", p / h, "x", ""))
+    record_ratio("layer", f"speed-up over transformers {preset} {step}",
+                 _times.get(("hf", preset, step)), _times.get(("hybrid", preset, step)))

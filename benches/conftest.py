@@ -62,6 +62,13 @@ def record(benchmark, group, name, *, bytes_moved=None, flops=None, bandwidth=No
     return t
 
 
+def record_ratio(group: str, name: str, numerator, denominator, note: str = "", _seen=set()):
+    """Add numerator/denominator to the closing table once both exist (each ratio once)."""
+    if numerator and denominator and (group, name) not in _seen:
+        _seen.add((group, name))
+        RESULTS.append((group, name, numerator / denominator, "x", note))
+
+
 def pytest_terminal_summary(terminalreporter):
     if not RESULTS:
         return

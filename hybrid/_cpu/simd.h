@@ -302,6 +302,16 @@ static inline int hy_attn_simd_ok(long n, int f16) {
 #endif
 #define HY_FMA _mm256_fmadd_ps
 
+/* acc[g, :] *= alpha[g] for g < 4 (skipped where the running max did not move) */
+static inline void hy_rescale4(float *acc, const float *alpha, long n) {
+    for (int g = 0; g < 4; g++) {
+        if (alpha[g] == 1.0f) continue;
+        const __m256 sg = _mm256_set1_ps(alpha[g]);
+        for (long d = 0; d < n; d += 8)
+            _mm256_storeu_ps(acc + g * n + d, _mm256_mul_ps(_mm256_loadu_ps(acc + g * n + d), sg));
+    }
+}
+
 /* s[g*ldp + j] = q_g . row_j   for g < 4, j < c;  q [4, n] float32, rows [c, n] of T */
 #define HY_DEFINE_QK4(NAME, T, LD)                                                               \
     static inline void NAME(const float *q, const T *k, int c, long n, float *s, int ldp) {     \
@@ -323,7 +333,7 @@ static inline int hy_attn_simd_ok(long n, int f16) {
     }
 
 /* The same, two keys per pass (eight independent FMA chains): used for float16 rows. */
-#define HY_DEFINE_QK4_PAIRS(NAME, T, LD)                                                               \
+#define HY_DEFINE_QK4_PAIRS(NAME, T, LD, SINGLE)                                                               \
     static inline void NAME(const float *q, const T *k, int c, long n, float *s, int ldp) {     \
         const float *q0 = q, *q1 = q + n, *q2 = q + 2 * n, *q3 = q + 3 * n;                      \
         int j = 0;                                                                               \
@@ -343,20 +353,7 @@ static inline int hy_attn_simd_ok(long n, int f16) {
             _mm_storeu_ps(t1, hy_hsum4x256(a01, a11, a21, a31));                                 \
             for (int g = 0; g < 4; g++) { s[g * ldp + j] = t0[g]; s[g * ldp + j + 1] = t1[g]; }  \
         }                                                                                        \
-        for (; j < c; j++) {                                                                     \
-            const T *k0 = k + (long)j * n;                                                       \
-            __m256 a0 = _mm256_setzero_ps(), a1 = a0, a2 = a0, a3 = a0;                          \
-            for (long d = 0; d < n; d += 8) {                                                    \
-                __m256 x0 = LD(k0 + d);                                                          \
-                a0 = HY_FMA(_mm256_loadu_ps(q0 + d), x0, a0);                                    \
-                a1 = HY_FMA(_mm256_loadu_ps(q1 + d), x0, a1);                                    \
-                a2 = HY_FMA(_mm256_loadu_ps(q2 + d), x0, a2);                                    \
-                a3 = HY_FMA(_mm256_loadu_ps(q3 + d), x0, a3);                                    \
-            }                                                                                    \
-            float t0[4];                                                                         \
-            _mm_storeu_ps(t0, hy_hsum4x256(a0, a1, a2, a3));                                     \
-            for (int g = 0; g < 4; g++) s[g * ldp + j] = t0[g];                                  \
-        }                                                                                        \
+        if (j < c) SINGLE(q, k + (long)j * n, c - j, n, s + j, ldp);                            \
     }
 
 /* s[j] = q . row_j for j < c (one query, four keys per pass) */
@@ -388,12 +385,7 @@ static inline int hy_attn_simd_ok(long n, int f16) {
 #define HY_DEFINE_PV4(NAME, T, LD)                                                               \
     static inline void NAME(float *acc, const float *alpha, const float *p, int ldp,            \
                             const T *v, int c, long n) {                                         \
-        for (int g = 0; g < 4; g++) {                                                            \
-            if (alpha[g] == 1.0f) continue; /* the running max did not move: nothing to rescale */ \
-            const __m256 sg = _mm256_set1_ps(alpha[g]);                                          \
-            for (long d = 0; d < n; d += 8)                                                      \
-                _mm256_storeu_ps(acc + g * n + d, _mm256_mul_ps(_mm256_loadu_ps(acc + g * n + d), sg)); \
-        }                                                                                        \
+        hy_rescale4(acc, alpha, n);                                                              \
         float *c0 = acc, *c1 = acc + n, *c2 = acc + 2 * n, *c3 = acc + 3 * n;                    \
         for (int j = 0; j < c; j++) {                                                            \
             const T *r0 = v + (long)j * n;                                                       \
@@ -411,15 +403,10 @@ static inline int hy_attn_simd_ok(long n, int f16) {
 
 /* The same, two rows per pass: half the accumulator loads and stores.  Used for float16 rows,
  * where the kernel is bound by those stores rather than by memory. */
-#define HY_DEFINE_PV4_PAIRS(NAME, T, LD)                                                               \
+#define HY_DEFINE_PV4_PAIRS(NAME, T, LD, SINGLE)                                                               \
     static inline void NAME(float *acc, const float *alpha, const float *p, int ldp,            \
                             const T *v, int c, long n) {                                         \
-        for (int g = 0; g < 4; g++) {                                                            \
-            if (alpha[g] == 1.0f) continue; /* the running max did not move: nothing to rescale */ \
-            const __m256 sg = _mm256_set1_ps(alpha[g]);                                          \
-            for (long d = 0; d < n; d += 8)                                                      \
-                _mm256_storeu_ps(acc + g * n + d, _mm256_mul_ps(_mm256_loadu_ps(acc + g * n + d), sg)); \
-        }                                                                                        \
+        hy_rescale4(acc, alpha, n);                                                              \
         float *c0 = acc, *c1 = acc + n, *c2 = acc + 2 * n, *c3 = acc + 3 * n;                    \
         int j = 0;                                                                               \
         for (; j + 2 <= c; j += 2) {                                                             \
@@ -436,17 +423,9 @@ static inline int hy_attn_simd_ok(long n, int f16) {
                 _mm256_storeu_ps(c3 + d, HY_FMA(p31, x1, HY_FMA(p30, x0, _mm256_loadu_ps(c3 + d)))); \
             }                                                                                    \
         }                                                                                        \
-        for (; j < c; j++) {                                                                     \
-            const T *r0 = v + (long)j * n;                                                       \
-            const __m256 p0 = _mm256_broadcast_ss(p + j), p1 = _mm256_broadcast_ss(p + ldp + j); \
-            const __m256 p2 = _mm256_broadcast_ss(p + 2 * ldp + j), p3 = _mm256_broadcast_ss(p + 3 * ldp + j); \
-            for (long d = 0; d < n; d += 8) {                                                    \
-                __m256 x0 = LD(r0 + d);                                                          \
-                _mm256_storeu_ps(c0 + d, HY_FMA(p0, x0, _mm256_loadu_ps(c0 + d)));               \
-                _mm256_storeu_ps(c1 + d, HY_FMA(p1, x0, _mm256_loadu_ps(c1 + d)));               \
-                _mm256_storeu_ps(c2 + d, HY_FMA(p2, x0, _mm256_loadu_ps(c2 + d)));               \
-                _mm256_storeu_ps(c3 + d, HY_FMA(p3, x0, _mm256_loadu_ps(c3 + d)));               \
-            }                                                                                    \
+        if (j < c) { /* an odd last row: the one-row version, nothing left to rescale */         \
+            const float ones[4] = {1.0f, 1.0f, 1.0f, 1.0f};                                      \
+            SINGLE(acc, ones, p + j, ldp, v + (long)j * n, c - j, n);                            \
         }                                                                                        \
     }
 
@@ -477,11 +456,13 @@ static inline int hy_attn_simd_ok(long n, int f16) {
     }
 
 HY_DEFINE_QK4(hy_qk4_f32, float, HY_LD_F32)
-HY_DEFINE_QK4_PAIRS(hy_qk4_f16, uint16_t, HY_LD_F16)
+HY_DEFINE_QK4(hy_qk4_f16_rows, uint16_t, HY_LD_F16)
+HY_DEFINE_QK4_PAIRS(hy_qk4_f16, uint16_t, HY_LD_F16, hy_qk4_f16_rows)
 HY_DEFINE_QK1(hy_qk1_f32, float, HY_LD_F32)
 HY_DEFINE_QK1(hy_qk1_f16, uint16_t, HY_LD_F16)
 HY_DEFINE_PV4(hy_pv4_f32, float, HY_LD_F32)
-HY_DEFINE_PV4_PAIRS(hy_pv4_f16, uint16_t, HY_LD_F16)
+HY_DEFINE_PV4(hy_pv4_f16_rows, uint16_t, HY_LD_F16)
+HY_DEFINE_PV4_PAIRS(hy_pv4_f16, uint16_t, HY_LD_F16, hy_pv4_f16_rows)
 HY_DEFINE_PV1(hy_pv1_f32, float, HY_LD_F32)
 HY_DEFINE_PV1(hy_pv1_f16, uint16_t, HY_LD_F16)
 #endif /* HY_AVX2 */
