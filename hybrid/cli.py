@@ -110,6 +110,13 @@ def _info(_args) -> int:
     print("backends:")
     for st in backend_status():
         print(f"  {st}")
+    try:
+        from ._cuda.compiler import nvrtc_version
+
+        major, minor = nvrtc_version()
+        print(f"CUDA kernels compile with NVRTC {major}.{minor}")
+    except Exception as exc:  # cuda-python or the NVRTC library is missing
+        print(f"CUDA kernels cannot compile here: {exc}")
     return 0
 
 

@@ -74,3 +74,11 @@ def test_set_num_threads_sets_openmp_and_blas():
     finally:
         hybrid.set_num_threads(None)
     assert hybrid.get_num_threads() == hybrid.threads.usable_cores()
+
+
+def test_info_command_reports_backends_and_features():
+    out = subprocess.run([sys.executable, "-m", "hybrid", "info"], capture_output=True, text=True)
+    assert out.returncode == 0, out.stderr
+    assert "CPU features:" in out.stdout and "cpu: available" in out.stdout
+    assert "cuda: unavailable: " in out.stdout or "cuda: available" in out.stdout
+    assert "CUDA kernels" in out.stdout
