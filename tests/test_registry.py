@@ -76,8 +76,13 @@ def test_set_num_threads_sets_openmp_and_blas():
     assert hybrid.get_num_threads() == hybrid.threads.usable_cores()
 
 
-def test_info_command_reports_backends_and_features():
-    out = subprocess.run([sys.executable, "-m", "hybrid", "info"], capture_output=True, text=True)
+def test_info_command_reports_backends_and_features(tmp_path):
+    import os
+
+    # run the package this test imported (installed or built in place), not a bare source tree
+    env = {**os.environ, "PYTHONPATH": os.path.dirname(os.path.dirname(hybrid.__file__))}
+    out = subprocess.run([sys.executable, "-m", "hybrid", "info"], capture_output=True, text=True,
+                         cwd=tmp_path, env=env)
     assert out.returncode == 0, out.stderr
     assert "CPU features:" in out.stdout and "cpu: available" in out.stdout
     assert "cuda: unavailable: " in out.stdout or "cuda: available" in out.stdout
