@@ -38,13 +38,19 @@ class KernelSpec:
         return f"{os.path.splitext(self.source)[0]}-{d}"
 
 
-def _nvrtc():
+def bindings(name: str):
+    """``cuda.bindings.<name>`` (driver, nvrtc), or HybridCudaError saying cuda-python is missing."""
+    import importlib
+
     try:
-        from cuda.bindings import nvrtc
+        return importlib.import_module(f"cuda.bindings.{name}")
     except ImportError as exc:
-        raise HybridCudaError(f"NVRTC is not available: cuda-python is not installed "
-                              f"(pip install 'hybrid[cuda]'): {exc}") from None
-    return nvrtc
+        raise HybridCudaError(f"cuda-python is not installed (pip install 'hybrid[cuda]'): "
+                              f"{exc}") from None
+
+
+def _nvrtc():
+    return bindings("nvrtc")
 
 
 def _check_nvrtc(nvrtc, result, what: str, prog=None) -> None:

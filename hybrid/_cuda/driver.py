@@ -8,19 +8,14 @@ from __future__ import annotations
 
 import threading
 
-from .compiler import HybridCudaError
+from .compiler import HybridCudaError, bindings
 
 _lock = threading.Lock()
 _state: dict = {}
 
 
 def _driver():
-    try:
-        from cuda.bindings import driver
-    except ImportError as exc:
-        raise HybridCudaError(f"cuda-python is not installed (pip install 'hybrid[cuda]'): "
-                              f"{exc}") from None
-    return driver
+    return bindings("driver")
 
 
 def check(result, what: str = "CUDA call"):
