@@ -1,236 +1,327 @@
-"""``python -m hybrid.gpucheck``: check every CUDA kernel against the CPU, then time paged decode
-attention, printing a short table last.  Without a usable GPU it prints why and exits with 2.
+"""``python -m hybrid.gpucheck``: every GPU path against the CPU, then a timing table of paged
+decode attention, printed last.  Without a usable GPU it prints why and exits with 2.
 
-Checks (each against hybrid.reference / the CPU kernels on the same random inputs): RMSNorm, RoPE
-(both styles), SwiGLU, add, GEMV and GEMM, KV append (float32 and float16 blocks), paged
-attention for a prefill (many rows, one sequence) and a decode batch (sequences of different
-lengths), float32 and float16 KV, fused RoPE on and off, one and several key splits.
+Checks (random inputs, relative error against hybrid.reference or the CPU backend):
+  ops          RMSNorm, RoPE (both styles), SwiGLU, add, copy, linear (GEMV and GEMM, with and
+               without bias) through hybrid.ops on device arrays
+  KV cache     a cuda:0 PagedKVCache holds bit for bit what a CPU one holds (float32 and float16,
+               host and device input, truncate and regrow, device tables after growth)
+  attention    single-sequence prefill/decode and batched decode over cuda:0 caches, head sizes
+               64/80/128/256, GQA groups 1..8, float32/float16 KV, fused RoPE on and off, one
+               and several key splits
+  layers       a decoder layer (Llama and Qwen3 shapes) in every placement: cuda layer + cuda
+               cache (fused RoPE, and not), cuda layer + cpu cache, cpu layer + cuda cache;
+               prefill, decode, batched decode; bad inputs leave every cache unchanged
+  model        SmolLM2-135M greedy generation on the GPU (all layers, half the layers, KV on the
+               CPU) equal to the CPU's
 Timing: decode attention at batch 1 and 64, contexts 4k and 32k, float16 and float32 KV, fused
-RoPE on and off, as GB/s of KV read against the device's measured copy bandwidth.
+RoPE on and off (head_dim 128, 8 KV heads, 32 query heads), as GB/s of KV read and as a share
+of the device's measured copy bandwidth.
+
+``--quick`` skips the model check and times fewer shapes.
 """
 
 from __future__ import annotations
 
+import argparse
 import math
 import sys
 import time
+import traceback
 
 import numpy as np
 
+from . import ops
 from . import reference as ref
-from ._cuda import driver as drv
-from ._cuda import variants
-from ._cuda.device import Arg, Device
 
-THREADS = 256
-
-
-def _blocks(n):
-    return (max(1, min(4096, (n + THREADS - 1) // THREADS)),)
+CUDA = "cuda:0"
 
 
 def rel_err(got, want) -> float:
     got, want = np.asarray(got, np.float64), np.asarray(want, np.float64)
+    if got.shape != want.shape:
+        return float("inf")
     if not np.all(np.isfinite(got)):
         return float("inf")
-    return float(np.max(np.abs(got - want)) / max(np.max(np.abs(want)), 1e-30))
+    return float(np.max(np.abs(got - want), initial=0.0) / max(np.max(np.abs(want), initial=0.0), 1e-30))
 
 
 class Checks:
-    def __init__(self, dev: Device, rng):
-        self.dev, self.rng, self.rows = dev, rng, []
+    def __init__(self, rng):
+        self.rng, self.rows = rng, []
 
     def record(self, name, err, tol):
         ok = err <= tol
         self.rows.append((name, err, tol, ok))
-        print(f"  {'ok  ' if ok else 'FAIL'} {name:<58} rel err {err:.2e} (bound {tol:.0e})",
+        print(f"  {'ok  ' if ok else 'FAIL'} {name:<64} rel err {err:.2e} (bound {tol:.0e})",
               flush=True)
+
+    def equal(self, name, ok):
+        self.rows.append((name, 0.0 if ok else float("inf"), 0.0, bool(ok)))
+        print(f"  {'ok  ' if ok else 'FAIL'} {name}", flush=True)
 
     def f32(self, *shape, scale=1.0):
         return (self.rng.standard_normal(shape) * scale).astype(np.float32)
 
-    # -- row kernels ----------------------------------------------------------------------------
-    def elementwise(self):
-        dev, k = self.dev, variants.elementwise(True)
-        x, w = self.f32(7, 576), self.f32(576)
-        out = dev.alloc(x.nbytes)
-        dev.launch(dev.kernel(k, "hybrid_rmsnorm_f32"), (7,), (THREADS,),
-                   [dev.to_device(x), dev.to_device(w), out, Arg.i32(576), Arg.f32(1e-5)])
-        self.record("rmsnorm", rel_err(dev.to_host(out, np.empty_like(x)), ref.rmsnorm(x, w, 1e-5)), 1e-5)
-        for neox in (True, False):
-            q, pos = self.f32(5, 3 * 64), np.array([0, 1, 17, 300, 4095], np.int64)
-            inv = ref.rope_inv_freq(64, 10000.0).astype(np.float32)
-            buf = dev.to_device(q)
-            dev.launch(dev.kernel(variants.elementwise(neox), "hybrid_rope_f32"), _blocks(5 * 3 * 32),
-                       (THREADS,), [buf, dev.to_device(pos), dev.to_device(inv), Arg.i32(5),
-                                    Arg.i32(3), Arg.i32(64)])
-            want = ref.rope(q, pos, inv, 3, 64, "neox" if neox else "gptj")
-            self.record(f"rope {'neox' if neox else 'gptj'}", rel_err(dev.to_host(buf, np.empty_like(q)), want), 1e-4)
+    @staticmethod
+    def up(a):
+        from ._cuda.arrays import from_host
+
+        return from_host(0, np.ascontiguousarray(a, dtype=np.float32))
+
+    # -- row ops --------------------------------------------------------------------------------
+    def row_ops(self):
+        up = self.up
+        for rows, dim in ((7, 576), (1, 4096), (33, 100)):
+            x, w = self.f32(rows, dim), self.f32(dim)
+            got = ops.rmsnorm(up(x), up(w), 1e-5).to_host()
+            self.record(f"rmsnorm {rows}x{dim}", rel_err(got, ref.rmsnorm(x, w, 1e-5)), 1e-5)
+        for style in ("neox", "gptj"):
+            for d, heads in ((64, 3), (128, 8)):
+                q = self.f32(5, heads * d)
+                pos = np.array([0, 1, 17, 4095, 32767], np.int64)
+                inv = ref.rope_inv_freq(d, 10000.0)
+                got = ops.rope(up(q), pos, inv, num_heads=heads, head_dim=d, style=style).to_host()
+                want = ref.rope(q, pos, inv, heads, d, style)
+                self.record(f"rope {style} d={d} (positions up to 32767)", rel_err(got, want), 1e-5)
         g, u = self.f32(3000, scale=4), self.f32(3000)
-        out = dev.alloc(g.nbytes)
-        dev.launch(dev.kernel(k, "hybrid_swiglu_f32"), _blocks(3000), (THREADS,),
-                   [dev.to_device(g), dev.to_device(u), out, Arg.i64(3000)])
-        self.record("swiglu", rel_err(dev.to_host(out, np.empty_like(g)), ref.swiglu(g, u)), 1e-5)
-        dev.launch(dev.kernel(k, "hybrid_add_f32"), _blocks(3000), (THREADS,),
-                   [dev.to_device(g), dev.to_device(u), out, Arg.i64(3000)])
-        self.record("add", rel_err(dev.to_host(out, np.empty_like(g)), g + u), 1e-7)
+        self.record("swiglu", rel_err(ops.swiglu(up(g), up(u)).to_host(), ref.swiglu(g, u)), 1e-5)
+        self.record("add", rel_err(ops.add(up(g), up(u)).to_host(), g + u), 1e-7)
+        for rows, fin, fout, bias in ((1, 576, 1536, False), (3, 4096, 1000, True),
+                                      (8, 577, 64, True), (9, 576, 193, False),
+                                      (37, 576, 1536, True), (130, 1000, 70, False)):
+            x, w = self.f32(rows, fin), self.f32(fout, fin)
+            b = self.f32(fout) if bias else None
+            got = ops.linear(up(x), up(w), None if b is None else up(b)).to_host()
+            kind = "gemv" if rows <= 8 else "gemm"
+            self.record(f"linear ({kind}) {rows}x{fin} -> {fout}{' +bias' if bias else ''}",
+                        rel_err(got, ref.linear(x, w, b)), 1e-5)
 
-    def linear(self):
-        dev, k = self.dev, variants.linear()
-        for rows, fin, fout in ((1, 576, 1536), (3, 4096, 1000), (37, 576, 193)):
-            x, w, b = self.f32(rows, fin), self.f32(fout, fin), self.f32(fout)
-            out = dev.alloc(rows * fout * 4)
-            if rows <= 8:
-                dev.launch(dev.kernel(k, "hybrid_gemv_f32"), ((fout + 7) // 8,), (THREADS,),
-                           [dev.to_device(x), dev.to_device(w), dev.to_device(b), out,
-                            Arg.i32(rows), Arg.i32(fin), Arg.i32(fout)])
-                name = "gemv"
-            else:
-                dev.launch(dev.kernel(k, "hybrid_gemm_f32"), ((fout + 63) // 64, (rows + 63) // 64),
-                           (THREADS,), [dev.to_device(x), dev.to_device(w), dev.to_device(b), out,
-                                        Arg.i32(rows), Arg.i32(fout), Arg.i32(fin)])
-                name = "gemm"
-            got = dev.to_host(out, np.empty((rows, fout), np.float32))
-            self.record(f"{name} {rows}x{fin} -> {fout}", rel_err(got, ref.linear(x, w, b)), 1e-5)
+    # -- KV cache -------------------------------------------------------------------------------
+    def kv_cache(self):
+        from .kvcache import PagedKVCache
 
-    # -- paged cache and attention --------------------------------------------------------------
-    def cache(self, lengths, kvh, d, bs, f16):
-        """Device blocks for sequences of `lengths`, filled through the append kernel."""
-        dev, dt = self.dev, np.float16 if f16 else np.float32
-        esize = np.dtype(dt).itemsize
-        tables, kv = [], []
+        for dtype in ("float32", "float16"):
+            caches = [PagedKVCache(1, 3, 64, block_size=16, dtype=dtype, placement=p,
+                                   poison_unused=True) for p in ("cpu", CUDA)]
+            k, v = self.f32(37, 192), self.f32(37, 192)
+            k1, v1 = self.f32(1, 192), self.f32(1, 192)
+            for c in caches:
+                c.append(0, k, v)
+            caches[0].append(0, k1, v1)
+            caches[1].append(0, self.up(k1), self.up(v1))  # device input
+            same = all(np.array_equal(a, b) for a, b in zip(caches[0].dense(0), caches[1].dense(0)))
+            self.equal(f"kv cache {dtype}: 38 appended rows identical to the cpu cache", same)
+            for c in caches:
+                c.commit(38)
+                c.truncate(20)
+            k2, v2 = self.f32(300, 192), self.f32(300, 192)  # regrow past the table capacity
+            for c in caches:
+                c.append(0, k2, v2)
+            same = all(np.array_equal(a, b) for a, b in zip(caches[0].dense(0), caches[1].dense(0)))
+            self.equal(f"kv cache {dtype}: truncate to 20 and grow to 320 rows identical", same)
+
+    # -- attention ------------------------------------------------------------------------------
+    def _caches(self, lengths, kvh, d, dtype, placement):
+        from .kvcache import PagedKVCache
+
+        out = []
         for n in lengths:
-            nb = -(-n // bs)
-            pool = dev.alloc(nb * kvh * 2 * bs * d * esize)
-            base = pool.ptr + np.arange(nb, dtype=np.uint64) * (kvh * 2 * bs * d * esize)
-            kp, vp = base, base + bs * d * esize
-            k, v = self.f32(n, kvh * d), self.f32(n, kvh * d)
-            dev.launch(dev.kernel(variants.kv_append(f16), f"hybrid_kv_append_{'f16' if f16 else 'f32'}"),
-                       _blocks(n * kvh * d), (THREADS,),
-                       [dev.to_device(k), dev.to_device(v), dev.to_device(kp), dev.to_device(vp),
-                        Arg.i32(n), Arg.i64(0), Arg.i32(kvh), Arg.i32(d), Arg.i32(bs),
-                        Arg.i64(2 * bs * d)])
-            tables.append((kp, vp, pool))
-            kv.append((k.astype(dt).astype(np.float32), v.astype(dt).astype(np.float32)))
-        return tables, kv
+            c = PagedKVCache(1, kvh, d, block_size=16, dtype=dtype, placement=placement,
+                             poison_unused=True)
+            c.append(0, self.f32(n, kvh * d), self.f32(n, kvh * d))
+            out.append(c)
+        return out
 
-    def attention(self, rows_seq, rows_pos, tables, q, kvh, d, bs, group, f16, fused, splits,
-                  inv_freq):
-        dev = self.dev
-        n_rows, heads = q.shape[0], kvh * group
-        offsets, kflat, vflat = [], [], []
-        for kp, vp, _ in tables:
-            offsets.append(len(kflat))
-            kflat.extend(kp.tolist())
-            vflat.extend(vp.tolist())
-        row_table = np.array([offsets[s] for s in rows_seq], np.int32)
-        max_keys = int(max(rows_pos)) + 1
-        split_len = -(-(-(-max_keys // splits)) // bs) * bs
-        splits = -(-max_keys // split_len)
-        spec = variants.paged_attention(d, group, f16, fused)
-        out = dev.alloc(q.nbytes)
-        pm, pl = dev.alloc(n_rows * heads * splits * 4), dev.alloc(n_rows * heads * splits * 4)
-        pacc = dev.alloc(n_rows * heads * splits * d * 4)
-        dev.launch(dev.kernel(spec, "hybrid_paged_attention"), (n_rows, kvh, splits), (128,),
-                   [dev.to_device(q), out, dev.to_device(np.array(kflat, np.uint64)),
-                    dev.to_device(np.array(vflat, np.uint64)), dev.to_device(row_table),
-                    dev.to_device(np.asarray(rows_pos, np.int32)), dev.to_device(inv_freq),
-                    pm, pl, pacc, Arg.i32(heads), Arg.i32(bs), Arg.i64(2 * bs * d),
-                    Arg.i32(split_len), Arg.f32(1.0 / math.sqrt(d))])
-        if splits > 1:
-            dev.launch(dev.kernel(spec, "hybrid_paged_attention_merge"), (n_rows, heads), (128,),
-                       [pm, pl, pacc, out, Arg.i32(heads), Arg.i32(splits)])
-        return dev.to_host(out, np.empty_like(q))
+    def attention(self):
+        from ._cuda import variants
 
-    def paged(self):
-        kvh, bs = 2, 16
-        for d, group in ((128, 4), (64, 3), (80, 1)):
+        cases = [(128, 4, 2), (64, 3, 3), (80, 1, 2), (96, 2, 1), (256, 8, 1), (64, 7, 1),
+                 (128, 5, 1), (128, 6, 1), (128, 8, 2), (64, 2, 4)]
+        assert {g for _, g, _ in cases} == set(variants.ATTENTION_GROUPS)
+        for d, group, kvh in cases:
+            heads = kvh * group
             inv = ref.rope_inv_freq(d, 10000.0)
-            for f16 in (False, True):
-                tol = 2e-3 if f16 else 1e-4
+            for dtype in ("float32", "float16"):
+                tol = 2e-3 if dtype == "float16" else 1e-4
                 for fused in (False, True):
-                    # prefill: 37 rows after 0 history, one sequence
-                    tables, kv = self.cache([37], kvh, d, bs, f16)
-                    q = self.f32(37, kvh * group * d)
-                    for splits in (1, 3):
-                        got = self.attention([0] * 37, list(range(37)), tables, q, kvh, d, bs,
-                                             group, f16, fused, splits, inv.astype(np.float32))
-                        k, v = kv[0]
-                        qq, kk = q, k
+                    tag = f"d={d} g={group} kvh={kvh} {dtype[5:]}{' rope' if fused else ''}"
+                    rope = (inv, True) if fused else None
+                    # one sequence: prefill of n rows after a history of `start` tokens
+                    for start, n in ((0, 37), (1000, 3), (1024, 1)):
+                        (c,) = self._caches([start + n], kvh, d, dtype, CUDA)
+                        c.commit(start)
+                        q = self.f32(n, heads * d)
+                        got = ops.paged_attention(self.up(q), c, 0, rope=rope).to_host()
+                        k, v = c.dense(0)
+                        positions = np.arange(start, start + n)
                         if fused:
-                            qq = ref.rope(q, np.arange(37), inv, kvh * group, d)
-                            kk = ref.rope(k, np.arange(37), inv, kvh, d)
-                        want = ref.attention(qq, kk, v, np.arange(37), kvh * group, kvh, d)
-                        self.record(f"attention prefill d={d} g={group} {'f16' if f16 else 'f32'}"
-                                    f"{' rope' if fused else ''} splits={splits}", rel_err(got, want), tol)
-                    # decode batch of sequences with different lengths
+                            q = ref.rope(q, positions, inv, heads, d)
+                            k = ref.rope(k, np.arange(start + n), inv, kvh, d)
+                        want = ref.attention(q, k, v, positions, heads, kvh, d)
+                        self.record(f"attention {tag} start={start} rows={n}", rel_err(got, want), tol)
+                    # batched decode over sequences of different lengths
                     lengths = [1, 16, 17, 300, 1025]
-                    tables, kv = self.cache(lengths, kvh, d, bs, f16)
-                    q = self.f32(len(lengths), kvh * group * d)
-                    got = self.attention(list(range(len(lengths))), [n - 1 for n in lengths], tables,
-                                         q, kvh, d, bs, group, f16, fused, 4, inv.astype(np.float32))
+                    caches = self._caches(lengths, kvh, d, dtype, CUDA)
+                    for c, n in zip(caches, lengths):
+                        c.commit(n - 1)
+                    q = self.f32(len(lengths), heads * d)
+                    got = ops.paged_attention_batch(self.up(q), caches, 0, rope=rope).to_host()
                     wants = []
-                    for b, (n, (k, v)) in enumerate(zip(lengths, kv)):
-                        qq, kk = q[b:b + 1], k
+                    for b, (c, n) in enumerate(zip(caches, lengths)):
+                        k, v = c.dense(0)
+                        qb = q[b:b + 1]
                         if fused:
-                            qq = ref.rope(qq, [n - 1], inv, kvh * group, d)
-                            kk = ref.rope(k, np.arange(n), inv, kvh, d)
-                        wants.append(ref.attention(qq, kk, v, [n - 1], kvh * group, kvh, d))
-                    self.record(f"attention decode batch d={d} g={group} {'f16' if f16 else 'f32'}"
-                                f"{' rope' if fused else ''}", rel_err(got, np.concatenate(wants)), tol)
+                            qb = ref.rope(qb, [n - 1], inv, heads, d)
+                            k = ref.rope(k, np.arange(n), inv, kvh, d)
+                        wants.append(ref.attention(qb, k, v, [n - 1], heads, kvh, d))
+                    self.record(f"attention batch {tag} lengths={lengths}",
+                                rel_err(got, np.concatenate(wants)), tol)
+
+    # -- decoder layers in every placement ------------------------------------------------------
+    def layers(self):
+        from .cli import random_weights
+        from .config import DecoderConfig
+        from .kvcache import PagedKVCache
+        from .layer import DecoderLayer
+
+        shapes = {"llama": (DecoderConfig(hidden_size=256, num_heads=8, num_kv_heads=2,
+                                          head_dim=64, intermediate_size=512), False),
+                  "qwen3": (DecoderConfig(hidden_size=192, num_heads=6, num_kv_heads=3,
+                                          head_dim=128, intermediate_size=320,
+                                          rope_theta=1e6), True)}
+        for name, (cfg, qk_norm) in shapes.items():
+            w = random_weights(cfg, self.rng, qk_norm=qk_norm, std=0.05)
+            cpu_layer = DecoderLayer(cfg, w, placement="cpu")
+            x = self.f32(37, cfg.hidden_size)
+            steps = [self.f32(1, cfg.hidden_size) for _ in range(4)]
+            batch = self.f32(3, cfg.hidden_size)
+            for dtype in ("float32", "float16"):
+                tol = 5e-3 if dtype == "float16" else 2e-4
+                want = self._run_layer(cpu_layer, "cpu", cfg, dtype, x, steps, batch)
+                for layer_at, cache_at, fused in ((CUDA, CUDA, True), (CUDA, CUDA, False),
+                                                  (CUDA, "cpu", True), ("cpu", CUDA, False)):
+                    layer = DecoderLayer(cfg, w, placement=layer_at, fused_rope=fused)
+                    got = self._run_layer(layer, cache_at, cfg, dtype, x, steps, batch)
+                    tag = (f"layer {name} {dtype[5:]}: layer {layer_at} cache {cache_at}"
+                           f"{' fused rope' if layer.fused_rope and cache_at == layer_at else ''}")
+                    for part, g, wnt in zip(("prefill", "decode", "batch"), got, want):
+                        self.record(f"{tag} {part}", rel_err(g, wnt), tol)
+            # errors leave caches unchanged: mixed KV dtypes in a batch, wrong positions (fused)
+            layer = DecoderLayer(cfg, w, placement=CUDA)
+            caches = [PagedKVCache(1, cfg.num_kv_heads, cfg.head_dim, dtype=dt, placement=CUDA)
+                      for dt in ("float32", "float16")]
+            layer.forward(x[:5], np.arange(5), caches[0])
+            caches[0].commit(5)
+            before = caches[0].dense(0)
+            raised = _raises(lambda: layer.forward_batch(batch[:2], [5, 0], caches), "mixed KV dtypes")
+            raised &= _raises(lambda: layer.forward(x[:2], [9, 10], caches[0]), "cache positions")
+            same = all(np.array_equal(a, b) for a, b in zip(before, caches[0].dense(0)))
+            self.equal(f"layer {name}: bad batch and positions raise, cache unchanged",
+                       raised and same and caches[0].layer_len(0) == 5 and caches[1].layer_len(0) == 0)
+
+    @staticmethod
+    def _run_layer(layer, cache_at, cfg, dtype, x, steps, batch):
+        """prefill x, decode `steps` one by one, then one batched step over 3 sequences."""
+        from .kvcache import PagedKVCache
+
+        def cache():
+            return PagedKVCache(1, cfg.num_kv_heads, cfg.head_dim, dtype=dtype, placement=cache_at,
+                                poison_unused=True)
+
+        c = cache()
+        pre = np.asarray(layer.forward(x, np.arange(len(x)), c))
+        c.commit(len(x))
+        dec = []
+        for s in steps:
+            dec.append(np.array(layer.forward(s, [c.seq_len], c)))
+            c.commit(1)
+        seqs = [cache() for _ in range(3)]
+        for i, sc in enumerate(seqs):  # histories of 1, 17 and 40 tokens
+            n = (1, 17, 40)[i]
+            layer.forward(x[:n] if n <= len(x) else np.concatenate([x, x])[:n], np.arange(n), sc)
+            sc.commit(n)
+        bat = np.asarray(layer.forward_batch(batch, [sc.seq_len for sc in seqs], seqs))
+        return pre, np.concatenate(dec), bat
+
+    # -- a real model -----------------------------------------------------------------------------
+    def model(self):
+        from .models import load_model
+
+        cpu = load_model()
+        prompt = cpu.tokenizer.encode("The capital of France is")
+        want = cpu.generate_tokens(prompt, 16)
+        n = len(cpu.layers)
+        for label, kw in ((f"all {n} layers on {CUDA}", dict(gpu_layers=n)),
+                          (f"last {n // 2} layers on {CUDA}", dict(gpu_layers=n // 2)),
+                          (f"all layers on {CUDA}, KV cache on the cpu",
+                           dict(gpu_layers=n, kv_on_cpu=True))):
+            gpu = load_model(**kw)
+            t0 = time.perf_counter()
+            got = gpu.generate_tokens(prompt, 16)
+            dt = time.perf_counter() - t0
+            self.equal(f"SmolLM2-135M greedy 16 tokens, {label}: identical to the cpu "
+                       f"({16 / dt:.0f} tok/s incl. prefill)", list(got) == list(want))
 
 
-def copy_bandwidth(dev: Device, nbytes: int = 1 << 30) -> float:
-    d = drv._driver()
+def _raises(fn, match: str) -> bool:
+    try:
+        fn()
+    except (ValueError, TypeError) as exc:
+        return match in str(exc)
+    return False
+
+
+# ----------------------------------------------------------------------------------- timing
+
+
+def copy_bandwidth(dev, nbytes: int = 1 << 30) -> float:
+    """Bytes per second moved (read + write) by a device-to-device copy."""
     a, b = dev.alloc(nbytes), dev.alloc(nbytes)
     begin, end = dev.event_timer()
-    drv.check(d.cuMemcpyDtoDAsync(b.ptr, a.ptr, nbytes, dev.stream))
+    dev.copy_d2d(b.ptr, a.ptr, nbytes)
     best = float("inf")
     for _ in range(5):
         begin()
-        drv.check(d.cuMemcpyDtoDAsync(b.ptr, a.ptr, nbytes, dev.stream))
+        dev.copy_d2d(b.ptr, a.ptr, nbytes)
         best = min(best, end())
     a.free()
     b.free()
-    return 2 * nbytes / (best / 1e3)  # read + write
+    return 2 * nbytes / (best / 1e3)
 
 
-def time_decode(dev: Device, batch, ctx, f16, fused, bw, sms):
-    """GB/s of KV read by one decode step (head_dim 128, 8 KV heads, 32 query heads)."""
+def time_decode(dev, batch, ctx, f16, fused, bw):
+    """(ms, GB/s, share of bw) of one decode attention step over KV of `ctx` tokens per sequence
+    (head_dim 128, 8 KV heads, 32 query heads, 16-token blocks)."""
+    from ._cuda import launch
+    from ._cuda.arrays import empty, from_host
+
     kvh, d, bs, group = 8, 128, 16, 4
     esize = 2 if f16 else 4
     nb = ctx // bs
     block_bytes = kvh * 2 * bs * d * esize
     pool = dev.alloc(batch * nb * block_bytes)
-    drv.check(drv._driver().cuMemsetD8Async(pool.ptr, 0, batch * nb * block_bytes, dev.stream))
-    base = pool.ptr + np.arange(batch * nb, dtype=np.uint64) * block_bytes
-    kp, vp = base, base + bs * d * esize
-    row_table = (np.arange(batch) * nb).astype(np.int32)
-    pos = np.full(batch, ctx - 1, np.int32)
-    splits = max(1, min(ctx // 512, -(-2 * sms // (batch * kvh))))
-    split_len = -(-(-(-ctx // splits)) // bs) * bs
-    splits = -(-ctx // split_len)
+    dev.fill32(pool.ptr, 0, batch * nb * block_bytes // 4)
+    base = pool.ptr + np.arange(batch * nb, dtype=np.int64) * block_bytes
+    k_tables = from_host(0, base.view(np.uint64).reshape(batch, nb))
+    v_tables = from_host(0, (base + bs * d * esize).view(np.uint64).reshape(batch, nb))
+    k_addrs = k_tables.ptr + np.arange(batch, dtype=np.int64) * nb * 8
+    v_addrs = v_tables.ptr + np.arange(batch, dtype=np.int64) * nb * 8
     heads = kvh * group
-    q = dev.alloc(batch * heads * d * 4)
-    out = dev.alloc(batch * heads * d * 4)
-    pm, pl = dev.alloc(batch * heads * splits * 4), dev.alloc(batch * heads * splits * 4)
-    pacc = dev.alloc(batch * heads * splits * d * 4)
-    spec = variants.paged_attention(d, group, f16, fused)
-    fn, merge = dev.kernel(spec, "hybrid_paged_attention"), dev.kernel(spec, "hybrid_paged_attention_merge")
-    inv = dev.to_device(ref.rope_inv_freq(d, 10000.0).astype(np.float32))
-    args = [q, out, dev.to_device(kp), dev.to_device(vp), dev.to_device(row_table),
-            dev.to_device(pos), inv, pm, pl, pacc, Arg.i32(heads), Arg.i32(bs),
-            Arg.i64(2 * bs * d), Arg.i32(split_len), Arg.f32(1.0 / math.sqrt(d))]
+    q = empty(0, (batch, heads * d))
+    dev.fill32(q.ptr, 0, q.size)
+    out = empty(0, (batch, heads * d))
+    positions = np.full(batch, ctx - 1, np.int64)
+    rope = (ref.rope_inv_freq(d, 10000.0), True) if fused else None
 
     def step():
-        dev.launch(fn, (batch, kvh, splits), (128,), args)
-        if splits > 1:
-            dev.launch(merge, (batch, heads), (128,), [pm, pl, pacc, out, Arg.i32(heads), Arg.i32(splits)])
+        launch.paged_attention_batch(q, positions, k_addrs, v_addrs, heads, kvh, d, bs, 2 * bs * d,
+                                     f16, 1.0 / math.sqrt(d), out, rope=rope)
 
     step()
     begin, end = dev.event_timer()
-    begin()
     reps = 20
+    begin()
     for _ in range(reps):
         step()
     ms = end() / reps
@@ -241,34 +332,54 @@ def time_decode(dev: Device, batch, ctx, f16, fused, bw, sms):
 
 
 def main(argv=None) -> int:
-    ok, reason = drv.availability()
+    ap = argparse.ArgumentParser(prog="python -m hybrid.gpucheck", description=__doc__.split("\n")[0])
+    ap.add_argument("--quick", action="store_true", help="skip the model check, time fewer shapes")
+    args = ap.parse_args(argv)
+    from ._cuda.backend import availability
+
+    ok, reason = availability()
     if not ok:
         print(f"hybrid.gpucheck: CUDA unavailable: {reason}")
         return 2
+    from ._cuda.device import device
+
     t0 = time.time()
-    dev = Device(0)
-    d = drv._driver()
-    sms = drv.check(d.cuDeviceGetAttribute(
-        d.CUdevice_attribute.CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT, dev.handle))
-    print(f"device cuda:0 {dev.arch}, {sms} SMs")
-    checks = Checks(dev, np.random.default_rng(0))
-    checks.elementwise()
-    checks.linear()
-    checks.paged()
+    dev = device(0)
+    print(f"{dev!r}", flush=True)
+    checks = Checks(np.random.default_rng(0))
+    sections = [checks.row_ops, checks.kv_cache, checks.attention, checks.layers]
+    if not args.quick:
+        sections.append(checks.model)
+    for section in sections:
+        print(f"-- {section.__name__}", flush=True)
+        try:
+            section()
+        except Exception as exc:  # report and go on: one run should show every problem
+            checks.record(f"{section.__name__}: raised {type(exc).__name__}: {exc}"[:200],
+                          float("inf"), 0.0)
+            traceback.print_exc(limit=6)
     failed = [r for r in checks.rows if not r[3]]
-    bw = copy_bandwidth(dev)
     rows = []
-    for batch in (1, 64):
-        for ctx in (4096, 32768):
-            for f16 in (True, False):
-                for fused in (False, True):
-                    ms, gbs, share = time_decode(dev, batch, ctx, f16, fused, bw, sms)
-                    rows.append((batch, ctx, "f16" if f16 else "f32", fused, ms, gbs, share))
-    print(f"\nchecks: {len(checks.rows) - len(failed)} ok, {len(failed)} failed; "
-          f"copy bandwidth {bw / 1e9:.0f} GB/s; {time.time() - t0:.0f} s")
+    bw = 0.0
+    try:
+        bw = copy_bandwidth(dev)
+        for batch in (1, 64):
+            for ctx in ((4096, 32768) if not args.quick else (4096,)):
+                for f16 in (True, False):
+                    for fused in (False, True):
+                        ms, gbs, share = time_decode(dev, batch, ctx, f16, fused, bw)
+                        rows.append((batch, ctx, "f16" if f16 else "f32", fused, ms, gbs, share))
+    except Exception:
+        traceback.print_exc(limit=6)
+        failed.append(("timing", float("inf"), 0.0, False))
+    print(f"\nchecks: {len(checks.rows) - len(failed)} ok, {len(failed)} failed; copy bandwidth "
+          f"{bw / 1e9:.0f} GB/s; {time.time() - t0:.0f} s")
+    for name, err, tol, _ in failed[:20]:
+        print(f"  FAILED {name} (rel err {err:.2e}, bound {tol:.0e})")
     print(f"{'batch':>5} {'ctx':>6} {'kv':>4} {'rope':>5} {'ms':>8} {'GB/s':>7} {'of bw':>6}")
     for batch, ctx, kv, fused, ms, gbs, share in rows:
-        print(f"{batch:>5} {ctx:>6} {kv:>4} {'fused' if fused else '-':>5} {ms:>8.3f} {gbs:>7.0f} {share:>6.0%}")
+        print(f"{batch:>5} {ctx:>6} {kv:>4} {'fused' if fused else '-':>5} {ms:>8.3f} {gbs:>7.0f} "
+              f"{share:>6.0%}")
     return 1 if failed else 0
 
 

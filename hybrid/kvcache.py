@@ -32,7 +32,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from .placement import Placement
+from .placement import Placement, is_device_array
 
 KV_DTYPES = {"float32": np.dtype(np.float32), "float16": np.dtype(np.float16)}
 
@@ -159,6 +159,9 @@ class _LayerBlocks:
         v = np.concatenate([x.transpose(1, 0, 2) for x in vs])[:n_tokens].reshape(n_tokens, kvh * d)
         return k, v
 
+    def nbytes(self) -> int:
+        return sum(c.nbytes for c in self.chunks)
+
 
 class PagedKVCache:
     """Paged KV cache of one sequence across ``num_layers`` layers.
@@ -168,7 +171,9 @@ class PagedKVCache:
     num_layers, num_kv_heads, head_dim : int
     block_size : int, tokens per block (default 16)
     dtype : "float16" (default) or "float32", how K and V are stored
-    placement : "cpu", or a list with one placement per layer
+    placement : "cpu", "cuda:N", or a list with one placement per layer.  Blocks of a ``cuda:N``
+        layer live in that GPU's memory, with persistent device copies of the layer's block
+        address tables (hybrid/_cuda/kv_blocks.py); everything else here is the same.
     max_tokens : optional capacity; an append past it raises CacheCapacityError, writing nothing
     poison_unused : fill every newly handed-out block with NaN (debugging and tests: a kernel that
         reads a slot it should not turns the result into NaN)
@@ -203,8 +208,7 @@ class PagedKVCache:
         self.dtype = KV_DTYPES[key]
         self.max_tokens = None if max_tokens is None else int(max_tokens)
         self._placements = self._parse_placements(placement)
-        self._layers = [_LayerBlocks(self.num_kv_heads, self.head_dim, self.block_size,
-                                     self.dtype, poison_unused) for _ in range(self.num_layers)]
+        self._layers = [self._new_layer(p, poison_unused) for p in self._placements]
         self._seq_len = 0
 
     def _parse_placements(self, placement) -> list:
@@ -215,14 +219,21 @@ class PagedKVCache:
             places = [Placement.parse(p) for p in placement]
         else:
             places = [Placement.parse(placement)] * self.num_layers
-        for i, p in enumerate(places):
+        for p in places:
             if not p.is_cpu:
                 from . import registry
 
-                status = registry.require(p)  # raises with the backend's reason
-                raise registry.NoBackendError(
-                    f"cache layer {i}: KV blocks on {p} are not supported by {status.kind} yet")
+                registry.require(p)  # raises with the backend's reason
         return places
+
+    def _new_layer(self, placement: Placement, poison: bool):
+        if placement.is_cpu:
+            return _LayerBlocks(self.num_kv_heads, self.head_dim, self.block_size, self.dtype,
+                                poison)
+        from . import registry
+
+        return registry.lookup("kv_layer_blocks", placement)(
+            placement, self.num_kv_heads, self.head_dim, self.block_size, self.dtype, poison)
 
     # -- shape and state --------------------------------------------------------------------
     @property
@@ -255,10 +266,15 @@ class PagedKVCache:
             raise IndexError(f"layer {layer!r} out of range for a cache of {self.num_layers} layers")
         return int(layer)
 
-    def _as_rows(self, name: str, a) -> np.ndarray:
+    def _as_rows(self, name: str, a, layer: int):
         if (type(a) is np.ndarray and a.dtype == np.float32 and a.ndim == 2
                 and a.shape[1] == self.kv_dim):
             return a  # the common case, checked cheaply
+        if is_device_array(a):
+            if a.dtype != np.float32 or a.ndim != 2 or a.shape[1] != self.kv_dim:
+                raise ValueError(f"{name} must be float32 [n_tokens, num_kv_heads*head_dim="
+                                 f"{self.kv_dim}], got {a.dtype} {a.shape} on {a.placement}")
+            return a if not self._placements[layer].is_cpu else a.to_host()
         arr = np.asarray(a)
         if not np.issubdtype(arr.dtype, np.floating):
             raise TypeError(f"{name} must be a floating-point array, got dtype {arr.dtype}")
@@ -275,8 +291,8 @@ class PagedKVCache:
         nothing is written and no block is taken.
         """
         layer = self._check_layer(layer)
-        k = self._as_rows("k", k)
-        v = self._as_rows("v", v)
+        k = self._as_rows("k", k, layer)
+        v = self._as_rows("v", v, layer)
         if k.shape[0] != v.shape[0]:
             raise ValueError(f"k has {k.shape[0]} rows but v has {v.shape[0]}")
         lb = self._layers[layer]
@@ -340,13 +356,24 @@ class PagedKVCache:
         return lb.ids[:len(lb.table)].copy()
 
     def block_pointers(self, layer: int):
-        """(k_ptrs, v_ptrs): [n_blocks] int64 base addresses of the layer's K and V blocks.
+        """(k_ptrs, v_ptrs): [n_blocks] base addresses of the layer's K and V blocks, int64 host
+        arrays for a CPU layer, the persistent uint64 device tables for a ``cuda:N`` layer.
 
         Views of persistent tables: valid until the layer's next append, truncate or reset.
         """
         lb = self._layers[self._check_layer(layer)]
         nb = len(lb.table)
+        if not self._placements[layer].is_cpu:
+            return lb.device_tables()
         return lb.k_ptrs[:nb], lb.v_ptrs[:nb]
+
+    def table_addresses(self, layer: int) -> tuple:
+        """Device addresses of a ``cuda:N`` layer's K and V block tables (batched attention)."""
+        layer = self._check_layer(layer)
+        if self._placements[layer].is_cpu:
+            raise ValueError(f"cache layer {layer} is on the cpu; its block tables are "
+                             f"block_pointers({layer})")
+        return self._layers[layer].table_addresses()
 
     def blocks(self, layer: int):
         """(k_blocks, v_blocks): lists of the layer's K and V views [num_kv_heads, block_size,
@@ -362,7 +389,7 @@ class PagedKVCache:
 
     def nbytes(self) -> int:
         """Bytes of block memory allocated by the pools (in use or free)."""
-        return sum(c.nbytes for lb in self._layers for c in lb.chunks)
+        return sum(lb.nbytes() for lb in self._layers)
 
     def __repr__(self) -> str:
         return (f"PagedKVCache(layers={self.num_layers}, kv_heads={self.num_kv_heads}, "

@@ -4,17 +4,25 @@
     └──────────────────────────────────────────────────────────────────────────────────────┘
     x1 ─ RMSNorm ─ gate, up proj ─ SwiGLU ─ down proj ─ + x1 ─ out
 
+Placement, as in the seed: the layer's weights and activations live on its device ("cpu" or
+"cuda:N"); input arriving from elsewhere moves there on entry.  Attention runs where the cache
+layer lives: a cuda layer whose cache layer is on the cpu sends q, k, v to the host and takes the
+attention output back.  A cuda layer with its cache on the same GPU rotates q and k inside the
+paged-attention kernel (fused RoPE, K cached unrotated), as the seed does.
+
 This module knows the public ops, the KV cache and the profiler; it knows no backend.
 """
 
 from __future__ import annotations
+
+import dataclasses
 
 import numpy as np
 
 from . import ops, registry
 from .config import DecoderConfig, LayerWeights
 from .kvcache import PagedKVCache
-from .placement import Placement
+from .placement import Placement, copy_between, is_device_array, to_device
 from .profile import region
 from .scratch import Scratch
 
@@ -29,10 +37,13 @@ class DecoderLayer:
     index : this layer's index in the KV cache
     placement : "cpu" or "cuda:N"; the backend serving it is resolved now and fails loudly
     scratch : buffers for intermediate activations; layers that run one after another may share one
+    fused_rope : on a GPU with the cache layer on the same GPU, rotate q and k inside the
+        attention kernel (the seed's choice; K is then cached unrotated, so one cache layer must
+        always be used the same way).  Positions must then be the cache positions.
     """
 
     def __init__(self, config: DecoderConfig, weights: LayerWeights, index: int = 0,
-                 placement="cpu", scratch: "Scratch | None" = None):
+                 placement="cpu", scratch: "Scratch | None" = None, fused_rope: bool = True):
         if not isinstance(config, DecoderConfig):
             raise TypeError(f"config must be a DecoderConfig, got {type(config).__name__}")
         if not isinstance(weights, LayerWeights):
@@ -46,10 +57,36 @@ class DecoderLayer:
         registry.require(self.placement)  # e.g. cuda:0 without a CUDA backend: says why
         self.scratch = scratch if scratch is not None else Scratch()
         self._inv_freq = config.inv_freq() if config.rope_enabled else None
+        self._gpu = not self.placement.is_cpu
+        # the weights on the layer's device (the same arrays on the cpu)
+        self._w = self.weights if not self._gpu else _weights_on(self.weights, self.placement)
+        self.fused_rope = bool(fused_rope) and self._gpu and self._inv_freq is not None
         self._k = ops.bind(self.placement)  # kernels resolved once; arrays are checked on entry
         self._bufs = (None, None)  # (rows, activation buffers) of the last call
 
     # ------------------------------------------------------------------ validation
+    def _enter(self, hidden, out):
+        """(x, host_out): the input on this layer's device, and the host array to return the
+        result in when the caller passed host arrays to a cuda layer (else None)."""
+        if not self._gpu:
+            if is_device_array(hidden):
+                hidden = hidden.to_host()
+            return self._input(hidden, out), None
+        if is_device_array(hidden):
+            x = self._input(hidden, None)
+            if out is not None and (not is_device_array(out) or out.placement != self.placement
+                                    or out.shape != x.shape or out.dtype != np.float32):
+                raise TypeError(f"out must be a float32 device array {x.shape} on {self.placement}")
+            if x.placement != self.placement:  # from another GPU
+                moved = self.scratch.get("x_in", x.shape, placement=self.placement)
+                copy_between(x, moved)
+                x = moved
+            return x, None
+        xh = self._input(hidden, out)
+        x = self.scratch.get("x_in", xh.shape, placement=self.placement)
+        copy_between(xh, x)
+        return x, (out if out is not None else np.empty(xh.shape, dtype=np.float32))
+
     def _input(self, hidden, out, n_expected: "int | None" = None):
         x = ops.as_f32("hidden", hidden, 2)  # [n, hidden_size] float32, a copy if converted
         if x.shape[1] != self.config.hidden_size:
@@ -71,6 +108,13 @@ class DecoderLayer:
         if self.index >= cache.num_layers:
             raise ValueError(f"{name} has {cache.num_layers} layers; layer index {self.index} "
                              f"is out of range")
+        where = cache.placement(self.index)
+        if not where.is_cpu:
+            if self._gpu and where != self.placement:
+                raise ValueError(f"{name} layer {self.index} is on {where} but the layer runs on "
+                                 f"{self.placement}; a cuda layer's KV cache must be on the same "
+                                 f"GPU or on the cpu")
+            registry.lookup("check_attention", where)(cfg.head_dim, cfg.num_heads // cfg.num_kv_heads)
         held = cache.layer_len(self.index)
         if held != cache.seq_len:
             raise ValueError(f"{name} layer {self.index} already holds {held - cache.seq_len} "
@@ -87,26 +131,30 @@ class DecoderLayer:
         Returns [n_tokens, hidden_size] float32 (``out`` if given; it may be ``hidden``).
         On error the cache and ``hidden`` are left exactly as they were.
         """
-        x = self._input(hidden, out)  # [n, hidden]
+        x, host_out = self._enter(hidden, out)  # [n, hidden] on this layer's device
         n = x.shape[0]
         pos = ops.positions_array(positions, n)  # [n] int64
-        if cache is None:
+        private = cache is None
+        if private:
             cache, layer = self._private_cache(), 0
         else:
             self._check_cache(cache)
             layer = self.index
-        q, k, v = self._qkv(x, pos)  # [n, H*D], [n, KVH*D], [n, KVH*D]
         start = cache.layer_len(layer)
+        fused = not private and self._use_fused_rope(cache.placement(layer), pos,
+                                                     np.arange(start, start + n, dtype=np.int64))
+        q, k, v = self._qkv(x, pos, rotate=not fused)  # [n, H*D], [n, KVH*D], [n, KVH*D]
         with region("Block/Attention"):
-            cache.append(layer, k, v)
             try:
-                att = ops.paged_attention(q, cache, layer, scale=self.config.softmax_scale,
-                                          out=self._buffers(n)["att"])
+                att = self._attend(q, k, v, fused, lambda kk, vv: cache.append(layer, kk, vv),
+                                   lambda qq, o, rope: ops.paged_attention(
+                                       qq, cache, layer, scale=self.config.softmax_scale, out=o,
+                                       rope=rope), cache.placement(layer))
             except BaseException:
                 cache._rollback_layer(layer, start)
                 raise
         try:
-            return self._finish(x, att, out)
+            return self._leave(self._finish(x, att, self._result(x, out, host_out)), host_out)
         except BaseException:
             cache._rollback_layer(layer, start)
             raise
@@ -117,30 +165,36 @@ class DecoderLayer:
         hidden [B, hidden_size]; positions [B]; caches: list of B PagedKVCache (distinct, same
         block size and KV dtype).  Returns [B, hidden_size].  On error no cache is changed.
         """
-        x = self._input(hidden, out)  # [B, hidden]
-        B = x.shape[0]
         if not isinstance(caches, (list, tuple)):
             raise TypeError(f"caches must be a list of PagedKVCache, got {type(caches).__name__}")
+        x, host_out = self._enter(hidden, out)  # [B, hidden] on this layer's device
+        B = x.shape[0]
         if len(caches) != B:
             raise ValueError(f"caches has {len(caches)} entries for a batch of {B} tokens")
         pos = ops.positions_array(positions, B)  # [B] int64
         ops.check_batch_caches(caches, self.index, B)
         for i, c in enumerate(caches):
             self._check_cache(c, f"caches[{i}]")
-        q, k, v = self._qkv(x, pos)
         starts = [c.layer_len(self.index) for c in caches]
+        where = caches[0].placement(self.index) if caches else self.placement
+        fused = self._use_fused_rope(where, pos, np.asarray(starts, dtype=np.int64))
+        q, k, v = self._qkv(x, pos, rotate=not fused)
+
+        def append(kk, vv):
+            for b, c in enumerate(caches):
+                c.append(self.index, kk[b:b + 1], vv[b:b + 1])
+
         with region("Block/Attention"):
             try:
-                for b, c in enumerate(caches):
-                    c.append(self.index, k[b:b + 1], v[b:b + 1])
-                att = ops.paged_attention_batch(q, caches, self.index,
-                                                scale=self.config.softmax_scale,
-                                                out=self._buffers(B)["att"])
+                att = self._attend(q, k, v, fused, append,
+                                   lambda qq, o, rope: ops.paged_attention_batch(
+                                       qq, caches, self.index, scale=self.config.softmax_scale,
+                                       out=o, rope=rope), where)
             except BaseException:
                 self._rollback_all(caches, starts)
                 raise
         try:
-            return self._finish(x, att, out)
+            return self._leave(self._finish(x, att, self._result(x, out, host_out)), host_out)
         except BaseException:
             self._rollback_all(caches, starts)
             raise
@@ -150,6 +204,55 @@ class DecoderLayer:
             c._rollback_layer(self.index, s)
 
     __call__ = forward
+
+    # ------------------------------------------------------------------ placement
+    def _use_fused_rope(self, where: Placement, pos: np.ndarray, cache_pos: np.ndarray) -> bool:
+        """Whether RoPE runs inside the attention kernel: on a GPU, cache layer on the same GPU
+        (the seed's rule).  The kernel rotates by cache position, so positions must match it."""
+        if not (self.fused_rope and where == self.placement):
+            return False
+        if not np.array_equal(pos, cache_pos):
+            raise ValueError(f"layer {self.index} rotates q and k inside the CUDA attention "
+                             f"kernel by cache position, so positions must be the cache "
+                             f"positions {cache_pos[:4].tolist()}..., got {pos[:4].tolist()}...; "
+                             f"build the layer with fused_rope=False to use other positions")
+        return True
+
+    def _attend(self, q, k, v, fused: bool, append, attention, where: Placement):
+        """Append k, v to the cache and attend, on the device of the cache layer (``where``);
+        returns the attention output on this layer's device."""
+        n = q.shape[0]
+        att = self._buffers(n)["att"]  # [n, H*D] on this layer's device
+        rope = (self._inv_freq, self.config.rope_style == "neox") if fused else None
+        if where == self.placement:
+            append(k, v)
+            return attention(q, att, rope)
+        # the cache layer lives elsewhere (a cuda layer with its KV on the cpu, or the reverse)
+        moved = {}
+        for name, a in (("q", q), ("k", k), ("v", v)):
+            moved[name] = self.scratch.get(f"{name}_at_cache", a.shape, placement=where)
+            copy_between(a, moved[name])
+        append(moved["k"], moved["v"])
+        out = self.scratch.get("att_at_cache", q.shape, placement=where)
+        attention(moved["q"], out, None)
+        copy_between(out, att)
+        return att
+
+    def _result(self, x, out, host_out):
+        """Where the layer output goes: the caller's ``out``, a device scratch buffer when the
+        result is copied to ``host_out``, or a new array on the layer's device."""
+        if host_out is not None:
+            return self.scratch.get("y", x.shape, placement=self.placement)
+        if out is not None:
+            return out
+        return ops._out("forward", None, x.shape, self.placement)
+
+    @staticmethod
+    def _leave(y, host_out):
+        if host_out is None:
+            return y
+        copy_between(y, host_out)
+        return host_out
 
     # ------------------------------------------------------------------ steps
     def _buffers(self, n: int) -> dict:
@@ -163,13 +266,14 @@ class DecoderLayer:
                   "v": (n, cfg.kv_size), "att": (n, cfg.q_size), "o": (n, cfg.hidden_size),
                   "x1": (n, cfg.hidden_size), "gate": (n, cfg.intermediate_size),
                   "up": (n, cfg.intermediate_size)}
-        bufs = {name: s.get(name, shape) for name, shape in shapes.items()}
+        bufs = {name: s.get(name, shape, placement=self.placement) for name, shape in shapes.items()}
         self._bufs = (n, bufs)
         return bufs
 
-    def _qkv(self, x: np.ndarray, pos: np.ndarray):
-        """Attention-block prologue: norm, projections, QK-norm, RoPE (into scratch buffers)."""
-        cfg, w, k_, b = self.config, self.weights, self._k, self._buffers(x.shape[0])
+    def _qkv(self, x, pos: np.ndarray, rotate: bool = True):
+        """Attention-block prologue: norm, projections, QK-norm, RoPE unless fused into
+        attention (into scratch buffers on the layer's device)."""
+        cfg, w, k_, b = self.config, self._w, self._k, self._buffers(x.shape[0])
         n, H, KVH, D, eps = x.shape[0], cfg.num_heads, cfg.num_kv_heads, cfg.head_dim, cfg.rms_norm_eps
         with region("Block/AttnNorm"):
             h = k_.rmsnorm(x, w.attn_norm, eps, b["h"])  # [n, hidden]
@@ -185,7 +289,7 @@ class DecoderLayer:
         if w.k_norm is not None:
             with region("Block/KNorm"):
                 k_.rmsnorm(k.reshape(n * KVH, D), w.k_norm, eps, k.reshape(n * KVH, D))
-        if self._inv_freq is not None:
+        if self._inv_freq is not None and rotate:
             neox = cfg.rope_style == "neox"
             with region("Block/RoPE_Q"):
                 k_.rope(q, pos, self._inv_freq, H, D, neox)
@@ -193,9 +297,9 @@ class DecoderLayer:
                 k_.rope(k, pos, self._inv_freq, KVH, D, neox)
         return q, k, v
 
-    def _finish(self, x: np.ndarray, att: np.ndarray, out):
-        """O projection and residual, then the MLP block and its residual."""
-        cfg, w, k_, b = self.config, self.weights, self._k, self._buffers(x.shape[0])
+    def _finish(self, x, att, result):
+        """O projection and residual, then the MLP block and its residual (into ``result``)."""
+        cfg, w, k_, b = self.config, self._w, self._k, self._buffers(x.shape[0])
         with region("Block/OProj"):
             o = k_.linear(att, w.wo, None, b["o"])  # [n, hidden]
         x1 = k_.add(x, o, b["x1"])  # residual 1
@@ -209,7 +313,6 @@ class DecoderLayer:
             act = k_.swiglu(gate, up, gate)  # in place
         with region("Block/DownProj"):
             d = k_.linear(act, w.w_down, None, b["o"])  # [n, hidden]
-        result = out if out is not None else np.empty(x.shape, dtype=np.float32)
         return k_.add(x1, d, result)  # residual 2
 
     def _private_cache(self) -> PagedKVCache:
@@ -223,3 +326,11 @@ class DecoderLayer:
         return (f"DecoderLayer(index={self.index}, placement={self.placement}, hidden={c.hidden_size}, "
                 f"heads={c.num_heads}/{c.num_kv_heads}x{c.head_dim}, mlp={c.intermediate_size}, "
                 f"qk_norm={self.weights.q_norm is not None})")
+
+
+def _weights_on(weights: LayerWeights, placement: Placement) -> LayerWeights:
+    """A LayerWeights whose arrays are copies on ``placement`` (None stays None)."""
+    moved = {f.name: (None if getattr(weights, f.name) is None
+                      else to_device(getattr(weights, f.name), placement))
+             for f in dataclasses.fields(weights)}
+    return dataclasses.replace(weights, **moved)

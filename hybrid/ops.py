@@ -1,9 +1,11 @@
 """The public operations of a decoder layer: validate arguments once, dispatch through the registry.
 
-Every op takes float32 row-major arrays.  Input that is another floating dtype or not
-C-contiguous is converted (a copy; the caller's array is never written unless passed as ``out``);
-a non-floating dtype or a wrong shape raises an error that names the argument.  ``device`` selects
-the backend ("cpu" or "cuda:N"); ops that read a KV cache run where that cache layer lives.
+Every op takes float32 row-major arrays: NumPy arrays, or device arrays of a ``cuda:N`` backend
+(then every array argument must be on that device, and the result is too).  NumPy input that is
+another floating dtype or not C-contiguous is converted (a copy; the caller's array is never
+written unless passed as ``out``); a non-floating dtype, a wrong shape or arrays on different
+devices raise an error that names the argument.  The backend is chosen by where the arrays live;
+ops that read a KV cache run where that cache layer lives.
 """
 
 from __future__ import annotations
@@ -14,14 +16,19 @@ import numpy as np
 
 from . import registry
 from .kvcache import PagedKVCache
-from .placement import CPU, Placement
+from .placement import CPU, Placement, is_device_array, placement_of
 
 _F32 = np.dtype(np.float32)
 
 
 def as_f32(name: str, x, ndim: "int | None" = None) -> np.ndarray:
-    """``x`` as a C-contiguous float32 array (itself when it already is one)."""
+    """``x`` as a C-contiguous float32 array (itself when it already is one, or when it is a
+    float32 device array)."""
     if type(x) is np.ndarray and x.dtype == _F32 and x.flags.c_contiguous:
+        arr = x
+    elif is_device_array(x):
+        if x.dtype != _F32:
+            raise TypeError(f"{name} must be float32, got a {x.dtype} array on {x.placement}")
         arr = x
     else:
         arr = np.asarray(x)
@@ -33,7 +40,16 @@ def as_f32(name: str, x, ndim: "int | None" = None) -> np.ndarray:
     return arr
 
 
-def _out(name: str, out, shape: tuple) -> np.ndarray:
+def _out(name: str, out, shape: tuple, where: Placement = CPU):
+    """``out`` checked (shape, dtype, device), or a new array on ``where``."""
+    if not where.is_cpu:
+        if out is None:
+            return registry.lookup("empty", where)(where, shape, _F32)
+        if placement_of(out, CPU) != where or out.dtype != _F32:
+            raise TypeError(f"{name}: out must be a float32 array on {where}")
+        if out.shape != shape:
+            raise ValueError(f"{name}: out has shape {out.shape}, expected {shape}")
+        return out
     if out is None:
         return np.empty(shape, dtype=_F32)
     if not isinstance(out, np.ndarray) or out.dtype != _F32 or not out.flags.c_contiguous \
@@ -44,8 +60,26 @@ def _out(name: str, out, shape: tuple) -> np.ndarray:
     return out
 
 
-def _impl(op: str, device):
-    return registry.lookup(op, CPU if device is None else device)
+def _where(op: str, device, **arrays) -> Placement:
+    """The one device all ``arrays`` live on (and ``device``, when given), or a clear error."""
+    places = {name: placement_of(a) for name, a in arrays.items() if a is not None}
+    where = Placement.parse(device) if device is not None else next(iter(places.values()), CPU)
+    for name, p in places.items():
+        if p != where:
+            raise ValueError(f"{op}: {name} is on {p} but the op runs on {where}; move it with "
+                             f"hybrid.to_device({name}, '{where}')")
+    return where
+
+
+def _impl(op: str, where: Placement):
+    return registry.lookup(op, where)
+
+
+def _copy_into(out, x, where: Placement) -> None:
+    if where.is_cpu:
+        np.copyto(out, x)
+    else:
+        registry.lookup("copy", where)(x.reshape(-1), out.reshape(-1))
 
 
 def positions_array(positions, n: int) -> np.ndarray:
@@ -73,8 +107,9 @@ def rmsnorm(x, weight, eps: float, *, out=None, device=None) -> np.ndarray:
     w = as_f32("weight", weight, 1)
     if w.shape[0] != x.shape[1]:
         raise ValueError(f"rmsnorm: weight has {w.shape[0]} entries but rows have {x.shape[1]}")
-    o = _out("rmsnorm", out, x.shape)
-    _impl("rmsnorm", device)(x, w, float(eps), o)
+    where = _where("rmsnorm", device, x=x, weight=w)
+    o = _out("rmsnorm", out, x.shape, where)
+    _impl("rmsnorm", where)(x, w, float(eps), o)
     return o
 
 
@@ -98,10 +133,11 @@ def rope(x, positions, inv_freq, *, num_heads: int, head_dim: int, style: str = 
     f = np.ascontiguousarray(inv_freq, dtype=np.float64)
     if f.shape != (head_dim // 2,):
         raise ValueError(f"rope: inv_freq must have shape ({head_dim // 2},), got {f.shape}")
-    o = _out("rope", out, x.shape)
+    where = _where("rope", device, x=x)
+    o = _out("rope", out, x.shape, where)
     if o is not x:
-        np.copyto(o, x)
-    _impl("rope", device)(o, pos, f, num_heads, head_dim, style == "neox")
+        _copy_into(o, x, where)
+    _impl("rope", where)(o, pos, f, num_heads, head_dim, style == "neox")
     return o
 
 
@@ -111,8 +147,9 @@ def swiglu(gate, up, *, out=None, device=None) -> np.ndarray:
     u = as_f32("up", up)
     if g.shape != u.shape:
         raise ValueError(f"swiglu: gate {g.shape} and up {u.shape} differ in shape")
-    o = _out("swiglu", out, g.shape)
-    _impl("swiglu", device)(g.reshape(-1), u.reshape(-1), o.reshape(-1))
+    where = _where("swiglu", device, gate=g, up=u)
+    o = _out("swiglu", out, g.shape, where)
+    _impl("swiglu", where)(g.reshape(-1), u.reshape(-1), o.reshape(-1))
     return o
 
 
@@ -122,8 +159,9 @@ def add(a, b, *, out=None, device=None) -> np.ndarray:
     b = as_f32("b", b)
     if a.shape != b.shape:
         raise ValueError(f"add: shapes {a.shape} and {b.shape} differ")
-    o = _out("add", out, a.shape)
-    _impl("add", device)(a.reshape(-1), b.reshape(-1), o.reshape(-1))
+    where = _where("add", device, a=a, b=b)
+    o = _out("add", out, a.shape, where)
+    _impl("add", where)(a.reshape(-1), b.reshape(-1), o.reshape(-1))
     return o
 
 
@@ -139,8 +177,9 @@ def linear(x, weight, bias=None, *, out=None, device=None) -> np.ndarray:
         b = as_f32("bias", bias, 1)
         if b.shape[0] != w.shape[0]:
             raise ValueError(f"linear: bias has {b.shape[0]} entries for {w.shape[0]} outputs")
-    o = _out("linear", out, (x.shape[0], w.shape[0]))
-    _impl("linear", device)(x, w, b, o)
+    where = _where("linear", device, x=x, weight=w, bias=b)
+    o = _out("linear", out, (x.shape[0], w.shape[0]), where)
+    _impl("linear", where)(x, w, b, o)
     return o
 
 
@@ -156,15 +195,18 @@ def _attention_shape(q: np.ndarray, cache: PagedKVCache) -> int:
 
 
 def paged_attention(q, cache: PagedKVCache, layer: int, *, scale: "float | None" = None,
-                    out=None) -> np.ndarray:
+                    out=None, rope=None):
     """Causal attention of q [n_tokens, num_heads*head_dim] over one layer of ``cache``.
 
     Row i is the token at position ``cache.seq_len + i`` and attends to positions
     ``0 .. cache.seq_len + i`` of the layer (committed plus appended), so the layer must already
     hold ``seq_len + n_tokens`` tokens.  ``scale`` defaults to ``1/sqrt(head_dim)``.
-    Runs on the backend of the device where that cache layer lives.
+    Runs on the backend of the device where that cache layer lives; q (and out) must be there.
+    ``rope`` = (inv_freq [head_dim/2], neox) rotates q and every key by its position inside the
+    kernel (CUDA only; the layer's K must then be cached unrotated, as DecoderLayer does).
     """
     q = as_f32("q", q, 2)
+    where = _where("paged_attention", cache.placement(layer), q=q)
     num_heads = _attention_shape(q, cache)
     n = q.shape[0]
     start = cache.seq_len
@@ -173,13 +215,25 @@ def paged_attention(q, cache: PagedKVCache, layer: int, *, scale: "float | None"
         raise ValueError(f"paged_attention: {n} query rows from position {start} need "
                          f"{start + n} tokens in layer {layer}, which holds {held}; append k/v "
                          f"first")
-    o = _out("paged_attention", out, q.shape)
+    o = _out("paged_attention", out, q.shape, where)
     k_ptrs, v_ptrs = cache.block_pointers(layer)
     s = 1.0 / math.sqrt(cache.head_dim) if scale is None else float(scale)
-    registry.lookup("paged_attention", cache.placement(layer))(
+    extra = {} if rope is None else {"rope": _rope_arg(rope, cache.head_dim, where)}
+    registry.lookup("paged_attention", where)(
         q, start, k_ptrs, v_ptrs, num_heads, cache.num_kv_heads, cache.head_dim,
-        cache.block_size, cache.head_stride, cache.dtype == np.float16, s, o)
+        cache.block_size, cache.head_stride, cache.dtype == np.float16, s, o, **extra)
     return o
+
+
+def _rope_arg(rope, head_dim: int, where: Placement) -> tuple:
+    if where.is_cpu:
+        raise ValueError("fused RoPE runs inside the CUDA paged-attention kernel only; on the cpu "
+                         "rotate q and k with ops.rope before appending")
+    inv_freq, neox = rope
+    f = np.ascontiguousarray(inv_freq, dtype=np.float64)
+    if f.shape != (head_dim // 2,):
+        raise ValueError(f"fused RoPE: inv_freq must have shape ({head_dim // 2},), got {f.shape}")
+    return f, bool(neox)
 
 
 def check_batch_caches(caches, layer: int, batch: int) -> None:
@@ -218,15 +272,21 @@ def check_batch_caches(caches, layer: int, batch: int) -> None:
 
 
 def paged_attention_batch(q, caches, layer: int, *, scale: "float | None" = None,
-                          out=None) -> np.ndarray:
+                          out=None, rope=None):
     """Decode attention: row b of q [B, num_heads*head_dim] is the token at position
     ``caches[b].seq_len`` and attends to positions ``0 .. seq_len`` of its own cache's layer."""
     q = as_f32("q", q, 2)
     check_batch_caches(caches, layer, q.shape[0])
     if not caches:
-        return _out("paged_attention_batch", out, q.shape)
+        return _out("paged_attention_batch", out, q.shape, placement_of(q))
     c0 = caches[0]
+    where = _where("paged_attention_batch", c0.placement(layer), q=q)
     num_heads = _attention_shape(q, c0)
+    s = 1.0 / math.sqrt(c0.head_dim) if scale is None else float(scale)
+    if not where.is_cpu:
+        return _attention_batch_device(q, caches, layer, num_heads, s, out, rope, where)
+    if rope is not None:
+        _rope_arg(rope, c0.head_dim, where)  # raises: the cpu kernels take rotated q and k
     kv_lens = np.empty(len(caches), dtype=np.int64)
     indptr = np.zeros(len(caches) + 1, dtype=np.int64)
     kp, vp = [], []
@@ -241,10 +301,31 @@ def paged_attention_batch(q, caches, layer: int, *, scale: "float | None" = None
         vp.append(v_ptrs[:nb])
         indptr[b + 1] = indptr[b] + nb
     o = _out("paged_attention_batch", out, q.shape)
-    s = 1.0 / math.sqrt(c0.head_dim) if scale is None else float(scale)
-    registry.lookup("paged_attention_batch", c0.placement(layer))(
+    registry.lookup("paged_attention_batch", where)(
         q, kv_lens, indptr, np.concatenate(kp), np.concatenate(vp), num_heads, c0.num_kv_heads,
         c0.head_dim, c0.block_size, c0.head_stride, c0.dtype == np.float16, s, o)
+    return o
+
+
+def _attention_batch_device(q, caches, layer, num_heads, scale, out, rope, where):
+    """Batched decode on a GPU: the kernel reads each sequence's persistent device block tables
+    through their addresses (no per-step copy of the tables)."""
+    c0 = caches[0]
+    B = len(caches)
+    positions = np.empty(B, dtype=np.int64)
+    k_addrs = np.empty(B, dtype=np.int64)
+    v_addrs = np.empty(B, dtype=np.int64)
+    for b, c in enumerate(caches):
+        positions[b] = c.seq_len
+        if c.layer_len(layer) < c.seq_len + 1:
+            raise ValueError(f"caches[{b}] layer {layer} holds {c.layer_len(layer)} tokens; the "
+                             f"decode token at position {c.seq_len} must be appended first")
+        k_addrs[b], v_addrs[b] = c.table_addresses(layer)
+    o = _out("paged_attention_batch", out, q.shape, where)
+    extra = {} if rope is None else {"rope": _rope_arg(rope, c0.head_dim, where)}
+    registry.lookup("paged_attention_batch", where)(
+        q, positions, k_addrs, v_addrs, num_heads, c0.num_kv_heads, c0.head_dim, c0.block_size,
+        c0.head_stride, c0.dtype == np.float16, scale, o, **extra)
     return o
 
 

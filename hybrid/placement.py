@@ -55,14 +55,25 @@ class Placement:
 CPU = Placement("cpu")
 
 
-def placement_of(array) -> Placement:
-    """Where ``array`` lives: NumPy arrays are on the CPU; device arrays carry ``.placement``."""
+_RAISE = object()
+
+
+def placement_of(array, default=_RAISE) -> Placement:
+    """Where ``array`` lives: NumPy arrays (and lists, scalars) are on the CPU; device arrays
+    carry ``.placement``.  Other objects raise TypeError unless a ``default`` is given."""
     if isinstance(array, np.ndarray):
         return CPU
     p = getattr(array, "placement", None)
     if isinstance(p, Placement):
         return p
+    if default is not _RAISE:
+        return default
     raise TypeError(f"cannot tell where an object of type {type(array).__name__} lives")
+
+
+def is_device_array(array) -> bool:
+    """True for an array in accelerator memory (anything not on the CPU that says where it is)."""
+    return not isinstance(array, np.ndarray) and not placement_of(array, CPU).is_cpu
 
 
 def to_device(array, placement: "str | Placement"):
@@ -80,3 +91,16 @@ def to_device(array, placement: "str | Placement"):
 
     device = dst if not dst.is_cpu else src
     return registry.lookup("to_device", device)(array, dst)
+
+
+def copy_between(src, dst) -> None:
+    """Copy ``src`` into ``dst`` (same shape and dtype), wherever each of them lives."""
+    if isinstance(dst, np.ndarray):
+        if isinstance(src, np.ndarray):
+            np.copyto(dst, src)
+        else:
+            src.to_host(out=dst)
+    elif isinstance(src, np.ndarray):
+        dst.copy_from_host(src)
+    else:
+        dst.copy_from(src)

@@ -6,25 +6,34 @@ import math
 
 import numpy as np
 
+from .placement import CPU, Placement
+
 
 class Scratch:
-    """Named float32 buffers that grow to the largest size asked for and are then reused.
+    """Named buffers that grow to the largest size asked for and are then reused.
 
     ``get(name, shape)`` returns a C-contiguous view of the named buffer with that shape; the
     contents are unspecified.  A later ``get`` of the same name may return the same memory, so a
     caller keeps a buffer only until its next ``get`` of that name.  One Scratch may serve many
-    layers that run one after another; give concurrent callers their own.
+    layers that run one after another; give concurrent callers their own.  Buffers for a
+    ``cuda:N`` placement are device arrays from that backend (its per-device arena).
     """
 
     def __init__(self):
         self._buffers: dict = {}
 
-    def get(self, name: str, shape: tuple, dtype=np.float32) -> np.ndarray:
+    def get(self, name: str, shape: tuple, dtype=np.float32, placement=CPU):
         size = math.prod(shape)
-        key = (name, np.dtype(dtype))
+        placement = Placement.parse(placement)
+        key = (name, np.dtype(dtype), placement)
         buf = self._buffers.get(key)
         if buf is None or buf.size < size:
-            buf = np.empty(max(size, 1), dtype=dtype)
+            if placement.is_cpu:
+                buf = np.empty(max(size, 1), dtype=dtype)
+            else:
+                from . import registry
+
+                buf = registry.lookup("empty", placement)(placement, max(size, 1), dtype)
             self._buffers[key] = buf
         return buf[:size].reshape(shape)
 

@@ -1,5 +1,6 @@
-"""The CUDA launch helpers and the GPU check command: without a GPU they say why; with one (marker
-``gpu``) every kernel is checked against the CPU."""
+"""The CUDA launch layer without a GPU: argument packing, the declared kernel signatures against
+the PTX NVRTC emits, split-K planning, availability as a reason.  With a GPU (marker ``gpu``)
+the check command runs every GPU path against the CPU."""
 
 import subprocess
 import sys
@@ -7,20 +8,81 @@ import sys
 import numpy as np
 import pytest
 
-from hybrid._cuda import driver
+from hybrid._cuda import driver, signatures, variants
 
 
-def test_kernel_arguments_are_packed_with_explicit_types():
-    pytest.importorskip("cuda.bindings", reason="cuda-python is not installed (pip install '.[cuda]')")
-    from hybrid._cuda.device import Arg, pack_args
+class FakeArray:
+    def __init__(self, ptr):
+        self.ptr = ptr
 
-    addrs, keep = pack_args([None, Arg.i32(-3), Arg.i64(1 << 40), Arg.f32(0.5), Arg.ptr(0xABC)])
-    assert addrs.dtype == np.uint64 and len(addrs) == 5
-    assert [k.dtype for k in keep] == [np.uint64, np.int32, np.int64, np.float32, np.uint64]
-    assert keep[1][0] == -3 and keep[2][0] == 1 << 40 and keep[4][0] == 0xABC
-    assert all(int(a) == k.ctypes.data for a, k in zip(addrs, keep))
-    with pytest.raises(TypeError, match="wrap scalars in Arg"):
-        pack_args([3])
+
+def test_arguments_are_packed_by_the_declared_signature():
+    params, values = signatures.pack("hybrid_rmsnorm_f32",
+                                     [FakeArray(0xABC0), None, FakeArray(1 << 40), 576, 1e-5])
+    assert params.dtype == np.uint64 and len(params) == 5
+    assert [int(p) for p in params] == [values.ctypes.data + 8 * i for i in range(5)]
+    assert values[0] == 0xABC0 and values[1] == 0 and values[2] == 1 << 40
+    assert values.view(np.int32)[6] == 576  # the low 4 bytes of slot 3
+    assert values.view(np.float32)[8] == np.float32(1e-5)
+    _, values = signatures.pack("hybrid_add_f32", [None, None, None, (1 << 40) + 3])
+    assert values.view(np.int64)[3] == (1 << 40) + 3
+    _, values = signatures.pack("hybrid_kv_append_f32",
+                                [None] * 4 + [-7, 1 << 33, 2, 128, 16, 4096])
+    assert values.view(np.int32)[8] == -7 and values.view(np.int64)[5] == 1 << 33
+
+
+@pytest.mark.parametrize("args,error,match", [
+    ([None, None, None, 1], TypeError, "takes 5 arguments"),
+    ([None, None, None, 5, 1e-5, 3], TypeError, "takes 5 arguments"),
+    ([0x1000, None, None, 5, 1e-5], TypeError, "argument 0 is a pointer"),
+    ([None, None, None, 5.0, 1e-5], TypeError, "argument 3 .i32. must be an integer"),
+    ([None, None, None, 1 << 31, 1e-5], OverflowError, "does not fit a C int"),
+    ([None, None, None, True, 1e-5], TypeError, "must be a number"),
+    ([None, None, None, 5, "x"], TypeError, "must be a number"),
+])
+def test_bad_launch_arguments_are_refused(args, error, match):
+    with pytest.raises(error, match=match):
+        signatures.pack("hybrid_rmsnorm_f32", args)
+    with pytest.raises(KeyError, match="no declared signature"):
+        signatures.pack("hybrid_no_such_kernel", [])
+
+
+def test_every_kernel_has_a_signature_that_matches_its_ptx():
+    pytest.importorskip("cuda.bindings.nvrtc", reason="cuda-python is not installed (pip install '.[cuda]')")
+    from hybrid._cuda import compiler
+
+    try:
+        compiler.nvrtc_version()
+    except Exception as exc:
+        pytest.skip(f"the NVRTC library cannot be loaded ({exc})")
+    names = {n for spec in variants.all_variants() for n in spec.kernels}
+    assert names == set(signatures.SIGNATURES), "declared signatures and compiled kernels differ"
+    specs = [variants.elementwise(True), variants.kv_append(False), variants.kv_append(True),
+             variants.linear(), variants.paged_attention(128, 4, True, True, True),
+             variants.paged_attention(64, 1, False, False)]
+    seen = set()
+    for spec in specs:
+        for name, ptx_types in compiler.ptx_parameters(spec).items():
+            declared = [signatures.PTX_TYPES[k] for k in signatures.SIGNATURES[name]]
+            assert ptx_types == declared, f"{name}: PTX {ptx_types} vs declared {declared}"
+            seen.add(name)
+    assert seen == names
+
+
+@pytest.mark.parametrize("rows,kvh,keys,sms", [(1, 8, 32768, 132), (64, 8, 4096, 132),
+                                                (1, 1, 1, 108), (37, 2, 37, 132),
+                                                (1, 8, 300, 132), (512, 8, 512, 16)])
+def test_split_planning_covers_every_key(rows, kvh, keys, sms):
+    from hybrid._cuda.launch import MIN_KEYS_PER_SPLIT, plan_splits
+
+    splits, split_len = plan_splits(rows, kvh, keys, sms)
+    assert splits >= 1 and split_len % 16 == 0
+    assert (splits - 1) * split_len < keys <= splits * split_len  # no empty split, none missing
+    if splits > 1:
+        assert split_len >= MIN_KEYS_PER_SPLIT - 16
+        assert rows * kvh * (splits - 1) < 8 * sms  # not more splits than needed to fill the GPU
+    if rows == 1 and keys == 32768:
+        assert splits * kvh >= 2 * sms  # a single long sequence spreads over the whole GPU
 
 
 def test_availability_is_a_reason_not_a_crash():
@@ -39,4 +101,4 @@ def test_gpucheck_passes_on_a_gpu():
         pytest.skip(f"no usable GPU: {reason}")
     from hybrid import gpucheck
 
-    assert gpucheck.main() == 0
+    assert gpucheck.main(["--quick"]) == 0

@@ -1,9 +1,7 @@
-"""CUDA backend registration.
+"""CUDA backend registration: the launch layer's operations, for every ``cuda:N`` placement.
 
-The kernel sources (``kernels/*.cu``) and their NVRTC compilation exist; the launch layer
-(device memory, scratch arena, GPU KV cache, kernel launches) is not written yet.  So this backend
-reports why it cannot serve: no cuda-python, no driver, no device, or, with all of those present,
-that the launch layer is missing.  It never initialises the driver at ``import hybrid``.
+Imported by the registry only when a ``cuda`` placement is asked for, never at ``import hybrid``.
+When it cannot serve it says why: cuda-python missing, no driver, no device.
 """
 
 import importlib.util
@@ -17,14 +15,37 @@ def availability() -> "tuple[bool, str]":
         return False, "cuda-python is not installed (pip install 'hybrid[cuda]')"
     from .driver import availability as device_availability
 
-    ok, reason = device_availability()
-    if not ok:
-        return False, reason
-    return False, (f"{reason} found, but this build's CUDA launch layer is not implemented yet "
-                   f"(kernels compile; launches come with the CUDA backend issue)")
+    return device_availability()
+
+
+def kv_layer_blocks(placement, num_kv_heads, head_dim, block_size, dtype, poison):
+    from .kv_blocks import DeviceLayerBlocks
+
+    return DeviceLayerBlocks(placement, num_kv_heads, head_dim, block_size, dtype, poison)
+
+
+def is_device_array(obj) -> bool:
+    from .arrays import DeviceArray
+
+    return isinstance(obj, DeviceArray)
+
+
+def check_attention(head_dim: int, group: int) -> None:
+    """Raise ValueError when no paged-attention variant serves this head size / GQA group."""
+    from . import variants
+
+    variants.paged_attention(head_dim, group, False, False)
 
 
 def register(registrar) -> None:
     ok, reason = availability()
     if not ok:
         raise BackendUnavailable(reason)
+    from . import launch
+
+    for name in ("rmsnorm", "rope", "swiglu", "add", "copy", "linear", "paged_attention",
+                 "paged_attention_batch", "to_device"):
+        registrar.op(name, getattr(launch, name))
+    registrar.op("empty", launch.empty_array)
+    registrar.op("kv_layer_blocks", kv_layer_blocks)
+    registrar.op("check_attention", check_attention)

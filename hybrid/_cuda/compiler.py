@@ -154,6 +154,35 @@ def compile_spec(spec: KernelSpec, arch: str, *, use_disk: bool = True) -> tuple
     return result
 
 
+_ENTRY_RE = re.compile(r"\.entry\s+(\w+)\s*\(([^)]*)\)", re.S)
+_PARAM_RE = re.compile(r"\.param\s+\.(\w+)")
+
+
+def ptx_parameters(spec: KernelSpec, arch: str = "compute_80") -> dict:
+    """{kernel name: [PTX parameter types, e.g. 'u64', 'u32', 'f32']} of ``spec`` as NVRTC
+    compiles it: the ABI the launch layer's declared signatures are checked against."""
+    sources = read_sources(spec.source)
+    nvrtc = _nvrtc()
+    headers = [n for n in sources if n != spec.source]
+    res = nvrtc.nvrtcCreateProgram(sources[spec.source].encode(), spec.source.encode(),
+                                   len(headers), [sources[h].encode() for h in headers],
+                                   [h.encode() for h in headers])
+    _check_nvrtc(nvrtc, res, f"creating the program for {spec.key}")
+    prog = res[1]
+    opts = options(spec, arch)
+    try:
+        res = nvrtc.nvrtcCompileProgram(prog, len(opts), [o.encode() for o in opts])
+        _check_nvrtc(nvrtc, res, f"compiling {spec.key} for {arch}", prog)
+        res = nvrtc.nvrtcGetPTXSize(prog)
+        _check_nvrtc(nvrtc, res, "nvrtcGetPTXSize", prog)
+        ptx = b" " * res[1]
+        _check_nvrtc(nvrtc, nvrtc.nvrtcGetPTX(prog, ptx), "nvrtcGetPTX", prog)
+    finally:
+        nvrtc.nvrtcDestroyProgram(prog)
+    text = ptx.rstrip(b"\x00").decode()
+    return {m.group(1): _PARAM_RE.findall(m.group(2)) for m in _ENTRY_RE.finditer(text)}
+
+
 def _write_atomically(path: str, data: bytes) -> None:
     """Write under an exclusive lock, through a temporary file renamed into place."""
     os.makedirs(os.path.dirname(path), exist_ok=True)

@@ -1,87 +1,69 @@
-"""Device memory, modules and kernel launches on one GPU through cuda-python's driver API.
+"""One GPU through cuda-python's driver API: its primary context, one stream, memory, modules and
+kernel launches.
 
-    dev = Device(0)                               # primary context of GPU 0, one stream
-    buf = dev.to_device(np.ones(16, np.float32))  # DeviceBuffer; buf.free() or the finalizer
+    dev = device(0)                               # cuda:0, created once per process
+    buf = dev.alloc(64)                           # DeviceBuffer; buf.free() or the finalizer
     fn = dev.kernel(variants.elementwise(), "hybrid_add_f32")
-    dev.launch(fn, grid, block, [buf, buf, out, Arg.i64(16)])
-    host = dev.to_host(out, np.empty(16, np.float32))
+    dev.launch(fn, grid, block, [a, b, out, n])   # packed by the kernel's declared signature
 
-Kernel arguments are packed by hand: each argument is copied into a small host array of its C
-type and the launch receives an array of their addresses (the documented ``void **kernelParams``),
-so the argument types are explicit and never guessed.
+Every launch and copy goes to the device's one stream, in order, so a buffer may be rewritten by
+the next copy or kernel without waiting: the stream orders it after the work that read it.
+Kernel arguments are packed by each kernel's declared C signature (``signatures.py``), which a
+CI test checks against the PTX that NVRTC emits, so an argument is never guessed.
 """
 
 from __future__ import annotations
 
+import threading
 import weakref
 
 import numpy as np
 
 from . import driver as drv
-from .compiler import KernelSpec, compile_spec
+from .compiler import HybridCudaError, KernelSpec, compile_spec
+from .signatures import pack
+
+_devices: dict = {}
+_devices_lock = threading.Lock()
+_current = threading.local()  # the context this thread made current last
 
 
-class Arg:
-    """Explicitly sized scalar kernel arguments."""
-
-    __slots__ = ("value",)
-
-    def __init__(self, value: np.ndarray):
-        self.value = value
-
-    @staticmethod
-    def i32(v) -> "Arg":
-        return Arg(np.array([v], dtype=np.int32))
-
-    @staticmethod
-    def i64(v) -> "Arg":
-        return Arg(np.array([v], dtype=np.int64))
-
-    @staticmethod
-    def f32(v) -> "Arg":
-        return Arg(np.array([v], dtype=np.float32))
-
-    @staticmethod
-    def ptr(v) -> "Arg":
-        return Arg(np.array([int(v)], dtype=np.uint64))
+def device(index: int) -> "Device":
+    """The Device of GPU ``index`` (created on first use, shared afterwards)."""
+    dev = _devices.get(index)
+    if dev is None:
+        with _devices_lock:
+            dev = _devices.get(index)
+            if dev is None:
+                dev = Device(index)
+                _devices[index] = dev
+    dev.make_current()
+    return dev
 
 
-def pack_args(args) -> tuple:
-    """(addresses array, keep-alive list) for ``void **kernelParams``.  DeviceBuffers and None
-    pass as 64-bit pointers; scalars must be wrapped in Arg."""
-    storage = []
-    for a in args:
-        if a is None:
-            storage.append(np.zeros(1, dtype=np.uint64))
-        elif isinstance(a, DeviceBuffer):
-            storage.append(np.array([a.ptr], dtype=np.uint64))
-        elif isinstance(a, Arg):
-            storage.append(a.value)
-        else:
-            raise TypeError(f"kernel argument of type {type(a).__name__}: wrap scalars in Arg.i32/"
-                            f"i64/f32/ptr so their C type is explicit")
-    addrs = np.array([s.ctypes.data for s in storage], dtype=np.uint64)
-    return addrs, storage
-
-
-def _free(ptr: int) -> None:
+def _free(context, ptr: int) -> None:
+    """Free device memory once the work queued on it has finished (finalizers may run on any
+    thread, and at interpreter exit the driver may already be gone)."""
     try:
         from cuda.bindings import driver
 
+        driver.cuCtxSetCurrent(context)
+        _current.context = None
+        driver.cuCtxSynchronize()
         driver.cuMemFree(ptr)
-    except Exception:  # the context may be gone at interpreter exit
+    except Exception:
         pass
 
 
 class DeviceBuffer:
     """``nbytes`` of device memory, freed by ``free()`` or, at the latest, by its finalizer."""
 
-    def __init__(self, device: "Device", nbytes: int):
+    def __init__(self, dev: "Device", nbytes: int):
         d = drv._driver()
-        self.device = device
+        self.device = dev
         self.nbytes = int(nbytes)
         self.ptr = int(drv.check(d.cuMemAlloc(max(self.nbytes, 1)), f"cuMemAlloc({nbytes})"))
-        self._finalizer = weakref.finalize(self, _free, self.ptr)
+        self._finalizer = weakref.finalize(self, _free, dev.context, self.ptr)
 
     def free(self) -> None:
         if self._finalizer.alive:
@@ -92,78 +74,109 @@ class DeviceBuffer:
 
 
 class Device:
-    """The primary context and one stream of GPU ``index``; compiled kernels are cached per
-    (spec, name)."""
+    """The primary context and one stream of GPU ``index``; compiled kernels cached per (spec,
+    name).  Use ``device(index)`` rather than constructing one."""
 
     def __init__(self, index: int = 0):
         d = drv._driver()
         n = drv.init()
         if not 0 <= index < n:
-            raise drv.HybridCudaError(f"CUDA_ERROR_INVALID_DEVICE: cuda:{index} requested, "
-                                      f"{n} device(s) visible")
+            raise HybridCudaError(f"CUDA_ERROR_INVALID_DEVICE: cuda:{index} requested, "
+                                  f"{n} device(s) visible")
         self.index = index
         self.handle = drv.check(d.cuDeviceGet(index), "cuDeviceGet")
         self.context = drv.check(d.cuDevicePrimaryCtxRetain(self.handle), "cuDevicePrimaryCtxRetain")
-        drv.check(d.cuCtxSetCurrent(self.context), "cuCtxSetCurrent")
+        self.make_current()
         self.stream = drv.check(d.cuStreamCreate(0), "cuStreamCreate")
         self.arch = drv.compute_capability(index)
+        attr = d.CUdevice_attribute
+        self.sm_count = int(drv.check(d.cuDeviceGetAttribute(
+            attr.CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT, self.handle)))
+        self.name = drv.check(d.cuDeviceGetName(64, self.handle)).split(b"\0")[0].decode()
         self._modules: dict = {}
         self._functions: dict = {}
 
+    def make_current(self) -> None:
+        """Make this device's context current on the calling thread (a no-op when it is)."""
+        if getattr(_current, "context", None) is not self.context:
+            drv.check(drv._driver().cuCtxSetCurrent(self.context), "cuCtxSetCurrent")
+            _current.context = self.context
+
     # -- memory ------------------------------------------------------------------------------
     def alloc(self, nbytes: int) -> DeviceBuffer:
+        self.make_current()
         return DeviceBuffer(self, nbytes)
 
-    def to_device(self, host: np.ndarray) -> DeviceBuffer:
-        host = np.ascontiguousarray(host)
-        buf = self.alloc(host.nbytes)
-        self.copy_h2d(buf, host)
-        return buf
+    def copy_h2d(self, dst_ptr: int, host: np.ndarray) -> None:
+        """Queue a copy of ``host`` (C-contiguous) to ``dst_ptr``.  The driver copies pageable
+        host memory into its staging area before returning, so ``host`` may change afterwards."""
+        self.make_current()
+        drv.check(drv._driver().cuMemcpyHtoDAsync(dst_ptr, host.ctypes.data, host.nbytes,
+                                                  self.stream), "cuMemcpyHtoDAsync")
 
-    def copy_h2d(self, buf: DeviceBuffer, host: np.ndarray) -> None:
-        host = np.ascontiguousarray(host)
+    def copy_d2h(self, host: np.ndarray, src_ptr: int) -> np.ndarray:
+        """Copy into ``host`` (C-contiguous, writeable) once the queued work is done."""
+        self.make_current()
         d = drv._driver()
-        drv.check(d.cuMemcpyHtoDAsync(buf.ptr, host.ctypes.data, host.nbytes, self.stream),
-                  "cuMemcpyHtoDAsync")
-        self.synchronize()  # the host array may go away when we return
-
-    def to_host(self, buf: DeviceBuffer, out: np.ndarray) -> np.ndarray:
-        d = drv._driver()
+        drv.check(d.cuMemcpyDtoHAsync(host.ctypes.data, src_ptr, host.nbytes, self.stream),
+                  "cuMemcpyDtoHAsync")
         self.synchronize()
-        drv.check(d.cuMemcpyDtoH(out.ctypes.data, buf.ptr, out.nbytes), "cuMemcpyDtoH")
-        return out
+        return host
+
+    def copy_d2d(self, dst_ptr: int, src_ptr: int, nbytes: int) -> None:
+        self.make_current()
+        drv.check(drv._driver().cuMemcpyDtoDAsync(dst_ptr, src_ptr, nbytes, self.stream),
+                  "cuMemcpyDtoDAsync")
+
+    def fill32(self, ptr: int, bits: int, count: int) -> None:
+        """Set ``count`` 32-bit words to ``bits`` (e.g. 0x7FC00000, a float32 NaN)."""
+        self.make_current()
+        drv.check(drv._driver().cuMemsetD32Async(ptr, bits, count, self.stream), "cuMemsetD32Async")
+
+    def fill16(self, ptr: int, bits: int, count: int) -> None:
+        self.make_current()
+        drv.check(drv._driver().cuMemsetD16Async(ptr, bits, count, self.stream), "cuMemsetD16Async")
 
     def synchronize(self) -> None:
         drv.check(drv._driver().cuStreamSynchronize(self.stream), "cuStreamSynchronize")
 
     # -- kernels -----------------------------------------------------------------------------
     def kernel(self, spec: KernelSpec, name: str):
+        """The function ``name`` of variant ``spec``, compiled for this GPU on first use."""
         key = (spec, name)
         fn = self._functions.get(key)
         if fn is not None:
             return fn
+        self.make_current()
         d = drv._driver()
         module = self._modules.get(spec)
         if module is None:
             cubin, _ = compile_spec(spec, self.arch)
             module = drv.check(d.cuModuleLoadData(cubin), f"cuModuleLoadData({spec.key})")
             self._modules[spec] = module
-        fn = drv.check(d.cuModuleGetFunction(module, name.encode()), f"cuModuleGetFunction({name})")
+        handle = drv.check(d.cuModuleGetFunction(module, name.encode()),
+                           f"cuModuleGetFunction({name})")
+        fn = (name, handle)
         self._functions[key] = fn
         return fn
 
     def launch(self, fn, grid, block, args, shared_bytes: int = 0) -> None:
-        grid = tuple(grid) + (1,) * (3 - len(grid))
-        block = tuple(block) + (1,) * (3 - len(block))
-        addrs, keep = pack_args(args)
-        d = drv._driver()
-        drv.check(d.cuLaunchKernel(fn, *grid, *block, shared_bytes, self.stream,
-                                   addrs.ctypes.data, 0), "cuLaunchKernel")
-        del keep  # the driver copied the arguments at launch
+        """Queue kernel ``fn`` (from ``kernel()``) with ``args`` packed by its signature."""
+        name, handle = fn
+        grid = tuple(int(g) for g in grid) + (1,) * (3 - len(grid))
+        block = tuple(int(b) for b in block) + (1,) * (3 - len(block))
+        if min(grid) <= 0:
+            return  # nothing to do (an empty batch or zero rows)
+        params, keep = pack(name, args)
+        self.make_current()
+        drv.check(drv._driver().cuLaunchKernel(handle, *grid, *block, shared_bytes, self.stream,
+                                               params.ctypes.data, 0), f"cuLaunchKernel({name})")
+        del keep  # the driver copied the argument values at launch
 
     def event_timer(self):
-        """(start, stop, elapsed_ms) helpers around CUDA events on this stream."""
+        """(begin, end) helpers around CUDA events on this stream; ``end()`` returns ms."""
         d = drv._driver()
+        self.make_current()
         start = drv.check(d.cuEventCreate(0), "cuEventCreate")
         stop = drv.check(d.cuEventCreate(0), "cuEventCreate")
 
@@ -176,3 +189,6 @@ class Device:
             return float(drv.check(d.cuEventElapsedTime(start, stop), "cuEventElapsedTime"))
 
         return begin, end
+
+    def __repr__(self) -> str:
+        return f"Device(cuda:{self.index}, {self.name}, {self.arch}, {self.sm_count} SMs)"

@@ -20,7 +20,7 @@ import numpy as np
 from .. import ops
 from ..kvcache import PagedKVCache
 from ..layer import DecoderLayer
-from ..placement import Placement
+from ..placement import CPU, Placement, copy_between, is_device_array, placement_of
 from ..scratch import Scratch
 from .sampling import Sampler, SamplingParams
 from .weights import ModelWeights
@@ -81,6 +81,7 @@ class Model:
         self.cache_placements = [Placement.parse("cpu") if kv_on_cpu else p
                                  for p in self.placements]
         scratch = Scratch()  # layers run one after another and share their buffers
+        self._scratch = scratch
         self.layers = [DecoderLayer(self.config, lw, index=i, placement=p, scratch=scratch)
                        for i, (lw, p) in enumerate(zip(weights.layers, self.placements))]
         self.embed = weights.embed  # [vocab, hidden] float32
@@ -131,8 +132,8 @@ class Model:
         x = self.embed[ids]  # [n, hidden]
         positions = np.arange(start, start + ids.size)
         try:
-            for layer in self.layers:
-                x = layer.forward(x, positions, cache)
+            x = self._through_layers(x, lambda layer, h, out: layer.forward(h, positions, cache,
+                                                                            out=out))
         except BaseException:
             cache.discard_uncommitted()
             raise
@@ -147,8 +148,8 @@ class Model:
         x = self.embed[tokens]  # [B, hidden]
         positions = [c.seq_len for c in caches]
         try:
-            for layer in self.layers:
-                x = layer.forward_batch(x, positions, caches)
+            x = self._through_layers(x, lambda layer, h, out: layer.forward_batch(
+                h, positions, caches, out=out))
         except BaseException:
             for c in caches:
                 c.discard_uncommitted()
@@ -156,6 +157,20 @@ class Model:
         for c in caches:
             c.commit(1)
         return self._head(x)
+
+    def _through_layers(self, x: np.ndarray, step) -> np.ndarray:
+        """Run x [n, hidden] through every layer.  Activations move only where the placement
+        changes (into reused buffers), and a GPU layer writes its output over its input."""
+        for layer in self.layers:
+            if placement_of(x) != layer.placement:
+                x = self._moved(x, layer.placement)
+            x = step(layer, x, x if is_device_array(x) else None)
+        return self._moved(x, CPU) if is_device_array(x) else x
+
+    def _moved(self, x, placement: Placement):
+        buf = self._scratch.get("model_x", x.shape, placement=placement)
+        copy_between(x, buf)
+        return buf
 
     def logits(self, ids) -> np.ndarray:
         """[vocab] float32 logits of the last position of ``ids`` (a fresh cache)."""

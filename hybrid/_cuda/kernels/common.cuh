@@ -43,3 +43,12 @@ __device__ __forceinline__ float hy_block_sum(float v, float *shared32) {
     __syncthreads();
     return v;
 }
+
+// sin and cos of the RoPE angle pos * inv_freq.  The angle is formed and reduced to [-pi, pi] in
+// double (a float product is off by ~2e-3 rad at position 32k), then evaluated in float, where
+// the fast intrinsics are accurate to ~5e-7 on that range.
+__device__ __forceinline__ void hy_rope_sincos(long long pos, double inv_freq, float *s, float *c) {
+    double a = (double)pos * inv_freq;
+    a -= rint(a * 0.15915494309189535) * 6.283185307179586;
+    sincosf((float)a, s, c);
+}

@@ -26,7 +26,7 @@ extern "C" __global__ void hybrid_rmsnorm_f32(const float *__restrict__ x,  // [
 
 extern "C" __global__ void hybrid_rope_f32(float *__restrict__ x,              // [rows, heads*D]
                                            const long long *__restrict__ pos,  // [rows]
-                                           const float *__restrict__ inv_freq, // [D/2]
+                                           const double *__restrict__ inv_freq, // [D/2]
                                            int rows, int heads, int head_dim) {
     const int half = head_dim / 2;
     const long total = (long)rows * heads * half;
@@ -36,7 +36,7 @@ extern "C" __global__ void hybrid_rope_f32(float *__restrict__ x,              /
         const long rh = t / half;  // row * heads + head
         const long row = rh / heads;
         float s, c;
-        sincosf((float)pos[row] * inv_freq[i], &s, &c);
+        hy_rope_sincos(pos[row], inv_freq[i], &s, &c);
         float *v = x + rh * head_dim;
 #if ROPE_NEOX
         const float a = v[i], b = v[i + half];

@@ -1,9 +1,11 @@
 // Paged causal attention on the GPU, float32 queries, float32 or float16 KV.
 //
-//   hybrid_paged_attention    one thread block per (query row, KV head, key split).  A query row
-//                             sees keys 0..row_pos[row] of its sequence's block table; decode
-//                             batches (one row per sequence) and single-sequence prefill (many
-//                             rows, one table) are the same launch.  All GROUP query heads of the
+//   hybrid_paged_attention    one thread block per (query row, KV head, key split).  Row r
+//                             belongs to sequence s = r / rows_per_seq and sits at position
+//                             p = seq_pos[s] (or start_pos) + r % rows_per_seq; it sees keys 0..p
+//                             of that sequence's block table.  Single-sequence prefill/decode
+//                             (one table, rows_per_seq = rows) and batched decode (a table per
+//                             sequence, rows_per_seq = 1) are the same launch.  All GROUP query heads of the
 //                             KV head are served by each K/V load.  With one split the block writes
 //                             the output; with several it writes (max, sum, acc) partials.
 //   hybrid_paged_attention_merge   combines the splits of every (row, head) in fp32.
@@ -43,12 +45,12 @@ __device__ __forceinline__ float kv_load(const kv_t *p) { return *p; }
 
 #if FUSED_ROPE
 // Rotate a row held in shared memory (D floats) by position `pos`; lanes of one warp cooperate.
-__device__ __forceinline__ void rope_row(float *row, long long pos, const float *inv_freq) {
+__device__ __forceinline__ void rope_row(float *row, long long pos, const double *inv_freq) {
     const int lane = threadIdx.x & 31;
     __syncwarp();
     for (int i = lane; i < HEAD_DIM / 2; i += 32) {
         float s, c;
-        sincosf((float)pos * inv_freq[i], &s, &c);
+        hy_rope_sincos(pos, inv_freq[i], &s, &c);
 #if ROPE_NEOX
         const int ia = i, ib = i + HEAD_DIM / 2;
 #else
@@ -65,11 +67,14 @@ __device__ __forceinline__ void rope_row(float *row, long long pos, const float 
 extern "C" __global__ void hybrid_paged_attention(
     const float *__restrict__ q,            // [rows, heads*D]
     float *__restrict__ out,                // [rows, heads*D]
-    const hy_u64 *__restrict__ k_ptrs,      // [all blocks]
-    const hy_u64 *__restrict__ v_ptrs,      // [all blocks]
-    const int *__restrict__ row_table,      // [rows] first table entry of the row's sequence
-    const int *__restrict__ row_pos,        // [rows] position of the row; keys 0..pos visible
-    const float *__restrict__ inv_freq,     // [D/2] (fused RoPE only)
+    const hy_u64 *__restrict__ k_table,     // [blocks] K block addresses (one sequence), or null
+    const hy_u64 *__restrict__ v_table,     // [blocks] V block addresses
+    const hy_u64 *__restrict__ k_tables,    // [seqs] address of each sequence's K table (batched)
+    const hy_u64 *__restrict__ v_tables,    // [seqs] address of each sequence's V table
+    const long long *__restrict__ seq_pos,  // [seqs] position of each sequence's first row, or null
+    long long start_pos,                    // position of row 0 when seq_pos is null
+    int rows_per_seq,                       // query rows of one sequence
+    const double *__restrict__ inv_freq,    // [D/2] (fused RoPE only)
     float *__restrict__ part_m,             // [rows, heads, splits] (splits > 1 only)
     float *__restrict__ part_l,             // [rows, heads, splits]
     float *__restrict__ part_acc,           // [rows, heads, splits, D]
@@ -82,10 +87,12 @@ extern "C" __global__ void hybrid_paged_attention(
 #endif
     const int row = blockIdx.x, g = blockIdx.y, split = blockIdx.z, splits = gridDim.z;
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
-    const long long pos = row_pos[row];
+    const int seq = row / rows_per_seq;
+    const long long pos = (seq_pos ? seq_pos[seq] : start_pos) + row % rows_per_seq;
     const long long kb = (long long)split * split_len;
     const long long ke = min(kb + split_len, pos + 1);
-    const hy_u64 *kt = k_ptrs + row_table[row], *vt = v_ptrs + row_table[row];
+    const hy_u64 *kt = k_tables ? (const hy_u64 *)k_tables[seq] : k_table;
+    const hy_u64 *vt = v_tables ? (const hy_u64 *)v_tables[seq] : v_table;
 
     // scaled queries of the group (rotated by the row's position when RoPE is fused)
     for (int t = threadIdx.x; t < GROUP * HEAD_DIM; t += blockDim.x) {
