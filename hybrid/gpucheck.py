@@ -133,70 +133,69 @@ class Checks:
             out.append(c)
         return out
 
-    def attention(self):
-        from ._cuda import variants
+    ATTENTION_CASES = ((128, 4, 2), (64, 3, 3), (80, 1, 2), (96, 2, 1), (256, 8, 1), (64, 7, 1),
+                       (128, 5, 1), (128, 6, 1), (128, 8, 2), (64, 2, 4))  # (head_dim, group, kv heads)
+    COMBOS = (("float32", False), ("float32", True), ("float16", False), ("float16", True))
 
-        cases = [(128, 4, 2), (64, 3, 3), (80, 1, 2), (96, 2, 1), (256, 8, 1), (64, 7, 1),
-                 (128, 5, 1), (128, 6, 1), (128, 8, 2), (64, 2, 4)]
-        assert {g for _, g, _ in cases} == set(variants.ATTENTION_GROUPS)
+    def attention(self, cases=ATTENTION_CASES, combos=COMBOS):
         for d, group, kvh in cases:
             heads = kvh * group
             inv = ref.rope_inv_freq(d, 10000.0)
-            for dtype in ("float32", "float16"):
+            for dtype, fused in combos:
                 tol = 2e-3 if dtype == "float16" else 1e-4
-                for fused in (False, True):
-                    tag = f"d={d} g={group} kvh={kvh} {dtype[5:]}{' rope' if fused else ''}"
-                    rope = (inv, True) if fused else None
-                    # one sequence: prefill of n rows after a history of `start` tokens
-                    for start, n in ((0, 37), (1000, 3), (1024, 1)):
-                        (c,) = self._caches([start + n], kvh, d, dtype, CUDA)
-                        c.commit(start)
-                        q = self.f32(n, heads * d)
-                        got = ops.paged_attention(self.up(q), c, 0, rope=rope).to_host()
-                        k, v = c.dense(0)
-                        positions = np.arange(start, start + n)
-                        if fused:
-                            q = ref.rope(q, positions, inv, heads, d)
-                            k = ref.rope(k, np.arange(start + n), inv, kvh, d)
-                        want = ref.attention(q, k, v, positions, heads, kvh, d)
-                        self.record(f"attention {tag} start={start} rows={n}", rel_err(got, want), tol)
-                    # batched decode over sequences of different lengths
-                    lengths = [1, 16, 17, 300, 1025]
-                    caches = self._caches(lengths, kvh, d, dtype, CUDA)
-                    for c, n in zip(caches, lengths):
-                        c.commit(n - 1)
-                    q = self.f32(len(lengths), heads * d)
-                    got = ops.paged_attention_batch(self.up(q), caches, 0, rope=rope).to_host()
-                    wants = []
-                    for b, (c, n) in enumerate(zip(caches, lengths)):
-                        k, v = c.dense(0)
-                        qb = q[b:b + 1]
-                        if fused:
-                            qb = ref.rope(qb, [n - 1], inv, heads, d)
-                            k = ref.rope(k, np.arange(n), inv, kvh, d)
-                        wants.append(ref.attention(qb, k, v, [n - 1], heads, kvh, d))
-                    self.record(f"attention batch {tag} lengths={lengths}",
-                                rel_err(got, np.concatenate(wants)), tol)
+                tag = f"d={d} g={group} kvh={kvh} {dtype[5:]}{' rope' if fused else ''}"
+                rope = (inv, True) if fused else None
+                # one sequence: prefill of n rows after a history of `start` tokens
+                for start, n in ((0, 37), (1000, 3), (1024, 1)):
+                    (c,) = self._caches([start + n], kvh, d, dtype, CUDA)
+                    c.commit(start)
+                    q = self.f32(n, heads * d)
+                    got = ops.paged_attention(self.up(q), c, 0, rope=rope).to_host()
+                    k, v = c.dense(0)
+                    positions = np.arange(start, start + n)
+                    if fused:
+                        q = ref.rope(q, positions, inv, heads, d)
+                        k = ref.rope(k, np.arange(start + n), inv, kvh, d)
+                    want = ref.attention(q, k, v, positions, heads, kvh, d)
+                    self.record(f"attention {tag} start={start} rows={n}", rel_err(got, want), tol)
+                # batched decode over sequences of different lengths
+                lengths = [1, 16, 17, 300, 1025]
+                caches = self._caches(lengths, kvh, d, dtype, CUDA)
+                for c, n in zip(caches, lengths):
+                    c.commit(n - 1)
+                q = self.f32(len(lengths), heads * d)
+                got = ops.paged_attention_batch(self.up(q), caches, 0, rope=rope).to_host()
+                wants = []
+                for b, (c, n) in enumerate(zip(caches, lengths)):
+                    k, v = c.dense(0)
+                    qb = q[b:b + 1]
+                    if fused:
+                        qb = ref.rope(qb, [n - 1], inv, heads, d)
+                        k = ref.rope(k, np.arange(n), inv, kvh, d)
+                    wants.append(ref.attention(qb, k, v, [n - 1], heads, kvh, d))
+                self.record(f"attention batch {tag} lengths={lengths}",
+                            rel_err(got, np.concatenate(wants)), tol)
 
     # -- decoder layers in every placement ------------------------------------------------------
-    def layers(self):
+    def layers(self, shapes=("llama", "qwen3"), dtypes=("float32", "float16")):
         from .cli import random_weights
         from .config import DecoderConfig
         from .kvcache import PagedKVCache
         from .layer import DecoderLayer
 
-        shapes = {"llama": (DecoderConfig(hidden_size=256, num_heads=8, num_kv_heads=2,
-                                          head_dim=64, intermediate_size=512), False),
-                  "qwen3": (DecoderConfig(hidden_size=192, num_heads=6, num_kv_heads=3,
-                                          head_dim=128, intermediate_size=320,
-                                          rope_theta=1e6), True)}
-        for name, (cfg, qk_norm) in shapes.items():
+        known = {"llama": (DecoderConfig(hidden_size=256, num_heads=8, num_kv_heads=2,
+                                         head_dim=64, intermediate_size=512), False),
+                 "qwen3": (DecoderConfig(hidden_size=192, num_heads=6, num_kv_heads=3,
+                                         head_dim=128, intermediate_size=320,
+                                         rope_theta=1e6), True)}
+        for name in shapes:
+            cfg, qk_norm = known[name]
             w = random_weights(cfg, self.rng, qk_norm=qk_norm, std=0.05)
             cpu_layer = DecoderLayer(cfg, w, placement="cpu")
             x = self.f32(37, cfg.hidden_size)
             steps = [self.f32(1, cfg.hidden_size) for _ in range(4)]
             batch = self.f32(3, cfg.hidden_size)
-            for dtype in ("float32", "float16"):
+            for dtype in dtypes:
                 tol = 5e-3 if dtype == "float16" else 2e-4
                 want = self._run_layer(cpu_layer, "cpu", cfg, dtype, x, steps, batch)
                 for layer_at, cache_at, fused in ((CUDA, CUDA, True), (CUDA, CUDA, False),

@@ -7,6 +7,20 @@ typedef unsigned long long hy_u64;    // device pointers in block tables
 
 #define HY_NEG_INF (-__int_as_float(0x7f800000))
 
+#ifdef HY_HOST_EMULATION  // tests/cuda_host/emulator.h runs the kernels on CPU threads
+__device__ __forceinline__ float hy_h2f(hy_half h) {
+    _Float16 v;
+    memcpy(&v, &h, 2);
+    return (float)v;
+}
+
+__device__ __forceinline__ hy_half hy_f2h(float f) {
+    _Float16 v = (_Float16)f;  // round to nearest even, as cvt.rn
+    hy_half h;
+    memcpy(&h, &v, 2);
+    return h;
+}
+#else
 __device__ __forceinline__ float hy_h2f(hy_half h) {
     float f;
     asm("cvt.f32.f16 %0, %1;" : "=f"(f) : "h"(h));
@@ -18,6 +32,7 @@ __device__ __forceinline__ hy_half hy_f2h(float f) {
     asm("cvt.rn.f16.f32 %0, %1;" : "=h"(h) : "f"(f));
     return h;
 }
+#endif
 
 __device__ __forceinline__ float hy_warp_sum(float v) {
 #pragma unroll
