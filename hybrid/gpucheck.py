@@ -137,16 +137,18 @@ class Checks:
                        (128, 5, 1), (128, 6, 1), (128, 8, 2), (64, 2, 4))  # (head_dim, group, kv heads)
     COMBOS = (("float32", False), ("float32", True), ("float16", False), ("float16", True))
 
-    def attention(self, cases=ATTENTION_CASES, combos=COMBOS):
+    def attention(self, cases=ATTENTION_CASES, combos=COMBOS, neox: bool = True,
+                  starts=((0, 37), (1000, 3), (1024, 1)), lengths=(1, 16, 17, 300, 1025)):
+        style = "neox" if neox else "gptj"
         for d, group, kvh in cases:
             heads = kvh * group
             inv = ref.rope_inv_freq(d, 10000.0)
             for dtype, fused in combos:
                 tol = 2e-3 if dtype == "float16" else 1e-4
-                tag = f"d={d} g={group} kvh={kvh} {dtype[5:]}{' rope' if fused else ''}"
-                rope = (inv, True) if fused else None
+                tag = f"d={d} g={group} kvh={kvh} {dtype[5:]}{f' rope {style}' if fused else ''}"
+                rope = (inv, neox) if fused else None
                 # one sequence: prefill of n rows after a history of `start` tokens
-                for start, n in ((0, 37), (1000, 3), (1024, 1)):
+                for start, n in starts:
                     (c,) = self._caches([start + n], kvh, d, dtype, CUDA)
                     c.commit(start)
                     q = self.f32(n, heads * d)
@@ -154,12 +156,12 @@ class Checks:
                     k, v = c.dense(0)
                     positions = np.arange(start, start + n)
                     if fused:
-                        q = ref.rope(q, positions, inv, heads, d)
-                        k = ref.rope(k, np.arange(start + n), inv, kvh, d)
+                        q = ref.rope(q, positions, inv, heads, d, style)
+                        k = ref.rope(k, np.arange(start + n), inv, kvh, d, style)
                     want = ref.attention(q, k, v, positions, heads, kvh, d)
                     self.record(f"attention {tag} start={start} rows={n}", rel_err(got, want), tol)
                 # batched decode over sequences of different lengths
-                lengths = [1, 16, 17, 300, 1025]
+                lengths = list(lengths)
                 caches = self._caches(lengths, kvh, d, dtype, CUDA)
                 for c, n in zip(caches, lengths):
                     c.commit(n - 1)
@@ -170,11 +172,16 @@ class Checks:
                     k, v = c.dense(0)
                     qb = q[b:b + 1]
                     if fused:
-                        qb = ref.rope(qb, [n - 1], inv, heads, d)
-                        k = ref.rope(k, np.arange(n), inv, kvh, d)
+                        qb = ref.rope(qb, [n - 1], inv, heads, d, style)
+                        k = ref.rope(k, np.arange(n), inv, kvh, d, style)
                     wants.append(ref.attention(qb, k, v, [n - 1], heads, kvh, d))
                 self.record(f"attention batch {tag} lengths={lengths}",
                             rel_err(got, np.concatenate(wants)), tol)
+
+    def attention_gptj(self):
+        """Fused RoPE with adjacent pairs, on the head sizes whose lanes split rows unevenly."""
+        self.attention(cases=((80, 2, 1), (256, 1, 2), (64, 4, 1)),
+                       combos=(("float32", True), ("float16", True)), neox=False)
 
     # -- decoder layers in every placement ------------------------------------------------------
     def layers(self, shapes=("llama", "qwen3"), dtypes=("float32", "float16")):
@@ -346,7 +353,8 @@ def main(argv=None) -> int:
     dev = device(0)
     print(f"{dev!r}", flush=True)
     checks = Checks(np.random.default_rng(0))
-    sections = [checks.row_ops, checks.kv_cache, checks.attention, checks.layers]
+    sections = [checks.row_ops, checks.kv_cache, checks.attention, checks.attention_gptj,
+                checks.layers]
     if not args.quick:
         sections.append(checks.model)
     for section in sections:

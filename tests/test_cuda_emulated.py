@@ -53,11 +53,18 @@ def test_kv_cache_on_the_device_equals_the_cpu_cache(emulated_gpu):
     _passed(checks)
 
 
-@pytest.mark.parametrize("case", [(64, 3, 1), (128, 2, 2)])
+# (head_dim, GQA group, KV heads): rows read by 8/16/32 lanes, partly idle lanes (80), two
+# 16-byte vectors per lane (256 float32)
+@pytest.mark.parametrize("case", [(64, 3, 1), (128, 2, 2), (80, 1, 2), (256, 2, 1)])
 def test_paged_attention(emulated_gpu, case):
     checks = gpucheck.Checks(np.random.default_rng(3))
-    checks.attention(cases=[case])
+    checks.attention(cases=[case], starts=((0, 20), (600, 2), (512, 1)), lengths=(1, 16, 17, 530))
+    if case[0] in (80, 256):
+        checks.attention(cases=[case], combos=(("float32", True), ("float16", True)), neox=False,
+                         starts=((0, 9), (40, 2)), lengths=(1, 17, 40))
     _passed(checks)
+    splits = [g[2] for name, g, _ in emulated_gpu(0).launches if name == "hybrid_paged_attention"]
+    assert max(splits) > 1 and min(splits) == 1  # split-K and the merge ran, and a single split
     splits = [g[2] for name, g, _ in emulated_gpu(0).launches if name == "hybrid_paged_attention"]
     assert max(splits) > 1 and min(splits) == 1  # split-K and the merge ran, and a single split
 

@@ -1,19 +1,26 @@
 // Paged causal attention on the GPU, float32 queries, float32 or float16 KV.
 //
-//   hybrid_paged_attention    one thread block per (query row, KV head, key split).  Row r
-//                             belongs to sequence s = r / rows_per_seq and sits at position
+//   hybrid_paged_attention    one thread block (4 warps) per (query row, KV head, key split).
+//                             Row r belongs to sequence s = r / rows_per_seq and sits at position
 //                             p = seq_pos[s] (or start_pos) + r % rows_per_seq; it sees keys 0..p
 //                             of that sequence's block table.  Single-sequence prefill/decode
 //                             (one table, rows_per_seq = rows) and batched decode (a table per
-//                             sequence, rows_per_seq = 1) are the same launch.  All GROUP query heads of the
-//                             KV head are served by each K/V load.  With one split the block writes
-//                             the output; with several it writes (max, sum, acc) partials.
+//                             sequence, rows_per_seq = 1) are the same launch.  With one split the
+//                             block writes the output; with several it writes (max, sum, acc)
+//                             partials for the merge kernel.
 //   hybrid_paged_attention_merge   combines the splits of every (row, head) in fp32.
 //
-// Compile-time sizes: HEAD_DIM (<= 256), GROUP (query heads per KV head, <= 8), KV_F16,
-// FUSED_ROPE (rotate q and each K row by its position on the fly; K is cached unrotated),
-// ROPE_NEOX (1: pairs (i, i+D/2); 0: (2i, 2i+1)).  Blocks are [kv_heads, 2, block_size, D] as on
-// the CPU; k_ptrs / v_ptrs hold each block's K / V address of head 0, heads head_stride apart.
+// Inner loop: a K or V row is read with 16-byte vector loads by LANES lanes (VEC elements per
+// load: 4 float32 or 8 float16), so a warp works on KPW = 32 / LANES keys at once and a dot
+// product needs log2(LANES) shuffles.  Every key loaded serves all GROUP query heads of the KV
+// head.  Each group of LANES lanes keeps its own online softmax; the groups of a warp merge by
+// shuffles, the warps of the block through shared memory.
+//
+// Compile-time sizes: HEAD_DIM (64, 80, 96, 128 or 256), GROUP (query heads per KV head,
+// <= 8), KV_F16, FUSED_ROPE (rotate q and each K row by its position on the fly; K is cached
+// unrotated), ROPE_NEOX (1: pairs (i, i+D/2); 0: (2i, 2i+1)).  Blocks are
+// [kv_heads, 2, block_size, D] as on the CPU; a table holds each block's K (or V) address of
+// head 0, heads head_stride elements apart; rows are 16-byte aligned.
 #include "common.cuh"
 
 #ifndef HEAD_DIM
@@ -33,15 +40,45 @@
 #endif
 
 #define WARPS 4
-#define EPT ((HEAD_DIM + 31) / 32)  // elements of a row each lane holds
-
+#define FULL_MASK 0xffffffffu
 #if KV_F16
 typedef hy_half kv_t;
-__device__ __forceinline__ float kv_load(const kv_t *p) { return hy_h2f(*p); }
+#define VEC 8
 #else
 typedef float kv_t;
-__device__ __forceinline__ float kv_load(const kv_t *p) { return *p; }
+#define VEC 4
 #endif
+#define NVEC (HEAD_DIM / VEC)  // 16-byte vectors in a row
+#define LANES (NVEC > 16 ? 32 : NVEC > 8 ? 16 : NVEC > 4 ? 8 : 4)  // lanes reading one row
+#define VPL ((NVEC + LANES - 1) / LANES)  // vectors per lane
+#define KPW (32 / LANES)  // keys a warp reads at once
+#define EPL (VPL * VEC)  // row elements a lane holds
+
+#if HEAD_DIM % VEC != 0 || NVEC % 2 != 0
+#error "HEAD_DIM must be a multiple of 2 * VEC"
+#endif
+#if FUSED_ROPE && ROPE_NEOX && VPL > 1 && NVEC / 2 != LANES
+#error "fused NeoX RoPE with several vectors per lane needs each half in one vector slot"
+#endif
+
+// VEC consecutive row elements as floats, from one 16-byte load
+__device__ __forceinline__ void load_vec(const kv_t *p, float *out) {
+#if KV_F16
+    const uint4 raw = *(const uint4 *)p;
+    const unsigned w[4] = {raw.x, raw.y, raw.z, raw.w};
+#pragma unroll
+    for (int i = 0; i < 4; i++) {
+        out[2 * i] = hy_h2f((hy_half)(w[i] & 0xffffu));
+        out[2 * i + 1] = hy_h2f((hy_half)(w[i] >> 16));
+    }
+#else
+    const float4 f = *(const float4 *)p;
+    out[0] = f.x;
+    out[1] = f.y;
+    out[2] = f.z;
+    out[3] = f.w;
+#endif
+}
 
 #if FUSED_ROPE
 // Rotate a row held in shared memory (D floats) by position `pos`; lanes of one warp cooperate.
@@ -61,6 +98,55 @@ __device__ __forceinline__ void rope_row(float *row, long long pos, const double
         row[ib] = b * c + a * s;
     }
     __syncwarp();
+}
+
+// Rotate the EPL elements this lane holds of a K row at position `pos` (every lane of the warp
+// must call it: NeoX pairs may sit in another lane of the row's group).
+__device__ __forceinline__ void rope_regs(float *x, long long pos, const double *inv_freq,
+                                          int sub, int sl) {
+#if ROPE_NEOX
+#if VPL == 1
+    const int half_v = NVEC / 2;
+    const bool first = sl < half_v;
+    const int src = sl < NVEC ? sub * LANES + (first ? sl + half_v : sl - half_v) : (int)(threadIdx.x & 31);
+    float other[VEC];
+#pragma unroll
+    for (int e = 0; e < VEC; e++) other[e] = __shfl_sync(FULL_MASK, x[e], src);
+    if (sl < NVEC) {
+#pragma unroll
+        for (int e = 0; e < VEC; e++) {
+            const int d = sl * VEC + e;
+            float s, c;
+            hy_rope_sincos(pos, inv_freq[first ? d : d - HEAD_DIM / 2], &s, &c);
+            x[e] = first ? x[e] * c - other[e] * s : x[e] * c + other[e] * s;
+        }
+    }
+#else  // two vectors per lane: vector sl of the first half, vector LANES + sl of the second
+#pragma unroll
+    for (int e = 0; e < VEC; e++) {
+        float s, c;
+        hy_rope_sincos(pos, inv_freq[sl * VEC + e], &s, &c);
+        const float a = x[e], b = x[VEC + e];
+        x[e] = a * c - b * s;
+        x[VEC + e] = b * c + a * s;
+    }
+#endif
+#else  // GPT-J pairs (2i, 2i+1) are neighbours inside one vector
+#pragma unroll
+    for (int v = 0; v < VPL; v++) {
+        const int vi = v * LANES + sl;
+        if (vi < NVEC) {
+#pragma unroll
+            for (int e = 0; e < VEC; e += 2) {
+                float s, c;
+                hy_rope_sincos(pos, inv_freq[(vi * VEC + e) / 2], &s, &c);
+                const float a = x[v * VEC + e], b = x[v * VEC + e + 1];
+                x[v * VEC + e] = a * c - b * s;
+                x[v * VEC + e + 1] = b * c + a * s;
+            }
+        }
+    }
+#endif
 }
 #endif
 
@@ -82,11 +168,9 @@ extern "C" __global__ void hybrid_paged_attention(
     __shared__ float q_s[GROUP][HEAD_DIM];
     __shared__ float w_m[WARPS][GROUP], w_l[WARPS][GROUP];
     __shared__ float w_acc[WARPS][GROUP][HEAD_DIM];
-#if FUSED_ROPE
-    __shared__ float k_s[WARPS][HEAD_DIM];
-#endif
     const int row = blockIdx.x, g = blockIdx.y, split = blockIdx.z, splits = gridDim.z;
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+    const int sub = lane / LANES, sl = lane % LANES;  // which key of the warp, lane within it
     const int seq = row / rows_per_seq;
     const long long pos = (seq_pos ? seq_pos[seq] : start_pos) + row % rows_per_seq;
     const long long kb = (long long)split * split_len;
@@ -94,7 +178,7 @@ extern "C" __global__ void hybrid_paged_attention(
     const hy_u64 *kt = k_tables ? (const hy_u64 *)k_tables[seq] : k_table;
     const hy_u64 *vt = v_tables ? (const hy_u64 *)v_tables[seq] : v_table;
 
-    // scaled queries of the group (rotated by the row's position when RoPE is fused)
+    // the queries of the group (rotated by the row's position when RoPE is fused), scaled
     for (int t = threadIdx.x; t < GROUP * HEAD_DIM; t += blockDim.x) {
         const int h = t / HEAD_DIM, d = t % HEAD_DIM;
         q_s[h][d] = q[(long)row * num_heads * HEAD_DIM + (long)(g * GROUP + h) * HEAD_DIM + d];
@@ -104,79 +188,110 @@ extern "C" __global__ void hybrid_paged_attention(
     for (int h = warp; h < GROUP; h += WARPS) rope_row(q_s[h], pos, inv_freq);
     __syncthreads();
 #endif
-    float qreg[GROUP][EPT];
+    float qreg[GROUP][EPL];
 #pragma unroll
     for (int h = 0; h < GROUP; h++)
 #pragma unroll
-        for (int e = 0; e < EPT; e++) {
-            const int d = lane * EPT + e;
-            qreg[h][e] = d < HEAD_DIM ? q_s[h][d] * scale : 0.0f;
-        }
+        for (int v = 0; v < VPL; v++)
+#pragma unroll
+            for (int e = 0; e < VEC; e++) {
+                const int vi = v * LANES + sl;
+                qreg[h][v * VEC + e] = vi < NVEC ? q_s[h][vi * VEC + e] * scale : 0.0f;
+            }
 
-    float m[GROUP], l[GROUP], acc[GROUP][EPT];
+    float m[GROUP], l[GROUP], acc[GROUP][EPL];
 #pragma unroll
     for (int h = 0; h < GROUP; h++) {
         m[h] = HY_NEG_INF;
         l[h] = 0.0f;
 #pragma unroll
-        for (int e = 0; e < EPT; e++) acc[h][e] = 0.0f;
+        for (int e = 0; e < EPL; e++) acc[h][e] = 0.0f;
     }
 
-    // each warp takes every WARPS-th key of the split; one K/V row serves the whole group
-    for (long long j = kb + warp; j < ke; j += WARPS) {
-        const long long b = j / block_size, slot = j % block_size;
-        const long long off = (long long)g * head_stride + slot * HEAD_DIM;
-        const kv_t *krow = (const kv_t *)kt[b] + off;
-        const kv_t *vrow = (const kv_t *)vt[b] + off;
-        float kreg[EPT], vreg[EPT];
+    // warp w reads keys kb + w*KPW .. + KPW-1, then the next WARPS*KPW; every lane runs the
+    // same trip count (the shuffles need the whole warp), lanes past the end read nothing
+    for (long long jb = kb + warp * KPW; jb < ke; jb += WARPS * KPW) {
+        const long long j = jb + sub;
+        const bool valid = j < ke;
+        float kr[EPL], vr[EPL];
+        if (valid) {
+            const long long b = j / block_size, slot = j % block_size;
+            const long long off = (long long)g * head_stride + slot * HEAD_DIM;
+            const kv_t *krow = (const kv_t *)kt[b] + off;
+            const kv_t *vrow = (const kv_t *)vt[b] + off;
+#pragma unroll
+            for (int v = 0; v < VPL; v++) {
+                const int vi = v * LANES + sl;
+                if (vi < NVEC) {
+                    load_vec(krow + vi * VEC, kr + v * VEC);
+                    load_vec(vrow + vi * VEC, vr + v * VEC);
+                } else {
+#pragma unroll
+                    for (int e = 0; e < VEC; e++) kr[v * VEC + e] = vr[v * VEC + e] = 0.0f;
+                }
+            }
+        } else {
+#pragma unroll
+            for (int e = 0; e < EPL; e++) kr[e] = vr[e] = 0.0f;
+        }
 #if FUSED_ROPE
-        for (int d = lane; d < HEAD_DIM; d += 32) k_s[warp][d] = kv_load(krow + d);
-        rope_row(k_s[warp], j, inv_freq);
-#pragma unroll
-        for (int e = 0; e < EPT; e++) {
-            const int d = lane * EPT + e;
-            kreg[e] = d < HEAD_DIM ? k_s[warp][d] : 0.0f;
-        }
-        __syncwarp();  // every lane has read the row before the next one overwrites it
-#else
-#pragma unroll
-        for (int e = 0; e < EPT; e++) {
-            const int d = lane * EPT + e;
-            kreg[e] = d < HEAD_DIM ? kv_load(krow + d) : 0.0f;
-        }
+        rope_regs(kr, j, inv_freq, sub, sl);
 #endif
-#pragma unroll
-        for (int e = 0; e < EPT; e++) {
-            const int d = lane * EPT + e;
-            vreg[e] = d < HEAD_DIM ? kv_load(vrow + d) : 0.0f;
-        }
 #pragma unroll
         for (int h = 0; h < GROUP; h++) {
             float s = 0.0f;
 #pragma unroll
-            for (int e = 0; e < EPT; e++) s += qreg[h][e] * kreg[e];
-            s = hy_warp_sum(s);
-            const float m_new = fmaxf(m[h], s);
-            const float alpha = __expf(m[h] - m_new);  // 0 on the first key (m = -inf)
-            const float p = __expf(s - m_new);
-            l[h] = l[h] * alpha + p;
+            for (int e = 0; e < EPL; e++) s += qreg[h][e] * kr[e];
 #pragma unroll
-            for (int e = 0; e < EPT; e++) acc[h][e] = acc[h][e] * alpha + p * vreg[e];
-            m[h] = m_new;
+            for (int o = LANES / 2; o > 0; o >>= 1) s += __shfl_xor_sync(FULL_MASK, s, o);
+            if (valid) {
+                const float m_new = fmaxf(m[h], s);
+                const float alpha = __expf(m[h] - m_new);  // 0 on the first key (m = -inf)
+                const float p = __expf(s - m_new);
+                l[h] = l[h] * alpha + p;
+#pragma unroll
+                for (int e = 0; e < EPL; e++) acc[h][e] = acc[h][e] * alpha + p * vr[e];
+                m[h] = m_new;
+            }
+        }
+    }
+
+    // merge the KPW key streams of the warp: lanes sl of different streams hold the same elements
+#pragma unroll
+    for (int o = LANES; o < 32; o <<= 1) {
+#pragma unroll
+        for (int h = 0; h < GROUP; h++) {
+            const float mo = __shfl_xor_sync(FULL_MASK, m[h], o);
+            const float lo = __shfl_xor_sync(FULL_MASK, l[h], o);
+            const float mn = fmaxf(m[h], mo);
+            const float a = l[h] > 0.0f ? __expf(m[h] - mn) : 0.0f;
+            const float b = lo > 0.0f ? __expf(mo - mn) : 0.0f;
+            l[h] = l[h] * a + lo * b;
+#pragma unroll
+            for (int e = 0; e < EPL; e++) {
+                const float ao = __shfl_xor_sync(FULL_MASK, acc[h][e], o);
+                acc[h][e] = acc[h][e] * a + ao * b;
+            }
+            m[h] = mn;
         }
     }
 
     // combine the warps of the block
+    if (sub == 0) {
 #pragma unroll
-    for (int h = 0; h < GROUP; h++) {
-        if (lane == 0) {
-            w_m[warp][h] = m[h];
-            w_l[warp][h] = l[h];
-        }
+        for (int h = 0; h < GROUP; h++) {
+            if (sl == 0) {
+                w_m[warp][h] = m[h];
+                w_l[warp][h] = l[h];
+            }
 #pragma unroll
-        for (int e = 0; e < EPT; e++) {
-            const int d = lane * EPT + e;
-            if (d < HEAD_DIM) w_acc[warp][h][d] = acc[h][e];
+            for (int v = 0; v < VPL; v++) {
+                const int vi = v * LANES + sl;
+                if (vi < NVEC) {
+#pragma unroll
+                    for (int e = 0; e < VEC; e++) w_acc[warp][h][vi * VEC + e] = acc[h][v * VEC + e];
+                }
+            }
         }
     }
     __syncthreads();
