@@ -296,9 +296,10 @@ def copy_bandwidth(dev, nbytes: int = 1 << 30) -> float:
     return 2 * nbytes / (best / 1e3)
 
 
-def time_decode(dev, batch, ctx, f16, fused, bw):
-    """(ms, GB/s, share of bw) of one decode attention step over KV of `ctx` tokens per sequence
-    (head_dim 128, 8 KV heads, 32 query heads, 16-token blocks)."""
+def decode_step(dev, batch, ctx, f16, fused):
+    """(step, kv_bytes): a callable queuing one decode attention step over KV of `ctx` tokens
+    per sequence (head_dim 128, 8 KV heads, 32 query heads, 16-token blocks, zeros), and the
+    bytes of K and V it reads."""
     from ._cuda import launch
     from ._cuda.arrays import empty, from_host
 
@@ -324,6 +325,13 @@ def time_decode(dev, batch, ctx, f16, fused, bw):
         launch.paged_attention_batch(q, positions, k_addrs, v_addrs, heads, kvh, d, bs, 2 * bs * d,
                                      f16, 1.0 / math.sqrt(d), out, rope=rope)
 
+    step.keep = (pool, k_tables, v_tables, q, out)  # alive as long as the step
+    return step, batch * ctx * kvh * d * 2 * esize
+
+
+def time_decode(dev, batch, ctx, f16, fused, bw):
+    """(ms, GB/s, share of bw) of one decode attention step (see decode_step)."""
+    step, kv_bytes = decode_step(dev, batch, ctx, f16, fused)
     step()
     begin, end = dev.event_timer()
     reps = 20
@@ -331,8 +339,7 @@ def time_decode(dev, batch, ctx, f16, fused, bw):
     for _ in range(reps):
         step()
     ms = end() / reps
-    pool.free()
-    kv_bytes = batch * ctx * kvh * d * 2 * esize
+    step.keep[0].free()
     gbs = kv_bytes / (ms / 1e3) / 1e9
     return ms, gbs, gbs * 1e9 / bw
 
