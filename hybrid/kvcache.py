@@ -105,9 +105,7 @@ class _LayerBlocks:
             self._grow_pool(need - len(self.free), max_blocks)
         new = [self.free.pop() for _ in range(need)]
         if self.poison:
-            for b in new:
-                c, i = self.where[b]
-                self.chunks[c][i].fill(np.nan)
+            self._poison(new)
         start = len(self.table)
         self.table.extend(new)
         if len(self.table) > self.k_ptrs.shape[0]:
@@ -121,6 +119,11 @@ class _LayerBlocks:
         self.ids[start:len(self.table)] = ids
         self.k_ptrs[start:len(self.table)] = self.k_addr[ids]
         self.v_ptrs[start:len(self.table)] = self.v_addr[ids]
+
+    def _poison(self, block_ids) -> None:
+        for b in block_ids:
+            c, i = self.where[b]
+            self.chunks[c][i].fill(np.nan)
 
     def release_after(self, n_tokens: int) -> None:
         """Keep the blocks holding the first ``n_tokens`` tokens; return the rest to the pool."""

@@ -1,6 +1,7 @@
 """Shared fixtures: fresh random inputs every run (the seed is printed, so a failure can be replayed
 with HYBRID_TEST_SEED=<seed>), and the error measure every numeric test uses."""
 
+import contextlib
 import os
 
 import numpy as np
@@ -24,3 +25,22 @@ def rel_err(got, ref) -> float:
         return float("inf")
     scale = np.max(np.abs(ref)) if ref.size else 1.0
     return float(np.max(np.abs(got - ref)) / max(scale, 1e-30)) if ref.size else 0.0
+
+
+@contextlib.contextmanager
+def cuda_kind_served_by(monkeypatch, module: "str | None" = None):
+    """For one test, serve device kind "cuda" from ``module`` (default: hybrid's own backend,
+    loaded afresh), and forget everything it registered afterwards."""
+    from hybrid import registry
+
+    if module is not None:
+        monkeypatch.setitem(registry.BACKEND_MODULES, "cuda", module)
+    monkeypatch.delitem(registry._loaded, "cuda", raising=False)
+    for key in [k for k in registry._table if k[1] == "cuda"]:
+        monkeypatch.delitem(registry._table, key)
+    try:
+        yield
+    finally:
+        registry._loaded.pop("cuda", None)
+        for key in [k for k in registry._table if k[1] == "cuda"]:
+            del registry._table[key]

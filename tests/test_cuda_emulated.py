@@ -7,7 +7,8 @@ import numpy as np
 import pytest
 
 import host_cuda
-from hybrid import gpucheck, registry
+from conftest import cuda_kind_served_by
+from hybrid import gpucheck
 from hybrid._cuda import arena as arena_mod
 from hybrid._cuda import arrays, kv_blocks, launch
 
@@ -27,13 +28,8 @@ def emulated_gpu(monkeypatch):
     monkeypatch.setattr(kv_blocks, "device", device)
     monkeypatch.setattr(arena_mod, "_arenas", {})
     monkeypatch.setattr(launch, "_inv_freq_cache", {})
-    monkeypatch.delitem(registry._loaded, "cuda", raising=False)
-    for key in [k for k in registry._table if k[1] == "cuda"]:
-        monkeypatch.delitem(registry._table, key)
-    yield device
-    registry._loaded.pop("cuda", None)
-    for key in [k for k in registry._table if k[1] == "cuda"]:
-        del registry._table[key]
+    with cuda_kind_served_by(monkeypatch):
+        yield device
 
 
 def _passed(checks):

@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 
 import emulated_cuda
-from conftest import rel_err
+from conftest import cuda_kind_served_by, rel_err
 from hybrid import ops, registry
 from hybrid.cli import random_weights
 from hybrid.config import DecoderConfig
@@ -25,14 +25,8 @@ EmuArray = emulated_cuda.EmuArray
 
 @pytest.fixture
 def emulated(monkeypatch):
-    monkeypatch.setitem(registry.BACKEND_MODULES, "cuda", "emulated_cuda")
-    monkeypatch.delitem(registry._loaded, "cuda", raising=False)
-    for key in [k for k in registry._table if k[1] == "cuda"]:
-        monkeypatch.delitem(registry._table, key)
-    yield emulated_cuda
-    registry._loaded.pop("cuda", None)
-    for key in [k for k in registry._table if k[1] == "cuda"]:
-        del registry._table[key]
+    with cuda_kind_served_by(monkeypatch, "emulated_cuda"):
+        yield emulated_cuda
 
 
 CFG = DecoderConfig(hidden_size=96, num_heads=6, num_kv_heads=2, head_dim=64,

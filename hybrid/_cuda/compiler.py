@@ -127,26 +127,7 @@ def compile_spec(spec: KernelSpec, arch: str, *, use_disk: bool = True) -> tuple
             result = (f.read(), "")
         _memory_cache[key] = result
         return result
-    nvrtc = _nvrtc()
-    headers = [n for n in sources if n != spec.source]
-    res = nvrtc.nvrtcCreateProgram(sources[spec.source].encode(), spec.source.encode(),
-                                   len(headers), [sources[h].encode() for h in headers],
-                                   [h.encode() for h in headers])
-    _check_nvrtc(nvrtc, res, f"creating the program for {spec.key}")
-    prog = res[1]
-    try:
-        for name in spec.kernels:
-            _check_nvrtc(nvrtc, nvrtc.nvrtcAddNameExpression(prog, name.encode()),
-                         f"registering kernel {name}")
-        res = nvrtc.nvrtcCompileProgram(prog, len(opts), [o.encode() for o in opts])
-        _check_nvrtc(nvrtc, res, f"compiling {spec.key} for {arch} with {' '.join(opts)}", prog)
-        log = program_log(nvrtc, prog)
-        res = nvrtc.nvrtcGetCUBINSize(prog)
-        _check_nvrtc(nvrtc, res, "nvrtcGetCUBINSize", prog)
-        cubin = b" " * res[1]
-        _check_nvrtc(nvrtc, nvrtc.nvrtcGetCUBIN(prog, cubin), "nvrtcGetCUBIN", prog)
-    finally:
-        nvrtc.nvrtcDestroyProgram(prog)
+    cubin, log = _run_nvrtc(spec, sources, opts, "CUBIN")
     result = (bytes(cubin), log)
     _memory_cache[key] = result
     if use_disk:
@@ -161,7 +142,14 @@ _PARAM_RE = re.compile(r"\.param\s+\.(\w+)")
 def ptx_parameters(spec: KernelSpec, arch: str = "compute_80") -> dict:
     """{kernel name: [PTX parameter types, e.g. 'u64', 'u32', 'f32']} of ``spec`` as NVRTC
     compiles it: the ABI the launch layer's declared signatures are checked against."""
-    sources = read_sources(spec.source)
+    ptx, _ = _run_nvrtc(spec, read_sources(spec.source), options(spec, arch), "PTX")
+    text = ptx.rstrip(b"\x00").decode()
+    return {m.group(1): _PARAM_RE.findall(m.group(2)) for m in _ENTRY_RE.finditer(text)}
+
+
+def _run_nvrtc(spec: KernelSpec, sources: dict, opts: list, output: str) -> tuple:
+    """Compile ``spec`` with NVRTC; returns (the CUBIN or PTX bytes, the log).  Raises
+    HybridCudaError with the full log on any error."""
     nvrtc = _nvrtc()
     headers = [n for n in sources if n != spec.source]
     res = nvrtc.nvrtcCreateProgram(sources[spec.source].encode(), spec.source.encode(),
@@ -169,18 +157,20 @@ def ptx_parameters(spec: KernelSpec, arch: str = "compute_80") -> dict:
                                    [h.encode() for h in headers])
     _check_nvrtc(nvrtc, res, f"creating the program for {spec.key}")
     prog = res[1]
-    opts = options(spec, arch)
     try:
+        for name in spec.kernels:
+            _check_nvrtc(nvrtc, nvrtc.nvrtcAddNameExpression(prog, name.encode()),
+                         f"registering kernel {name}")
         res = nvrtc.nvrtcCompileProgram(prog, len(opts), [o.encode() for o in opts])
-        _check_nvrtc(nvrtc, res, f"compiling {spec.key} for {arch}", prog)
-        res = nvrtc.nvrtcGetPTXSize(prog)
-        _check_nvrtc(nvrtc, res, "nvrtcGetPTXSize", prog)
-        ptx = b" " * res[1]
-        _check_nvrtc(nvrtc, nvrtc.nvrtcGetPTX(prog, ptx), "nvrtcGetPTX", prog)
+        _check_nvrtc(nvrtc, res, f"compiling {spec.key} with {' '.join(opts)}", prog)
+        log = program_log(nvrtc, prog)
+        res = getattr(nvrtc, f"nvrtcGet{output}Size")(prog)
+        _check_nvrtc(nvrtc, res, f"nvrtcGet{output}Size", prog)
+        data = b" " * res[1]
+        _check_nvrtc(nvrtc, getattr(nvrtc, f"nvrtcGet{output}")(prog, data), f"nvrtcGet{output}", prog)
     finally:
         nvrtc.nvrtcDestroyProgram(prog)
-    text = ptx.rstrip(b"\x00").decode()
-    return {m.group(1): _PARAM_RE.findall(m.group(2)) for m in _ENTRY_RE.finditer(text)}
+    return data, log
 
 
 def _write_atomically(path: str, data: bytes) -> None:

@@ -1,6 +1,6 @@
 """The blocks of one PagedKVCache layer in GPU memory (the cache's ``cuda:N`` layers).
 
-Same layout and bookkeeping as the CPU pool in hybrid/kvcache.py: blocks of
+The same layout and bookkeeping as the CPU pool in hybrid/kvcache.py (a subclass of it): blocks of
 [num_kv_heads, 2, block_size, head_dim] float32 or float16 carved from chunks that never move,
 a block table in position order, blocks returned to a free list on truncate.  In addition the
 layer keeps persistent device copies of its K and V block-address tables: attention and the
@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from ..kvcache import _LayerBlocks
 from .arena import arena
 from .arrays import DeviceArray, empty
 from .device import device
@@ -20,25 +21,16 @@ from .launch import kv_append
 _NAN_BITS = {4: 0x7FC00000, 2: 0x7E00}  # quiet NaN of float32 / float16
 
 
-class DeviceLayerBlocks:
+class DeviceLayerBlocks(_LayerBlocks):
+    """The CPU pool's bookkeeping (free list, block table, host address tables) over chunks of
+    GPU memory, plus the persistent device copies of the address tables."""
+
     def __init__(self, placement, num_kv_heads: int, head_dim: int, block_size: int, dtype,
                  poison: bool):
+        super().__init__(num_kv_heads, head_dim, block_size, np.dtype(dtype), poison)
         self.placement = placement
         self.dev = device(placement.index)
-        self.shape = (num_kv_heads, block_size, head_dim)
-        self.block_size = block_size
-        self.dtype = np.dtype(dtype)
-        self.poison = poison
         self.block_bytes = num_kv_heads * 2 * block_size * head_dim * self.dtype.itemsize
-        self.chunks: list = []  # DeviceBuffers
-        self.k_addr = np.zeros(0, dtype=np.int64)  # block id -> K address of head 0
-        self.v_addr = np.zeros(0, dtype=np.int64)
-        self.free: list = []
-        self.table: list = []
-        self.k_ptrs = np.zeros(8, dtype=np.int64)  # host copies of the address tables
-        self.v_ptrs = np.zeros(8, dtype=np.int64)
-        self.ids = np.zeros(8, dtype=np.int32)
-        self.length = 0
         self.k_table: "DeviceArray | None" = None  # device tables [capacity] uint64
         self.v_table: "DeviceArray | None" = None
         self.synced = 0  # leading table entries whose device copy is current
@@ -57,31 +49,14 @@ class DeviceLayerBlocks:
         self.v_addr = np.concatenate([self.v_addr, base + v_offset])
         self.free.extend(range(first + n - 1, first - 1, -1))
 
+    def _poison(self, block_ids) -> None:
+        isz = self.dtype.itemsize
+        fill = self.dev.fill32 if isz == 4 else self.dev.fill16
+        for b in block_ids:
+            fill(int(self.k_addr[b]), _NAN_BITS[isz], self.block_bytes // isz)
+
     def ensure_blocks(self, n_blocks: int, max_blocks: "int | None") -> None:
-        need = n_blocks - len(self.table)
-        if need <= 0:
-            return
-        if len(self.free) < need:
-            self._grow_pool(need - len(self.free), max_blocks)
-        new = [self.free.pop() for _ in range(need)]
-        if self.poison:
-            isz = self.dtype.itemsize
-            for b in new:
-                fill = self.dev.fill32 if isz == 4 else self.dev.fill16
-                fill(int(self.k_addr[b]), _NAN_BITS[isz], self.block_bytes // isz)
-        start = len(self.table)
-        self.table.extend(new)
-        if len(self.table) > self.k_ptrs.shape[0]:
-            cap = max(2 * self.k_ptrs.shape[0], len(self.table))
-            for name in ("k_ptrs", "v_ptrs", "ids"):
-                old = getattr(self, name)
-                grown = np.zeros(cap, dtype=old.dtype)
-                grown[:start] = old[:start]
-                setattr(self, name, grown)
-        ids = np.asarray(new, dtype=np.int64)
-        self.ids[start:len(self.table)] = ids
-        self.k_ptrs[start:len(self.table)] = self.k_addr[ids]
-        self.v_ptrs[start:len(self.table)] = self.v_addr[ids]
+        super().ensure_blocks(n_blocks, max_blocks)
         self._sync_tables()
 
     def _sync_tables(self) -> None:
@@ -99,19 +74,20 @@ class DeviceLayerBlocks:
             self.synced = nb
 
     def release_after(self, n_tokens: int) -> None:
-        keep = -(-n_tokens // self.block_size)
-        while len(self.table) > keep:
-            self.free.append(self.table.pop())
+        super().release_after(n_tokens)
         self.synced = min(self.synced, len(self.table))
-        self.length = min(self.length, n_tokens)
 
     def device_tables(self):
         """(k_table, v_table): the persistent device tables [n_blocks] uint64."""
+        if self.k_table is None:
+            self._sync_tables()
         nb = len(self.table)
         return self.k_table[:nb], self.v_table[:nb]
 
     def table_addresses(self) -> tuple:
         """Device addresses of the K and V tables (for batched attention)."""
+        if self.k_table is None:
+            self._sync_tables()
         return self.k_table.ptr, self.v_table.ptr
 
     # -- data -------------------------------------------------------------------------------
@@ -132,20 +108,6 @@ class DeviceLayerBlocks:
         host = np.empty((kvh, 2, bs, d), dtype=self.dtype)
         self.dev.copy_d2h(host, int(self.k_addr[block_id]))
         return host[:, 0], host[:, 1]
-
-    def dense(self, n_tokens: int):
-        kvh, bs, d = self.shape
-        nb = -(-n_tokens // bs)
-        pairs = [self.block_arrays(b) for b in self.table[:nb]]
-        if not pairs:
-            empty_rows = np.zeros((0, kvh * d), dtype=self.dtype)
-            return empty_rows, empty_rows.copy()
-        k = np.concatenate([p[0].transpose(1, 0, 2) for p in pairs])[:n_tokens]
-        v = np.concatenate([p[1].transpose(1, 0, 2) for p in pairs])[:n_tokens]
-        return k.reshape(n_tokens, kvh * d), v.reshape(n_tokens, kvh * d)
-
-    def nbytes(self) -> int:
-        return sum(c.nbytes for c in self.chunks)
 
 
 def _host(a) -> np.ndarray:
