@@ -41,6 +41,7 @@
 
 #define WARPS 4
 #define FULL_MASK 0xffffffffu
+#define ROPE_ANCHOR 32  // fused RoPE: exact key angles every this many iterations
 #if KV_F16
 typedef hy_half kv_t;
 #define VEC 8
@@ -100,10 +101,21 @@ __device__ __forceinline__ void rope_row(float *row, long long pos, const double
     __syncwarp();
 }
 
-// Rotate the EPL elements this lane holds of a K row at position `pos` (every lane of the warp
-// must call it: NeoX pairs may sit in another lane of the row's group).
-__device__ __forceinline__ void rope_regs(float *x, long long pos, const double *inv_freq,
-                                          int sub, int sl) {
+// RoPE frequency index of element (v, e) of the EPL row elements this lane holds
+__device__ __forceinline__ int rope_index(int v, int e, int sl) {
+    const int vi = v * LANES + sl;
+    if (vi >= NVEC) return 0;  // an idle lane: any valid index
+    const int d = vi * VEC + e;
+#if ROPE_NEOX
+    return d < HEAD_DIM / 2 ? d : d - HEAD_DIM / 2;
+#else
+    return d / 2;
+#endif
+}
+
+// Rotate the EPL elements this lane holds of a K row by the angles whose cos / sin are c / s
+// (per element).  Every lane of the warp must call it: NeoX partners may sit in another lane.
+__device__ __forceinline__ void rope_regs(float *x, const float *c, const float *s, int sub, int sl) {
 #if ROPE_NEOX
 #if VPL == 1
     const int half_v = NVEC / 2;
@@ -112,39 +124,22 @@ __device__ __forceinline__ void rope_regs(float *x, long long pos, const double 
     float other[VEC];
 #pragma unroll
     for (int e = 0; e < VEC; e++) other[e] = __shfl_sync(FULL_MASK, x[e], src);
-    if (sl < NVEC) {
 #pragma unroll
-        for (int e = 0; e < VEC; e++) {
-            const int d = sl * VEC + e;
-            float s, c;
-            hy_rope_sincos(pos, inv_freq[first ? d : d - HEAD_DIM / 2], &s, &c);
-            x[e] = first ? x[e] * c - other[e] * s : x[e] * c + other[e] * s;
-        }
-    }
+    for (int e = 0; e < VEC; e++) x[e] = first ? x[e] * c[e] - other[e] * s[e] : x[e] * c[e] + other[e] * s[e];
 #else  // two vectors per lane: vector sl of the first half, vector LANES + sl of the second
 #pragma unroll
     for (int e = 0; e < VEC; e++) {
-        float s, c;
-        hy_rope_sincos(pos, inv_freq[sl * VEC + e], &s, &c);
         const float a = x[e], b = x[VEC + e];
-        x[e] = a * c - b * s;
-        x[VEC + e] = b * c + a * s;
+        x[e] = a * c[e] - b * s[e];
+        x[VEC + e] = b * c[e] + a * s[e];
     }
 #endif
 #else  // GPT-J pairs (2i, 2i+1) are neighbours inside one vector
 #pragma unroll
-    for (int v = 0; v < VPL; v++) {
-        const int vi = v * LANES + sl;
-        if (vi < NVEC) {
-#pragma unroll
-            for (int e = 0; e < VEC; e += 2) {
-                float s, c;
-                hy_rope_sincos(pos, inv_freq[(vi * VEC + e) / 2], &s, &c);
-                const float a = x[v * VEC + e], b = x[v * VEC + e + 1];
-                x[v * VEC + e] = a * c - b * s;
-                x[v * VEC + e + 1] = b * c + a * s;
-            }
-        }
+    for (int e = 0; e < EPL; e += 2) {
+        const float a = x[e], b = x[e + 1];
+        x[e] = a * c[e] - b * s[e];
+        x[e + 1] = b * c[e] + a * s[e];
     }
 #endif
 }
@@ -208,6 +203,18 @@ extern "C" __global__ void hybrid_paged_attention(
         for (int e = 0; e < EPL; e++) acc[h][e] = 0.0f;
     }
 
+#if FUSED_ROPE
+    // the angle of each held element advances by STEP keys per iteration: rotate (cos, sin) by
+    // a fixed step (4 FMAs) and recompute exactly every ROPE_ANCHOR iterations
+    const int STEP = WARPS * KPW;
+    float rc[EPL], rs[EPL], dc[EPL], ds[EPL];
+#pragma unroll
+    for (int v = 0; v < VPL; v++)
+#pragma unroll
+        for (int e = 0; e < VEC; e++)
+            hy_rope_sincos(STEP, inv_freq[rope_index(v, e, sl)], &ds[v * VEC + e], &dc[v * VEC + e]);
+    int since_anchor = ROPE_ANCHOR;
+#endif
     // warp w reads keys kb + w*KPW .. + KPW-1, then the next WARPS*KPW; every lane runs the
     // same trip count (the shuffles need the whole warp), lanes past the end read nothing
     for (long long jb = kb + warp * KPW; jb < ke; jb += WARPS * KPW) {
@@ -235,7 +242,22 @@ extern "C" __global__ void hybrid_paged_attention(
             for (int e = 0; e < EPL; e++) kr[e] = vr[e] = 0.0f;
         }
 #if FUSED_ROPE
-        rope_regs(kr, j, inv_freq, sub, sl);
+        if (since_anchor == ROPE_ANCHOR) {
+#pragma unroll
+            for (int v = 0; v < VPL; v++)
+#pragma unroll
+                for (int e = 0; e < VEC; e++)
+                    hy_rope_sincos(j, inv_freq[rope_index(v, e, sl)], &rs[v * VEC + e], &rc[v * VEC + e]);
+            since_anchor = 0;
+        }
+        rope_regs(kr, rc, rs, sub, sl);
+#pragma unroll
+        for (int e = 0; e < EPL; e++) {
+            const float c = rc[e] * dc[e] - rs[e] * ds[e];
+            rs[e] = rs[e] * dc[e] + rc[e] * ds[e];
+            rc[e] = c;
+        }
+        since_anchor++;
 #endif
 #pragma unroll
         for (int h = 0; h < GROUP; h++) {
