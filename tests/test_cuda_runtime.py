@@ -59,7 +59,7 @@ def test_every_kernel_has_a_signature_that_matches_its_ptx():
     assert names == set(signatures.SIGNATURES), "declared signatures and compiled kernels differ"
     specs = [variants.elementwise(True), variants.kv_append(False), variants.kv_append(True),
              variants.linear(), variants.paged_attention(128, 4, True, True, True),
-             variants.paged_attention(64, 1, False, False)]
+             variants.paged_attention(64, 1, False, False), variants.paged_attention(80, 2, True, False)]
     seen = set()
     for spec in specs:
         for name, ptx_types in compiler.ptx_parameters(spec).items():

@@ -158,13 +158,13 @@ def _attention(q, out, k_table, v_table, k_tables, v_tables, seq_pos, start_pos,
         pm = ar.get("attn_part_m", (rows, num_heads, splits))
         pl = ar.get("attn_part_l", (rows, num_heads, splits))
         pacc = ar.get("attn_part_acc", (rows, num_heads, splits, head_dim))
-    dev.launch(_fn(dev, spec, "hybrid_paged_attention"), (rows, num_kv_heads, splits),
+    dev.launch(_fn(dev, spec, variants.attention_kernel(kv_f16)), (rows, num_kv_heads, splits),
                (ATTENTION_THREADS,),
                [q, out, k_table, v_table, k_tables, v_tables, seq_pos, int(start_pos),
                 rows_per_seq, inv, pm, pl, pacc, num_heads, block_size, head_stride, split_len,
                 float(scale)])
     if splits > 1:
-        dev.launch(_fn(dev, spec, "hybrid_paged_attention_merge"), (rows, num_heads),
+        dev.launch(_fn(dev, spec, "hybrid_paged_attention_merge_f32"), (rows, num_heads),
                    (ATTENTION_THREADS,), [pm, pl, pacc, out, num_heads, splits])
 
 

@@ -31,8 +31,9 @@ SIGNATURES = {
     "hybrid_kv_append_f16": _KV_APPEND,
     "hybrid_gemv_f32": ("ptr", "ptr", "ptr", "ptr", "i32", "i32", "i32"),
     "hybrid_gemm_f32": ("ptr", "ptr", "ptr", "ptr", "i32", "i32", "i32"),
-    "hybrid_paged_attention": _ATT,
-    "hybrid_paged_attention_merge": ("ptr", "ptr", "ptr", "ptr", "i32", "i32"),
+    "hybrid_paged_attention_f32": _ATT,
+    "hybrid_paged_attention_f16": _ATT,
+    "hybrid_paged_attention_merge_f32": ("ptr", "ptr", "ptr", "ptr", "i32", "i32"),
 }
 
 # the PTX parameter type NVRTC emits for each kind (64-bit pointers and integers are both .u64)

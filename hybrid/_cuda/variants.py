@@ -36,7 +36,12 @@ def paged_attention(head_dim: int, group: int, f16: bool, fused_rope: bool,
     defines = (("HEAD_DIM", head_dim), ("GROUP", group), ("KV_F16", int(f16)),
                ("FUSED_ROPE", int(fused_rope)), ("ROPE_NEOX", int(neox)))
     return KernelSpec("paged_attention.cu", defines,
-                      ("hybrid_paged_attention", "hybrid_paged_attention_merge"))
+                      (attention_kernel(f16), "hybrid_paged_attention_merge_f32"))
+
+
+def attention_kernel(f16: bool) -> str:
+    """The name of the paged-attention kernel for a KV dtype."""
+    return "hybrid_paged_attention_f16" if f16 else "hybrid_paged_attention_f32"
 
 
 def all_variants() -> list:

@@ -1,6 +1,6 @@
 // Paged causal attention on the GPU, float32 queries, float32 or float16 KV.
 //
-//   hybrid_paged_attention    one thread block (4 warps) per (query row, KV head, key split).
+//   hybrid_paged_attention_f32 / _f16 (by KV dtype)   one thread block (4 warps) per (query row, KV head, key split).
 //                             Row r belongs to sequence s = r / rows_per_seq and sits at position
 //                             p = seq_pos[s] (or start_pos) + r % rows_per_seq; it sees keys 0..p
 //                             of that sequence's block table.  Single-sequence prefill/decode
@@ -8,7 +8,7 @@
 //                             sequence, rows_per_seq = 1) are the same launch.  With one split the
 //                             block writes the output; with several it writes (max, sum, acc)
 //                             partials for the merge kernel.
-//   hybrid_paged_attention_merge   combines the splits of every (row, head) in fp32.
+//   hybrid_paged_attention_merge_f32   combines the splits of every (row, head) in fp32.
 //
 // Inner loop: a K or V row is read with 16-byte vector loads by LANES lanes (VEC elements per
 // load: 4 float32 or 8 float16), so a warp works on KPW = 32 / LANES keys at once and a dot
@@ -45,9 +45,11 @@
 #if KV_F16
 typedef hy_half kv_t;
 #define VEC 8
+#define ATTENTION_NAME hybrid_paged_attention_f16
 #else
 typedef float kv_t;
 #define VEC 4
+#define ATTENTION_NAME hybrid_paged_attention_f32
 #endif
 #define NVEC (HEAD_DIM / VEC)  // 16-byte vectors in a row
 #define LANES (NVEC > 16 ? 32 : NVEC > 8 ? 16 : NVEC > 4 ? 8 : 4)  // lanes reading one row
@@ -145,7 +147,7 @@ __device__ __forceinline__ void rope_regs(float *x, const float *c, const float 
 }
 #endif
 
-extern "C" __global__ void hybrid_paged_attention(
+extern "C" __global__ void ATTENTION_NAME(
     const float *__restrict__ q,            // [rows, heads*D]
     float *__restrict__ out,                // [rows, heads*D]
     const hy_u64 *__restrict__ k_table,     // [blocks] K block addresses (one sequence), or null
@@ -345,7 +347,7 @@ extern "C" __global__ void hybrid_paged_attention(
     }
 }
 
-extern "C" __global__ void hybrid_paged_attention_merge(const float *__restrict__ part_m,
+extern "C" __global__ void hybrid_paged_attention_merge_f32(const float *__restrict__ part_m,
                                                         const float *__restrict__ part_l,
                                                         const float *__restrict__ part_acc,
                                                         float *__restrict__ out, int num_heads,
