@@ -64,23 +64,52 @@ typedef float kv_t;
 #error "fused NeoX RoPE with several vectors per lane needs each half in one vector slot"
 #endif
 
-// VEC consecutive row elements as floats, from one 16-byte load
-__device__ __forceinline__ void load_vec(const kv_t *p, float *out) {
+// One 16-byte vector of a K or V row, kept raw while its load is in flight
 #if KV_F16
-    const uint4 raw = *(const uint4 *)p;
-    const unsigned w[4] = {raw.x, raw.y, raw.z, raw.w};
+typedef uint4 raw_t;
+__device__ __forceinline__ void unpack(const raw_t &r, float *out) {
+    const unsigned w[4] = {r.x, r.y, r.z, r.w};
 #pragma unroll
     for (int i = 0; i < 4; i++) {
         out[2 * i] = hy_h2f((hy_half)(w[i] & 0xffffu));
         out[2 * i + 1] = hy_h2f((hy_half)(w[i] >> 16));
     }
+}
 #else
-    const float4 f = *(const float4 *)p;
-    out[0] = f.x;
-    out[1] = f.y;
-    out[2] = f.z;
-    out[3] = f.w;
+typedef float4 raw_t;
+__device__ __forceinline__ void unpack(const raw_t &r, float *out) {
+    out[0] = r.x;
+    out[1] = r.y;
+    out[2] = r.z;
+    out[3] = r.w;
+}
 #endif
+
+// Start loading the vectors this lane holds of key j's K and V rows (zeros for a key at or
+// past `ke` and in idle lanes); returns whether the key exists.
+__device__ __forceinline__ bool load_key(const hy_u64 *kt, const hy_u64 *vt, long long j,
+                                         long long ke, int g, long long head_stride,
+                                         int block_size, int sl, raw_t *kraw, raw_t *vraw) {
+    const bool valid = j < ke;
+    const kv_t *krow = nullptr, *vrow = nullptr;
+    if (valid) {
+        const long long b = j / block_size, slot = j % block_size;
+        const long long off = (long long)g * head_stride + slot * HEAD_DIM;
+        krow = (const kv_t *)kt[b] + off;
+        vrow = (const kv_t *)vt[b] + off;
+    }
+#pragma unroll
+    for (int v = 0; v < VPL; v++) {
+        const int vi = v * LANES + sl;
+        if (valid && vi < NVEC) {
+            kraw[v] = *(const raw_t *)(krow + vi * VEC);
+            vraw[v] = *(const raw_t *)(vrow + vi * VEC);
+        } else {
+            kraw[v] = raw_t{};
+            vraw[v] = raw_t{};
+        }
+    }
+    return valid;
 }
 
 #if FUSED_ROPE
@@ -219,30 +248,19 @@ extern "C" __global__ void ATTENTION_NAME(
 #endif
     // warp w reads keys kb + w*KPW .. + KPW-1, then the next WARPS*KPW; every lane runs the
     // same trip count (the shuffles need the whole warp), lanes past the end read nothing
+    // software pipelining: the next key's K and V are in flight while this one is used
+    raw_t kn[VPL], vn[VPL];
+    bool next_valid = load_key(kt, vt, kb + warp * KPW + sub, ke, g, head_stride, block_size, sl, kn, vn);
     for (long long jb = kb + warp * KPW; jb < ke; jb += WARPS * KPW) {
         const long long j = jb + sub;
-        const bool valid = j < ke;
+        const bool valid = next_valid;
         float kr[EPL], vr[EPL];
-        if (valid) {
-            const long long b = j / block_size, slot = j % block_size;
-            const long long off = (long long)g * head_stride + slot * HEAD_DIM;
-            const kv_t *krow = (const kv_t *)kt[b] + off;
-            const kv_t *vrow = (const kv_t *)vt[b] + off;
 #pragma unroll
-            for (int v = 0; v < VPL; v++) {
-                const int vi = v * LANES + sl;
-                if (vi < NVEC) {
-                    load_vec(krow + vi * VEC, kr + v * VEC);
-                    load_vec(vrow + vi * VEC, vr + v * VEC);
-                } else {
-#pragma unroll
-                    for (int e = 0; e < VEC; e++) kr[v * VEC + e] = vr[v * VEC + e] = 0.0f;
-                }
-            }
-        } else {
-#pragma unroll
-            for (int e = 0; e < EPL; e++) kr[e] = vr[e] = 0.0f;
+        for (int v = 0; v < VPL; v++) {
+            unpack(kn[v], kr + v * VEC);
+            unpack(vn[v], vr + v * VEC);
         }
+        next_valid = load_key(kt, vt, j + WARPS * KPW, ke, g, head_stride, block_size, sl, kn, vn);
 #if FUSED_ROPE
         if (since_anchor == ROPE_ANCHOR) {
 #pragma unroll
