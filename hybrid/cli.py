@@ -14,7 +14,7 @@ import time
 
 import numpy as np
 
-from . import DecoderConfig, DecoderLayer, LayerWeights, PagedKVCache, Scratch, backend_status
+from . import DecoderConfig, DecoderLayer, LayerWeights, NoBackendError, PagedKVCache, Scratch, backend_status
 from . import profiling, set_num_threads, get_num_threads
 
 PRESETS = {
@@ -62,9 +62,13 @@ def _generate(args) -> int:
     if args.threads:
         set_num_threads(args.threads)
     try:
-        model = load_model(args.model, gpu_layers=args.gpu_layers, kv_dtype=args.kv_dtype)
+        model = load_model(args.model, gpu_layers=args.gpu_layers, kv_dtype=args.kv_dtype,
+                           kv_on_cpu=args.kv_on_cpu)
     except ModelLoadError as exc:
         print(f"hybrid: cannot load the model: {exc}", file=sys.stderr)
+        return 2
+    except NoBackendError as exc:  # --gpu-layers without a usable GPU: say why
+        print(f"hybrid: {exc}", file=sys.stderr)
         return 2
     tok = model.tokenizer
     use_chat = args.chat if args.chat is not None else bool(tok.chat_template)
@@ -190,7 +194,10 @@ def main(argv=None) -> int:
     gen.add_argument("--top-p", type=float, default=1.0)
     gen.add_argument("--seed", type=int, default=None)
     gen.add_argument("--threads", type=int, default=0)
-    gen.add_argument("--gpu-layers", type=int, default=0)
+    gen.add_argument("--gpu-layers", type=int, default=0,
+                     help="run the last N layers on cuda:0")
+    gen.add_argument("--kv-on-cpu", action="store_true",
+                     help="keep the KV cache of GPU layers in host memory")
     gen.add_argument("--kv-dtype", choices=["float16", "float32"], default="float16")
     chat = gen.add_mutually_exclusive_group()
     chat.add_argument("--chat", dest="chat", action="store_true", default=None,
