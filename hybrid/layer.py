@@ -69,7 +69,7 @@ class DecoderLayer:
         """(x, host_out): the input on this layer's device, and the host array to return the
         result in when the caller passed host arrays to a cuda layer (else None)."""
         if not self._gpu:
-            if is_device_array(hidden):
+            if type(hidden) is not np.ndarray and is_device_array(hidden):
                 hidden = hidden.to_host()
             return self._input(hidden, out), None
         if is_device_array(hidden):
