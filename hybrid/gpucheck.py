@@ -375,10 +375,17 @@ def time_decode(dev, batch, ctx, f16, fused, bw):
     return ms, gbs, gbs * 1e9 / bw
 
 
+class _Skip(Exception):
+    pass
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(prog="python -m hybrid.gpucheck", description=__doc__.split("\n")[0])
     ap.add_argument("--quick", action="store_true", help="skip the model check, time fewer shapes")
+    ap.add_argument("--only", default="", help="comma-separated sections to run (row_ops, "
+                    "kv_cache, attention, attention_gptj, layers, model, timing)")
     args = ap.parse_args(argv)
+    only = {x.strip() for x in args.only.split(",") if x.strip()}
     from ._cuda.backend import availability
 
     ok, reason = availability()
@@ -395,6 +402,8 @@ def main(argv=None) -> int:
                 checks.layers]
     if not args.quick:
         sections.append(checks.model)
+    if only:
+        sections = [sec for sec in sections if sec.__name__ in only]
     for section in sections:
         print(f"-- {section.__name__}", flush=True)
         try:
@@ -407,6 +416,8 @@ def main(argv=None) -> int:
     rows = []
     bw = 0.0
     try:
+        if only and "timing" not in only:
+            raise _Skip
         bw = copy_bandwidth(dev)
         for batch in (1, 64):
             for ctx in ((4096, 32768) if not args.quick else (4096,)):
@@ -414,6 +425,8 @@ def main(argv=None) -> int:
                     for fused in (False, True):
                         ms, gbs, share = time_decode(dev, batch, ctx, f16, fused, bw)
                         rows.append((batch, ctx, "f16" if f16 else "f32", fused, ms, gbs, share))
+    except _Skip:
+        pass
     except Exception:
         traceback.print_exc(limit=6)
         failed.append(("timing", float("inf"), 0.0, False))
