@@ -24,6 +24,7 @@ of the device's measured copy bandwidth.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import math
 import sys
 import time
@@ -184,7 +185,7 @@ class Checks:
                        combos=(("float32", True), ("float16", True)), neox=False)
 
     # -- decoder layers in every placement ------------------------------------------------------
-    def layers(self, shapes=("llama", "qwen3"), dtypes=("float32", "float16")):
+    def layers(self, shapes=("llama", "qwen3", "qwen2"), dtypes=("float32", "float16")):
         from .cli import random_weights
         from .config import DecoderConfig
         from .kvcache import PagedKVCache
@@ -194,10 +195,17 @@ class Checks:
                                          head_dim=64, intermediate_size=512), False),
                  "qwen3": (DecoderConfig(hidden_size=192, num_heads=6, num_kv_heads=3,
                                          head_dim=128, intermediate_size=320,
-                                         rope_theta=1e6), True)}
+                                         rope_theta=1e6), True),
+                 "qwen2": (DecoderConfig(hidden_size=192, num_heads=6, num_kv_heads=2,
+                                         head_dim=64, intermediate_size=288,
+                                         rope_theta=1e6), False)}
         for name in shapes:
             cfg, qk_norm = known[name]
             w = random_weights(cfg, self.rng, qk_norm=qk_norm, std=0.05)
+            if name == "qwen2":  # q/k/v biases
+                w = dataclasses.replace(w, bq=self.f32(cfg.q_size, scale=0.1),
+                                        bk=self.f32(cfg.kv_size, scale=0.1),
+                                        bv=self.f32(cfg.kv_size, scale=0.1))
             cpu_layer = DecoderLayer(cfg, w, placement="cpu")
             x = self.f32(37, cfg.hidden_size)
             steps = [self.f32(1, cfg.hidden_size) for _ in range(4)]

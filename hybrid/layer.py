@@ -58,8 +58,15 @@ class DecoderLayer:
         self.scratch = scratch if scratch is not None else Scratch()
         self._inv_freq = config.inv_freq() if config.rope_enabled else None
         self._gpu = not self.placement.is_cpu
-        # the weights on the layer's device (the same arrays on the cpu)
-        self._w = self.weights if not self._gpu else _weights_on(self.weights, self.placement)
+        # the weights on the layer's device (the same arrays on the cpu); on a GPU the Q/K/V and
+        # gate/up weights are stacked, so one fused kernel reads each group in one pass
+        self._w, self._stacked = self.weights, None
+        if self._gpu:
+            self._w, self._stacked = _weights_on(self.weights, self.placement)
+            self._split3 = _optional_op("linear_split3", self.placement)
+            self._linear_swiglu = _optional_op("linear_swiglu", self.placement)
+            if self._split3 is None or self._linear_swiglu is None:
+                self._stacked = None
         self.fused_rope = bool(fused_rope) and self._gpu and self._inv_freq is not None
         self._k = ops.bind(self.placement)  # kernels resolved once; arrays are checked on entry
         self._bufs = (None, None)  # (rows, activation buffers) of the last call
@@ -277,12 +284,17 @@ class DecoderLayer:
         n, H, KVH, D, eps = x.shape[0], cfg.num_heads, cfg.num_kv_heads, cfg.head_dim, cfg.rms_norm_eps
         with region("Block/AttnNorm"):
             h = k_.rmsnorm(x, w.attn_norm, eps, b["h"])  # [n, hidden]
-        with region("Block/QProj"):
-            q = k_.linear(h, w.wq, w.bq, b["q"])  # [n, H*D]
-        with region("Block/KProj"):
-            k = k_.linear(h, w.wk, w.bk, b["k"])  # [n, KVH*D]
-        with region("Block/VProj"):
-            v = k_.linear(h, w.wv, w.bv, b["v"])  # [n, KVH*D]
+        if self._stacked is not None:  # GPU: one pass over the stacked Q/K/V weights
+            q, k, v = b["q"], b["k"], b["v"]
+            with region("Block/QKVProj"):
+                self._split3(h, self._stacked.w_qkv, self._stacked.b_qkv, (q, k, v))
+        else:
+            with region("Block/QProj"):
+                q = k_.linear(h, w.wq, w.bq, b["q"])  # [n, H*D]
+            with region("Block/KProj"):
+                k = k_.linear(h, w.wk, w.bk, b["k"])  # [n, KVH*D]
+            with region("Block/VProj"):
+                v = k_.linear(h, w.wv, w.bv, b["v"])  # [n, KVH*D]
         if w.q_norm is not None:
             with region("Block/QNorm"):  # per head, over head_dim
                 k_.rmsnorm(q.reshape(n * H, D), w.q_norm, eps, q.reshape(n * H, D))
@@ -305,12 +317,17 @@ class DecoderLayer:
         x1 = k_.add(x, o, b["x1"])  # residual 1
         with region("Block/MlpNorm"):
             h2 = k_.rmsnorm(x1, w.mlp_norm, cfg.rms_norm_eps, b["h"])
-        with region("Block/GateProj"):
-            gate = k_.linear(h2, w.w_gate, None, b["gate"])  # [n, intermediate]
-        with region("Block/UpProj"):
-            up = k_.linear(h2, w.w_up, None, b["up"])
-        with region("Block/SwiGLU"):
-            act = k_.swiglu(gate, up, gate)  # in place
+        if self._stacked is not None:  # GPU: gate, up and SwiGLU in one pass
+            act = b["gate"]
+            with region("Block/GateUpSwiGLU"):
+                self._linear_swiglu(h2, self._stacked.w_gate_up, act, b["up"])
+        else:
+            with region("Block/GateProj"):
+                gate = k_.linear(h2, w.w_gate, None, b["gate"])  # [n, intermediate]
+            with region("Block/UpProj"):
+                up = k_.linear(h2, w.w_up, None, b["up"])
+            with region("Block/SwiGLU"):
+                act = k_.swiglu(gate, up, gate)  # in place
         with region("Block/DownProj"):
             d = k_.linear(act, w.w_down, None, b["o"])  # [n, hidden]
         return k_.add(x1, d, result)  # residual 2
@@ -328,9 +345,41 @@ class DecoderLayer:
                 f"qk_norm={self.weights.q_norm is not None})")
 
 
-def _weights_on(weights: LayerWeights, placement: Placement) -> LayerWeights:
-    """A LayerWeights whose arrays are copies on ``placement`` (None stays None)."""
-    moved = {f.name: (None if getattr(weights, f.name) is None
-                      else to_device(getattr(weights, f.name), placement))
-             for f in dataclasses.fields(weights)}
-    return dataclasses.replace(weights, **moved)
+@dataclasses.dataclass
+class _Stacked:
+    w_qkv: object  # [q_size + 2*kv_size, hidden] on the device
+    b_qkv: object  # [q_size + 2*kv_size] or None
+    w_gate_up: object  # [2*intermediate, hidden]
+
+
+def _weights_on(weights: LayerWeights, placement: Placement):
+    """(LayerWeights on ``placement``, the stacked Q/K/V and gate/up weights).  The separate
+    projection weights are views of the stacks, so each weight is on the device once."""
+    w = weights
+    moved = {f.name: (None if getattr(w, f.name) is None else to_device(getattr(w, f.name), placement))
+             for f in dataclasses.fields(w)
+             if f.name not in ("wq", "wk", "wv", "bq", "bk", "bv", "w_gate", "w_up")}
+    q, kv, inter = w.wq.shape[0], w.wk.shape[0], w.w_gate.shape[0]
+    w_qkv = to_device(np.concatenate([w.wq, w.wk, w.wv]), placement)
+    moved.update(wq=w_qkv[0:q], wk=w_qkv[q:q + kv], wv=w_qkv[q + kv:q + 2 * kv])
+    b_qkv = None
+    if any(b is not None for b in (w.bq, w.bk, w.bv)):
+        parts = [b if b is not None else np.zeros(n, np.float32)
+                 for b, n in ((w.bq, q), (w.bk, kv), (w.bv, kv))]
+        b_qkv = to_device(np.concatenate(parts), placement)
+        for name, b, lo, hi in (("bq", w.bq, 0, q), ("bk", w.bk, q, q + kv),
+                                ("bv", w.bv, q + kv, q + 2 * kv)):
+            moved[name] = None if b is None else b_qkv[lo:hi]
+    else:
+        moved.update(bq=None, bk=None, bv=None)
+    w_gate_up = to_device(np.concatenate([w.w_gate, w.w_up]), placement)
+    moved.update(w_gate=w_gate_up[0:inter], w_up=w_gate_up[inter:2 * inter])
+    return dataclasses.replace(w, **moved), _Stacked(w_qkv, b_qkv, w_gate_up)
+
+
+def _optional_op(op: str, placement: Placement):
+    """The backend's implementation of ``op``, or None when it has none."""
+    try:
+        return registry.lookup(op, placement)
+    except registry.NoBackendError:
+        return None

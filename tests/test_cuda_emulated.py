@@ -67,8 +67,11 @@ def test_paged_attention(emulated_gpu, case):
 
 def test_decoder_layer_in_every_placement(emulated_gpu):
     checks = gpucheck.Checks(np.random.default_rng(4))
-    checks.layers(shapes=("llama",))
+    checks.layers(shapes=("llama",), dtypes=("float16",))
+    checks.layers(shapes=("qwen2",), dtypes=("float32",))  # q/k/v biases through the fused QKV
     _passed(checks)
+    names = {name for name, *_ in emulated_gpu(0).launches}
+    assert {"hybrid_gemv_split3_f32", "hybrid_gemv_swiglu_f32", "hybrid_gemm_f32"} <= names
 
 
 def test_steady_decode_allocates_nothing(emulated_gpu, monkeypatch, rng):

@@ -43,8 +43,8 @@ def register(registrar) -> None:
         raise BackendUnavailable(reason)
     from . import launch
 
-    for name in ("rmsnorm", "rope", "swiglu", "add", "copy", "linear", "paged_attention",
-                 "paged_attention_batch", "to_device"):
+    for name in ("rmsnorm", "rope", "swiglu", "add", "copy", "linear", "linear_split3",
+                 "linear_swiglu", "paged_attention", "paged_attention_batch", "to_device"):
         registrar.op(name, getattr(launch, name))
     registrar.op("empty", launch.empty_array)
     registrar.op("kv_layer_blocks", kv_layer_blocks)

@@ -108,6 +108,39 @@ def linear(x: DeviceArray, weight: DeviceArray, bias, out: DeviceArray) -> None:
                    [x, weight, bias, out, rows, out_f, in_f])
 
 
+def linear_split3(x: DeviceArray, weight: DeviceArray, bias, outs) -> None:
+    """outs[i] = x @ weight[rows of part i].T (+ bias): weight stacks the three projections
+    [n0 + n1 + n2, in] (Q, K, V).  One pass over the weights for decode-sized x."""
+    dev = x.device
+    rows, in_f = x.shape
+    n = [o.shape[1] for o in outs]
+    if rows <= GEMV_MAX_ROWS:
+        warps = THREADS // 32
+        dev.launch(_fn(dev, variants.linear(), "hybrid_gemv_split3_f32"), (-(-sum(n) // warps),),
+                   (THREADS,), [x, weight, bias, *outs, rows, in_f, *n])
+        return
+    start = 0
+    for o, k in zip(outs, n):
+        linear(x, weight[start:start + k], None if bias is None else bias[start:start + k], o)
+        start += k
+
+
+def linear_swiglu(x: DeviceArray, weight: DeviceArray, gate: DeviceArray, up: DeviceArray) -> None:
+    """gate = silu(x @ W_gate.T) * (x @ W_up.T), weight stacking [W_gate; W_up] [2*inter, in];
+    ``up`` is scratch for the prefill path."""
+    dev = x.device
+    rows, in_f = x.shape
+    inter = gate.shape[1]
+    if rows <= GEMV_MAX_ROWS:
+        warps = THREADS // 32
+        dev.launch(_fn(dev, variants.linear(), "hybrid_gemv_swiglu_f32"), (-(-inter // warps),),
+                   (THREADS,), [x, weight, gate, rows, in_f, inter])
+        return
+    linear(x, weight[0:inter], None, gate)
+    linear(x, weight[inter:2 * inter], None, up)
+    swiglu(gate, up, gate)
+
+
 # ------------------------------------------------------------------------------- KV cache
 
 

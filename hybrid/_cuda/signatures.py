@@ -30,6 +30,8 @@ SIGNATURES = {
     "hybrid_kv_append_f32": _KV_APPEND,
     "hybrid_kv_append_f16": _KV_APPEND,
     "hybrid_gemv_f32": ("ptr", "ptr", "ptr", "ptr", "i32", "i32", "i32"),
+    "hybrid_gemv_split3_f32": ("ptr",) * 6 + ("i32",) * 5,
+    "hybrid_gemv_swiglu_f32": ("ptr", "ptr", "ptr", "i32", "i32", "i32"),
     "hybrid_gemm_f32": ("ptr", "ptr", "ptr", "ptr", "i32", "i32", "i32"),
     "hybrid_paged_attention_f32": _ATT,
     "hybrid_paged_attention_f16": _ATT,

@@ -22,7 +22,8 @@ def kv_append(f16: bool) -> KernelSpec:
 
 
 def linear() -> KernelSpec:
-    return KernelSpec("linear.cu", (), ("hybrid_gemv_f32", "hybrid_gemm_f32"))
+    return KernelSpec("linear.cu", (), ("hybrid_gemv_f32", "hybrid_gemv_split3_f32",
+                                        "hybrid_gemv_swiglu_f32", "hybrid_gemm_f32"))
 
 
 def paged_attention(head_dim: int, group: int, f16: bool, fused_rope: bool,

@@ -1,6 +1,8 @@
 // out = x @ W.T (+ bias) with W stored [out_features, in_features] like torch.nn.Linear.
 //   hybrid_gemv_f32   decode-sized x (a few rows): one warp per output row streams that W row once
 //                     with 16-byte loads and serves every row of x
+//   hybrid_gemv_split3_f32   the same over stacked Q/K/V weights, writing three outputs
+//   hybrid_gemv_swiglu_f32   the same over stacked gate/up weights, writing silu(gate) * up
 //   hybrid_gemm_f32   prefill-sized x: 64x64 output tiles, 16-wide K slices in shared memory
 #include "common.cuh"
 
@@ -8,22 +10,18 @@
 #define GEMV_MAX_ROWS 8
 #endif
 
-extern "C" __global__ void hybrid_gemv_f32(const float *__restrict__ x,     // [rows, in]
-                                           const float *__restrict__ w,     // [out, in]
-                                           const float *__restrict__ bias,  // [out] or null
-                                           float *__restrict__ out,         // [rows, out]
-                                           int rows, int in_f, int out_f) {
+// Dot products of weight row `wr` [in_f] with every row of x [rows, in_f], summed over the
+// warp: acc[r] holds row r's result in every lane.
+__device__ __forceinline__ void gemv_row(const float *__restrict__ x, const float *__restrict__ wr,
+                                         int rows, int in_f, float *acc) {
     const int lane = threadIdx.x & 31;
-    const int o = blockIdx.x * (blockDim.x >> 5) + (threadIdx.x >> 5);
-    if (o >= out_f) return;
-    float acc[GEMV_MAX_ROWS];
 #pragma unroll
     for (int r = 0; r < GEMV_MAX_ROWS; r++) acc[r] = 0.0f;
-    const float *wr = w + (long)o * in_f;
     const bool vec = (in_f % 4 == 0) && (((unsigned long long)wr & 15) == 0) &&
                      (((unsigned long long)x & 15) == 0);
     if (vec) {
         const float4 *w4 = (const float4 *)wr;
+#pragma unroll 4
         for (int i = lane; i < in_f / 4; i += 32) {
             const float4 a = w4[i];
 #pragma unroll
@@ -43,11 +41,70 @@ extern "C" __global__ void hybrid_gemv_f32(const float *__restrict__ x,     // [
         }
     }
 #pragma unroll
-    for (int r = 0; r < GEMV_MAX_ROWS; r++) {
-        if (r < rows) {
-            const float s = hy_warp_sum(acc[r]);
-            if (lane == 0) out[(long)r * out_f + o] = s + (bias ? bias[o] : 0.0f);
-        }
+    for (int r = 0; r < GEMV_MAX_ROWS; r++)
+        if (r < rows) acc[r] = hy_warp_sum(acc[r]);
+}
+
+extern "C" __global__ void hybrid_gemv_f32(const float *__restrict__ x,     // [rows, in]
+                                           const float *__restrict__ w,     // [out, in]
+                                           const float *__restrict__ bias,  // [out] or null
+                                           float *__restrict__ out,         // [rows, out]
+                                           int rows, int in_f, int out_f) {
+    const int o = blockIdx.x * (blockDim.x >> 5) + (threadIdx.x >> 5);
+    if (o >= out_f) return;
+    float acc[GEMV_MAX_ROWS];
+    gemv_row(x, w + (long)o * in_f, rows, in_f, acc);
+    if ((threadIdx.x & 31) == 0) {
+#pragma unroll
+        for (int r = 0; r < GEMV_MAX_ROWS; r++)
+            if (r < rows) out[(long)r * out_f + o] = acc[r] + (bias ? bias[o] : 0.0f);
+    }
+}
+
+// The Q, K and V projections in one pass: w stacks [n0 + n1 + n2, in] rows, output feature o
+// goes to out0 [rows, n0], out1 [rows, n1] or out2 [rows, n2].
+extern "C" __global__ void hybrid_gemv_split3_f32(const float *__restrict__ x,
+                                                  const float *__restrict__ w,
+                                                  const float *__restrict__ bias,  // or null
+                                                  float *__restrict__ out0,
+                                                  float *__restrict__ out1,
+                                                  float *__restrict__ out2, int rows, int in_f,
+                                                  int n0, int n1, int n2) {
+    const int o = blockIdx.x * (blockDim.x >> 5) + (threadIdx.x >> 5);
+    if (o >= n0 + n1 + n2) return;
+    float acc[GEMV_MAX_ROWS];
+    gemv_row(x, w + (long)o * in_f, rows, in_f, acc);
+    float *dst;
+    int n, c;
+    if (o < n0) {
+        dst = out0, n = n0, c = o;
+    } else if (o < n0 + n1) {
+        dst = out1, n = n1, c = o - n0;
+    } else {
+        dst = out2, n = n2, c = o - n0 - n1;
+    }
+    if ((threadIdx.x & 31) == 0) {
+#pragma unroll
+        for (int r = 0; r < GEMV_MAX_ROWS; r++)
+            if (r < rows) dst[(long)r * n + c] = acc[r] + (bias ? bias[o] : 0.0f);
+    }
+}
+
+// The gate and up projections and SwiGLU in one pass: w stacks [2 * inter, in] rows (gate
+// rows, then up rows); out [rows, inter] = silu(x @ gate.T) * (x @ up.T).
+extern "C" __global__ void hybrid_gemv_swiglu_f32(const float *__restrict__ x,
+                                                  const float *__restrict__ w,
+                                                  float *__restrict__ out, int rows, int in_f,
+                                                  int inter) {
+    const int o = blockIdx.x * (blockDim.x >> 5) + (threadIdx.x >> 5);
+    if (o >= inter) return;
+    float g[GEMV_MAX_ROWS], u[GEMV_MAX_ROWS];
+    gemv_row(x, w + (long)o * in_f, rows, in_f, g);
+    gemv_row(x, w + (long)(inter + o) * in_f, rows, in_f, u);
+    if ((threadIdx.x & 31) == 0) {
+#pragma unroll
+        for (int r = 0; r < GEMV_MAX_ROWS; r++)
+            if (r < rows) out[(long)r * inter + o] = g[r] / (1.0f + __expf(-g[r])) * u[r];
     }
 }
 
