@@ -65,8 +65,9 @@ class DecoderLayer:
             self._w, self._stacked = _weights_on(self.weights, self.placement)
             self._split3 = _optional_op("linear_split3", self.placement)
             self._linear_swiglu = _optional_op("linear_swiglu", self.placement)
-            if self._split3 is None or self._linear_swiglu is None:
-                self._stacked = None
+            self._linear_residual = _optional_op("linear_residual", self.placement)
+            if None in (self._split3, self._linear_swiglu, self._linear_residual):
+                self._stacked = None  # a backend without the fused projections
         self.fused_rope = bool(fused_rope) and self._gpu and self._inv_freq is not None
         self._k = ops.bind(self.placement)  # kernels resolved once; arrays are checked on entry
         self._bufs = (None, None)  # (rows, activation buffers) of the last call
@@ -312,12 +313,17 @@ class DecoderLayer:
     def _finish(self, x, att, result):
         """O projection and residual, then the MLP block and its residual (into ``result``)."""
         cfg, w, k_, b = self.config, self._w, self._k, self._buffers(x.shape[0])
+        fused = self._stacked is not None  # GPU: residual adds inside the projections
         with region("Block/OProj"):
-            o = k_.linear(att, w.wo, None, b["o"])  # [n, hidden]
-        x1 = k_.add(x, o, b["x1"])  # residual 1
+            if fused:
+                x1 = b["x1"]
+                self._linear_residual(att, w.wo, None, x, x1)  # x + att @ wo.T
+            else:
+                o = k_.linear(att, w.wo, None, b["o"])  # [n, hidden]
+                x1 = k_.add(x, o, b["x1"])  # residual 1
         with region("Block/MlpNorm"):
             h2 = k_.rmsnorm(x1, w.mlp_norm, cfg.rms_norm_eps, b["h"])
-        if self._stacked is not None:  # GPU: gate, up and SwiGLU in one pass
+        if fused:  # GPU: gate, up and SwiGLU in one pass
             act = b["gate"]
             with region("Block/GateUpSwiGLU"):
                 self._linear_swiglu(h2, self._stacked.w_gate_up, act, b["up"])
@@ -329,6 +335,9 @@ class DecoderLayer:
             with region("Block/SwiGLU"):
                 act = k_.swiglu(gate, up, gate)  # in place
         with region("Block/DownProj"):
+            if fused:
+                self._linear_residual(act, w.w_down, None, x1, result)  # residual 2 in the pass
+                return result
             d = k_.linear(act, w.w_down, None, b["o"])  # [n, hidden]
         return k_.add(x1, d, result)  # residual 2
 

@@ -93,19 +93,25 @@ def copy(a: DeviceArray, out: DeviceArray) -> None:
                [a, out, n])
 
 
-def linear(x: DeviceArray, weight: DeviceArray, bias, out: DeviceArray) -> None:
-    """out [rows, out_f] = x [rows, in_f] @ weight[out_f, in_f].T (+ bias [out_f])."""
+def linear(x: DeviceArray, weight: DeviceArray, bias, out: DeviceArray, residual=None) -> None:
+    """out [rows, out_f] = x [rows, in_f] @ weight[out_f, in_f].T (+ bias [out_f]) (+ residual
+    [rows, out_f], which may be ``out``: the residual connection in the same pass)."""
     dev = x.device
     rows, in_f = x.shape
     out_f = weight.shape[0]
     if rows <= GEMV_MAX_ROWS:
         warps = THREADS // 32  # one output feature per warp
         dev.launch(_fn(dev, variants.linear(), "hybrid_gemv_f32"), (-(-out_f // warps),),
-                   (THREADS,), [x, weight, bias, out, rows, in_f, out_f])
+                   (THREADS,), [x, weight, bias, residual, out, rows, in_f, out_f])
     else:
         dev.launch(_fn(dev, variants.linear(), "hybrid_gemm_f32"),
                    (-(-out_f // 64), -(-rows // 64)), (THREADS,),
-                   [x, weight, bias, out, rows, out_f, in_f])
+                   [x, weight, bias, residual, out, rows, out_f, in_f])
+
+
+def linear_residual(x, weight, bias, residual, out) -> None:
+    """out = x @ weight.T (+ bias) + residual, one pass (``residual`` may be ``out``)."""
+    linear(x, weight, bias, out, residual)
 
 
 def linear_split3(x: DeviceArray, weight: DeviceArray, bias, outs) -> None:

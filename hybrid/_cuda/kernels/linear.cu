@@ -1,4 +1,6 @@
-// out = x @ W.T (+ bias) with W stored [out_features, in_features] like torch.nn.Linear.
+// out = x @ W.T (+ bias) (+ residual) with W stored [out_features, in_features] like
+// torch.nn.Linear; `residual` may be `out` itself (each element is read, then written, by one
+// thread).
 //   hybrid_gemv_f32   decode-sized x (a few rows): one warp per output row streams that W row once
 //                     with 16-byte loads and serves every row of x
 //   hybrid_gemv_split3_f32   the same over stacked Q/K/V weights, writing three outputs
@@ -48,7 +50,8 @@ __device__ __forceinline__ void gemv_row(const float *__restrict__ x, const floa
 extern "C" __global__ void hybrid_gemv_f32(const float *__restrict__ x,     // [rows, in]
                                            const float *__restrict__ w,     // [out, in]
                                            const float *__restrict__ bias,  // [out] or null
-                                           float *__restrict__ out,         // [rows, out]
+                                           const float *residual,           // [rows, out] or null
+                                           float *out,                      // [rows, out]
                                            int rows, int in_f, int out_f) {
     const int o = blockIdx.x * (blockDim.x >> 5) + (threadIdx.x >> 5);
     if (o >= out_f) return;
@@ -57,7 +60,10 @@ extern "C" __global__ void hybrid_gemv_f32(const float *__restrict__ x,     // [
     if ((threadIdx.x & 31) == 0) {
 #pragma unroll
         for (int r = 0; r < GEMV_MAX_ROWS; r++)
-            if (r < rows) out[(long)r * out_f + o] = acc[r] + (bias ? bias[o] : 0.0f);
+            if (r < rows) {
+                const long i = (long)r * out_f + o;
+                out[i] = acc[r] + (bias ? bias[o] : 0.0f) + (residual ? residual[i] : 0.0f);
+            }
     }
 }
 
@@ -114,7 +120,8 @@ extern "C" __global__ void hybrid_gemv_swiglu_f32(const float *__restrict__ x,
 extern "C" __global__ void hybrid_gemm_f32(const float *__restrict__ x,     // [m, k]
                                            const float *__restrict__ w,     // [n, k]
                                            const float *__restrict__ bias,  // [n] or null
-                                           float *__restrict__ out,         // [m, n]
+                                           const float *residual,           // [m, n] or null
+                                           float *out,                      // [m, n]
                                            int m, int n, int k) {
     __shared__ float xs[KSLICE][TILE + 1];
     __shared__ float ws[KSLICE][TILE + 1];
@@ -154,7 +161,10 @@ extern "C" __global__ void hybrid_gemm_f32(const float *__restrict__ x,     // [
 #pragma unroll
         for (int j = 0; j < 4; j++) {
             const int c = col0 + tx * 4 + j;
-            if (c < n) out[(long)r * n + c] = acc[i][j] + (bias ? bias[c] : 0.0f);
+            if (c < n) {
+                const long idx = (long)r * n + c;
+                out[idx] = acc[i][j] + (bias ? bias[c] : 0.0f) + (residual ? residual[idx] : 0.0f);
+            }
         }
     }
 }
