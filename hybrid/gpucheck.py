@@ -446,7 +446,34 @@ def main(argv=None) -> int:
     for batch, ctx, kv, fused, ms, gbs, share in rows:
         print(f"{batch:>5} {ctx:>6} {kv:>4} {'fused' if fused else '-':>5} {ms:>8.3f} {gbs:>7.0f} "
               f"{share:>6.0%}")
+    for line in target_lines(rows):
+        print(line)
     return 1 if failed else 0
+
+
+def target_lines(rows) -> list:
+    """The issue's targets read off the timing rows (batch, ctx, kv, fused, ms, GB/s, share)."""
+    t = {(b, c, kv, f): (ms, share) for b, c, kv, f, ms, _, share in rows}
+    out = []
+
+    def line(what, value, ok):
+        out.append(f"target {'met ' if ok else 'MISSED'} {what}: {value}")
+
+    for ctx in (4096, 32768):
+        if (64, ctx, "f16", False) in t:
+            share = t[(64, ctx, "f16", False)][1]
+            line(f"batch 64 ctx {ctx} f16 >= 80% of bandwidth", f"{share:.0%}", share >= 0.8)
+    if (1, 32768, "f16", False) in t:
+        share = t[(1, 32768, "f16", False)][1]
+        line("batch 1 ctx 32768 f16 >= 60% of bandwidth", f"{share:.0%}", share >= 0.6)
+    for (b, c, kv, f), (ms, _) in sorted(t.items()):
+        if kv == "f16" and not f and (b, c, "f32", False) in t:
+            r = ms / t[(b, c, "f32", False)][0]
+            line(f"batch {b} ctx {c} f16 time <= 0.6 x f32", f"{r:.2f}", r <= 0.6)
+        if f and (b, c, kv, False) in t:
+            r = ms / t[(b, c, kv, False)][0]
+            line(f"batch {b} ctx {c} {kv} fused RoPE costs <= 5%", f"{r - 1:+.1%}", r <= 1.05)
+    return out
 
 
 if __name__ == "__main__":

@@ -102,3 +102,15 @@ def test_gpucheck_passes_on_a_gpu():
     from hybrid import gpucheck
 
     assert gpucheck.main(["--quick"]) == 0
+
+
+def test_gpucheck_reads_the_targets_off_the_timing_rows():
+    from hybrid.gpucheck import target_lines
+
+    rows = [(64, 4096, "f16", False, 1.0, 0, 0.85), (64, 4096, "f32", False, 2.0, 0, 0.8),
+            (64, 4096, "f16", True, 1.1, 0, 0.7), (1, 32768, "f16", False, 0.5, 0, 0.55)]
+    lines = target_lines(rows)
+    assert "target met  batch 64 ctx 4096 f16 >= 80% of bandwidth: 85%" in lines
+    assert "target MISSED batch 1 ctx 32768 f16 >= 60% of bandwidth: 55%" in lines
+    assert "target met  batch 64 ctx 4096 f16 time <= 0.6 x f32: 0.50" in lines
+    assert "target MISSED batch 64 ctx 4096 f16 fused RoPE costs <= 5%: +10.0%" in lines
