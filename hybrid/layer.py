@@ -152,12 +152,17 @@ class DecoderLayer:
         fused = not private and self._use_fused_rope(cache.placement(layer), pos,
                                                      np.arange(start, start + n, dtype=np.int64))
         q, k, v = self._qkv(x, pos, rotate=not fused)  # [n, H*D], [n, KVH*D], [n, KVH*D]
+
+        def append(kk, vv):  # the new K, V rows after what the layer holds
+            cache.append(layer, kk, vv)
+
+        def attention(qq, o, rope):  # rows at positions start.. over the cache layer
+            return ops.paged_attention(qq, cache, layer, scale=self.config.softmax_scale, out=o,
+                                       rope=rope)
+
         with region("Block/Attention"):
             try:
-                att = self._attend(q, k, v, fused, lambda kk, vv: cache.append(layer, kk, vv),
-                                   lambda qq, o, rope: ops.paged_attention(
-                                       qq, cache, layer, scale=self.config.softmax_scale, out=o,
-                                       rope=rope), cache.placement(layer))
+                att = self._attend(q, k, v, fused, append, attention, cache.placement(layer))
             except BaseException:
                 cache._rollback_layer(layer, start)
                 raise
@@ -188,16 +193,17 @@ class DecoderLayer:
         fused = self._use_fused_rope(where, pos, np.asarray(starts, dtype=np.int64))
         q, k, v = self._qkv(x, pos, rotate=not fused)
 
-        def append(kk, vv):
+        def append(kk, vv):  # row b goes to sequence b
             for b, c in enumerate(caches):
                 c.append(self.index, kk[b:b + 1], vv[b:b + 1])
 
+        def attention(qq, o, rope):  # row b at position seq_len of sequence b
+            return ops.paged_attention_batch(qq, caches, self.index,
+                                             scale=self.config.softmax_scale, out=o, rope=rope)
+
         with region("Block/Attention"):
             try:
-                att = self._attend(q, k, v, fused, append,
-                                   lambda qq, o, rope: ops.paged_attention_batch(
-                                       qq, caches, self.index, scale=self.config.softmax_scale,
-                                       out=o, rope=rope), where)
+                att = self._attend(q, k, v, fused, append, attention, where)
             except BaseException:
                 self._rollback_all(caches, starts)
                 raise
