@@ -20,7 +20,8 @@ import numpy as np
 from .. import ops
 from ..kvcache import PagedKVCache
 from ..layer import DecoderLayer
-from ..placement import CPU, Placement, copy_between, is_device_array, placement_of
+from ..placement import (CPU, Placement, copy_between, is_device_array, placement_of,
+                         to_device)
 from ..scratch import Scratch
 from .sampling import Sampler, SamplingParams
 from .weights import ModelWeights
@@ -87,6 +88,12 @@ class Model:
         self.embed = weights.embed  # [vocab, hidden] float32
         self.final_norm = weights.final_norm  # [hidden]
         self.lm_head = weights.lm_head  # [vocab, hidden]
+        # the final norm and LM head run where the last layer runs (on a GPU: copies there)
+        self._head_at = self.placements[-1] if self.placements else CPU
+        self._head_weights = (self.final_norm, self.lm_head)
+        if not self._head_at.is_cpu:
+            self._head_weights = (to_device(self.final_norm, self._head_at),
+                                  to_device(self.lm_head, self._head_at))
         self.last_stats = GenerationStats()
 
     @property
@@ -117,10 +124,16 @@ class Model:
         if cache.max_tokens and total > cache.max_tokens:
             raise ValueError(f"{total} tokens exceed the KV cache capacity {cache.max_tokens}")
 
-    def _head(self, h: np.ndarray) -> np.ndarray:
+    def _head(self, h) -> np.ndarray:
         """Final norm and LM head: h [rows, hidden] -> logits [rows, vocab] float32."""
-        h = ops.rmsnorm(h, self.final_norm, self.config.rms_norm_eps)
-        return ops.linear(h, self.lm_head)
+        norm, head = self._head_weights
+        if self._head_at.is_cpu:
+            return ops.linear(ops.rmsnorm(h, norm, self.config.rms_norm_eps), head)
+        s, at, rows = self._scratch, self._head_at, h.shape[0]  # on the last layer's GPU
+        hn = ops.rmsnorm(h, norm, self.config.rms_norm_eps,
+                         out=s.get("head_norm", h.shape, placement=at))
+        logits = ops.linear(hn, head, out=s.get("logits", (rows, head.shape[0]), placement=at))
+        return logits.to_host()  # [rows, vocab] float32
 
     def forward(self, ids, cache: PagedKVCache) -> np.ndarray:
         """Run ``ids`` (continuing ``cache``), commit them, return the last position's logits."""
@@ -165,7 +178,7 @@ class Model:
             if placement_of(x) != layer.placement:
                 x = self._moved(x, layer.placement)
             x = step(layer, x, x if is_device_array(x) else None)
-        return self._moved(x, CPU) if is_device_array(x) else x
+        return self._moved(x, self._head_at) if placement_of(x) != self._head_at else x
 
     def _moved(self, x, placement: Placement):
         buf = self._scratch.get("model_x", x.shape, placement=placement)
