@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 
 import host_cuda
-from conftest import cuda_kind_served_by
+from conftest import cuda_kind_served_by, rel_err
 from hybrid import gpucheck
 from hybrid._cuda import arena as arena_mod
 from hybrid._cuda import arrays, kv_blocks, launch
@@ -104,3 +104,27 @@ def test_steady_decode_allocates_nothing(emulated_gpu, monkeypatch, rng):
     for _ in range(10):  # positions 3..12 stay inside the first 16-token block
         step()
     assert allocs == [] and np.all(np.isfinite(h.to_host()))
+
+
+@pytest.mark.parametrize("kw", [dict(gpu_layers=2), dict(gpu_layers=1, kv_on_cpu=True)])
+def test_model_on_the_emulated_gpu_matches_the_cpu(emulated_gpu, rng, kw):
+    from hybrid.cli import random_weights
+    from hybrid.config import DecoderConfig
+    from hybrid.models import Model, ModelWeights
+
+    cfg = DecoderConfig(hidden_size=128, num_heads=4, num_kv_heads=2, head_dim=64,
+                        intermediate_size=160)
+    vocab = 64
+    weights = ModelWeights(arch="llama", config=cfg,
+                           embed=rng.standard_normal((vocab, 128)).astype(np.float32),
+                           final_norm=np.ones(128, np.float32),
+                           lm_head=(rng.standard_normal((vocab, 128)) * 0.2).astype(np.float32),
+                           layers=[random_weights(cfg, rng, std=0.05) for _ in range(2)],
+                           max_position=256)
+    cpu, gpu = Model(weights, kv_dtype="float32"), Model(weights, kv_dtype="float32", **kw)
+    prompt = list(rng.integers(0, vocab, 5))
+    assert rel_err(gpu.logits(prompt), cpu.logits(prompt)) < 1e-4
+    assert list(gpu.generate_tokens(prompt, 4)) == list(cpu.generate_tokens(prompt, 4))
+    if "kv_on_cpu" not in kw:  # the LM head ran on the device
+        assert any(g[0] == -(-vocab // 8) for name, g, _ in emulated_gpu(0).launches
+                   if name == "hybrid_gemv_f32")
