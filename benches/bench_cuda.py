@@ -1,6 +1,7 @@
 """GPU benches (skipped, with the reason, where CUDA is unavailable): paged decode attention at
 batch 1 and 64, contexts 4k and 32k, float16/float32 KV, fused RoPE on and off, in GB/s and as a
-share of the device's measured copy bandwidth; a SmolLM2-shaped decode step, GPU against CPU."""
+share of the device's measured copy bandwidth, beside torch's SDPA on the same shapes (where
+torch has CUDA); a SmolLM2-shaped decode step, GPU against CPU."""
 
 import numpy as np
 import pytest
@@ -48,6 +49,32 @@ def test_gpu_decode_attention(benchmark, gpu, batch, ctx, dtype, fused):
     record_ratio("gpu attention", f"B={batch} ctx={ctx} {dtype} fused/unfused time",
                  _ms.get(key + (dtype, True)), _ms.get(key + (dtype, False)), "target <= 1.05")
     step.keep[0].free()
+
+
+@pytest.mark.parametrize("dtype", ["float16", "float32"])
+@pytest.mark.parametrize("ctx", [4096, 32768])
+@pytest.mark.parametrize("batch", [1, 64])
+def test_gpu_decode_attention_torch_peer(benchmark, gpu, batch, ctx, dtype):
+    """The peer: torch's scaled_dot_product_attention on contiguous K/V of the same shape."""
+    torch = pytest.importorskip("torch")
+    if not torch.cuda.is_available():
+        pytest.skip("torch has no CUDA here")
+    dev, bw = gpu
+    dt = getattr(torch, dtype)
+    q = torch.zeros(batch, 32, 1, 128, device="cuda", dtype=dt)
+    k = torch.zeros(batch, 8, ctx, 128, device="cuda", dtype=dt)
+    v = torch.zeros_like(k)
+
+    def run():
+        torch.nn.functional.scaled_dot_product_attention(q, k, v, enable_gqa=True)
+        torch.cuda.synchronize()
+
+    benchmark.pedantic(run, rounds=20, warmup_rounds=2)
+    kv_bytes = 2 * k.numel() * k.element_size()
+    t = record(benchmark, "gpu attention", f"torch-sdpa B={batch} ctx={ctx} {dtype}",
+               bytes_moved=kv_bytes, bandwidth=bw)
+    record_ratio("gpu attention", f"B={batch} ctx={ctx} {dtype}: torch time / hybrid time", t,
+                 _ms.get((batch, ctx, dtype, False)))
 
 
 @pytest.mark.parametrize("where", ["cpu", "cuda:0"])

@@ -16,7 +16,8 @@ Checks (random inputs, relative error against hybrid.reference or the CPU backen
                CPU) equal to the CPU's
 Timing: decode attention at batch 1 and 64, contexts 4k and 32k, float16 and float32 KV, fused
 RoPE on and off (head_dim 128, 8 KV heads, 32 query heads), as GB/s of KV read and as a share
-of the device's measured copy bandwidth.
+of the device's measured copy bandwidth, beside torch's scaled_dot_product_attention on the same
+shape where torch has CUDA (the peer), then the issue's targets as met or missed.
 
 ``--quick`` skips the model check and times fewer shapes.
 """
@@ -383,6 +384,33 @@ def time_decode(dev, batch, ctx, f16, fused, bw):
     return ms, gbs, gbs * 1e9 / bw
 
 
+def torch_decode_ms(batch, ctx, f16) -> "float | None":
+    """The peer: torch's scaled_dot_product_attention on the same decode shape (contiguous K/V,
+    GQA), in ms per step, or None where torch has no CUDA."""
+    try:
+        import torch
+    except ImportError:
+        return None
+    if not torch.cuda.is_available():
+        return None
+    dt = torch.float16 if f16 else torch.float32
+    q = torch.zeros(batch, 32, 1, 128, device="cuda", dtype=dt)
+    k = torch.zeros(batch, 8, ctx, 128, device="cuda", dtype=dt)
+    v = torch.zeros_like(k)
+
+    def step():
+        return torch.nn.functional.scaled_dot_product_attention(q, k, v, enable_gqa=True)
+
+    step()
+    start, stop = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    start.record()
+    for _ in range(20):
+        step()
+    stop.record()
+    stop.synchronize()
+    return start.elapsed_time(stop) / 20
+
+
 class _Skip(Exception):
     pass
 
@@ -430,9 +458,15 @@ def main(argv=None) -> int:
         for batch in (1, 64):
             for ctx in ((4096, 32768) if not args.quick else (4096,)):
                 for f16 in (True, False):
+                    peer = torch_decode_ms(batch, ctx, f16)
+                    if peer is not None:
+                        import torch
+
+                        torch.cuda.empty_cache()  # give its K/V back before ours is allocated
                     for fused in (False, True):
                         ms, gbs, share = time_decode(dev, batch, ctx, f16, fused, bw)
-                        rows.append((batch, ctx, "f16" if f16 else "f32", fused, ms, gbs, share))
+                        rows.append((batch, ctx, "f16" if f16 else "f32", fused, ms, gbs, share,
+                                     peer))
     except _Skip:
         pass
     except Exception:
@@ -442,11 +476,13 @@ def main(argv=None) -> int:
           f"{bw / 1e9:.0f} GB/s; {time.time() - t0:.0f} s")
     for name, err, tol, _ in failed[:20]:
         print(f"  FAILED {name} (rel err {err:.2e}, bound {tol:.0e})")
-    print(f"{'batch':>5} {'ctx':>6} {'kv':>4} {'rope':>5} {'ms':>8} {'GB/s':>7} {'of bw':>6}")
-    for batch, ctx, kv, fused, ms, gbs, share in rows:
+    print(f"{'batch':>5} {'ctx':>6} {'kv':>4} {'rope':>5} {'ms':>8} {'GB/s':>7} {'of bw':>6} "
+          f"{'torch ms':>9} {'speedup':>8}")
+    for batch, ctx, kv, fused, ms, gbs, share, peer in rows:
+        vs = f"{peer:>9.3f} {peer / ms:>7.2f}x" if peer else f"{'-':>9} {'-':>8}"
         print(f"{batch:>5} {ctx:>6} {kv:>4} {'fused' if fused else '-':>5} {ms:>8.3f} {gbs:>7.0f} "
-              f"{share:>6.0%}")
-    for line in target_lines(rows):
+              f"{share:>6.0%} {vs}")
+    for line in target_lines([r[:7] for r in rows]):
         print(line)
     return 1 if failed else 0
 
