@@ -8,7 +8,10 @@ here waits for the GPU except copies back to the host.  Launch shapes:
   rope, swiglu,    grid-stride loops, 256 threads a block
   add, copy
   linear           GEMV (one warp per output feature, every row of x served by one read of the
-                   weight row) for up to 8 rows; a 64x64-tiled GEMM above that
+                   weight row) for up to 8 rows; a 64x64-tiled GEMM above that; both can add
+                   a residual in the same pass (linear_residual)
+  linear_split3,   GPU-only fusions over stacked weights: Q/K/V in one GEMV, gate/up/SwiGLU in
+  linear_swiglu    one GEMV (prefill falls back to GEMMs on views of the stack)
   paged attention  one 128-thread block per (query row, KV head, key split); split-K is planned
                    so that the GPU holds about 8 blocks per SM, partials merged in fp32
 """
