@@ -264,6 +264,8 @@ class PagedKVCache:
         return len(self._layers[self._check_layer(layer)].table)
 
     def _check_layer(self, layer) -> int:
+        if type(layer) is int and 0 <= layer < self.num_layers:
+            return layer  # the common case, checked cheaply
         if isinstance(layer, bool) or not isinstance(layer, (int, np.integer)) \
                 or not 0 <= layer < self.num_layers:
             raise IndexError(f"layer {layer!r} out of range for a cache of {self.num_layers} layers")

@@ -148,9 +148,9 @@ class DecoderLayer:
         else:
             self._check_cache(cache)
             layer = self.index
-        start = cache.layer_len(layer)
-        fused = not private and self._use_fused_rope(cache.placement(layer), pos,
-                                                     np.arange(start, start + n, dtype=np.int64))
+        start, where = cache.layer_len(layer), cache.placement(layer)
+        fused = not private and self._use_fused_rope(
+            where, pos, lambda: np.arange(start, start + n, dtype=np.int64))
         q, k, v = self._qkv(x, pos, rotate=not fused)  # [n, H*D], [n, KVH*D], [n, KVH*D]
 
         def append(kk, vv):  # the new K, V rows after what the layer holds
@@ -162,7 +162,7 @@ class DecoderLayer:
 
         with region("Block/Attention"):
             try:
-                att = self._attend(q, k, v, fused, append, attention, cache.placement(layer))
+                att = self._attend(q, k, v, fused, append, attention, where)
             except BaseException:
                 cache._rollback_layer(layer, start)
                 raise
@@ -190,7 +190,7 @@ class DecoderLayer:
             self._check_cache(c, f"caches[{i}]")
         starts = [c.layer_len(self.index) for c in caches]
         where = caches[0].placement(self.index) if caches else self.placement
-        fused = self._use_fused_rope(where, pos, np.asarray(starts, dtype=np.int64))
+        fused = self._use_fused_rope(where, pos, lambda: np.asarray(starts, dtype=np.int64))
         q, k, v = self._qkv(x, pos, rotate=not fused)
 
         def append(kk, vv):  # row b goes to sequence b
@@ -220,11 +220,13 @@ class DecoderLayer:
     __call__ = forward
 
     # ------------------------------------------------------------------ placement
-    def _use_fused_rope(self, where: Placement, pos: np.ndarray, cache_pos: np.ndarray) -> bool:
+    def _use_fused_rope(self, where: Placement, pos: np.ndarray, cache_positions) -> bool:
         """Whether RoPE runs inside the attention kernel: on a GPU, cache layer on the same GPU
-        (the seed's rule).  The kernel rotates by cache position, so positions must match it."""
-        if not (self.fused_rope and where == self.placement):
+        (the seed's rule).  The kernel rotates by cache position, so positions must match it
+        (``cache_positions()`` gives them)."""
+        if not self.fused_rope or where != self.placement:
             return False
+        cache_pos = cache_positions()
         if not np.array_equal(pos, cache_pos):
             raise ValueError(f"layer {self.index} rotates q and k inside the CUDA attention "
                              f"kernel by cache position, so positions must be the cache "
