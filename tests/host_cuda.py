@@ -52,17 +52,18 @@ def load(spec) -> ctypes.CDLL:
     digest = hashlib.sha256((emulator + repr(spec) + repr(sorted(sources.items()))).encode())
     so = os.path.join(_build_dir(), f"{spec.key}-{digest.hexdigest()[:12]}.so")
     if not os.path.exists(so):
-        tu = so[:-3] + ".cpp"
+        tu = f"{so[:-3]}.{os.getpid()}.cpp"
         with open(tu, "w", encoding="utf-8") as f:
             f.write(f'#include "{spec.source}"\n')
             f.writelines(f"HY_EXPORT({name})\n" for name in spec.kernels)
         cmd = ["g++", "-std=c++20", "-O1", "-shared", "-fPIC", "-pthread", "-w",
                "-include", EMULATOR, "-I", compiler.KERNEL_DIR]
-        cmd += [f"-D{k}={v}" for k, v in spec.defines] + [tu, "-o", so + ".tmp"]
+        tmp = f"{so}.{os.getpid()}.tmp"  # concurrent runs never share a half-written file
+        cmd += [f"-D{k}={v}" for k, v in spec.defines] + [tu, "-o", tmp]
         res = subprocess.run(cmd, capture_output=True, text=True)
         if res.returncode:
             raise RuntimeError(f"emulated build of {spec.key} failed:\n{res.stderr[-4000:]}")
-        os.replace(so + ".tmp", so)
+        os.replace(tmp, so)
     lib = ctypes.CDLL(so)
     _libs[spec] = lib
     return lib
