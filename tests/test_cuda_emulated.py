@@ -74,7 +74,7 @@ def test_decoder_layer_in_every_placement(emulated_gpu):
     assert {"hybrid_gemv_split3_f32", "hybrid_gemv_swiglu_f32", "hybrid_gemm_f32"} <= names
 
 
-def test_steady_decode_allocates_nothing(emulated_gpu, monkeypatch, rng):
+def test_steady_decode_allocates_and_uploads_nothing(emulated_gpu, monkeypatch, rng):
     from hybrid.cli import random_weights
     from hybrid.config import DecoderConfig
     from hybrid.kvcache import PagedKVCache
@@ -98,12 +98,27 @@ def test_steady_decode_allocates_nothing(emulated_gpu, monkeypatch, rng):
             layer.forward(h, [cache.seq_len], cache, out=h)
         cache.commit(1)
 
+    uploads = []
+    real_h2d = dev.copy_h2d
+    monkeypatch.setattr(dev, "copy_h2d", lambda ptr, host: uploads.append(host.nbytes)
+                        or real_h2d(ptr, host))
     for _ in range(3):  # warm-up: buffers and the first block
         step()
     allocs.clear()
+    uploads.clear()
+    dev.launches.clear()
     for _ in range(10):  # positions 3..12 stay inside the first 16-token block
         step()
     assert allocs == [] and np.all(np.isfinite(h.to_host()))
+    # single-sequence decode reads the persistent block tables: nothing is uploaded per step
+    assert uploads == []
+    # per layer: norm, fused QKV, KV append, attention, O (+residual), norm, gate/up/SwiGLU,
+    # down (+residual); RoPE is fused into attention
+    names = [name for name, *_ in dev.launches]
+    assert len(names) == 10 * 2 * 8, names[:8]
+    assert names[:8] == ["hybrid_rmsnorm_f32", "hybrid_gemv_split3_f32", "hybrid_kv_append_f16",
+                         "hybrid_paged_attention_f16", "hybrid_gemv_f32", "hybrid_rmsnorm_f32",
+                         "hybrid_gemv_swiglu_f32", "hybrid_gemv_f32"]
 
 
 @pytest.mark.parametrize("kw", [dict(gpu_layers=2), dict(gpu_layers=1, kv_on_cpu=True)])
