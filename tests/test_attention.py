@@ -31,6 +31,20 @@ BS = 16
 LENGTHS = [1, BS, BS + 1, 3 * BS + 5]
 
 
+def _after_history(rng, dtype, kvh, group, d, past, n, q_scale=1.0):
+    """A cache holding `past` committed tokens plus `n` appended ones, queries for those n rows,
+    and (hybrid's attention, the float64 reference on the stored values)."""
+    cache = _cache(kvh, d, BS, dtype)
+    if past:
+        _fill(cache, rng, past)
+        cache.commit(past)
+    _fill(cache, rng, n)
+    q = rng.standard_normal((n, kvh * group * d), dtype=np.float32) * q_scale
+    kb, vb = cache.blocks(0)
+    return (cache, q, ops.paged_attention(q, cache, 0),
+            ref.paged_attention(q, kb, vb, past, kvh * group, kvh, d))
+
+
 @pytest.mark.parametrize("dtype", ["float32", "float16"])
 @pytest.mark.parametrize("head_dim", [64, 80, 128])
 @pytest.mark.parametrize("group", [1, 2, 4, 8])
@@ -51,15 +65,8 @@ def test_prefill_from_empty(rng, dtype, head_dim, group, n):
                                     (3 * BS + 5, 7), (2 * BS, BS)])
 @pytest.mark.parametrize("group", [1, 4, 8])
 def test_after_committed_history(rng, dtype, past, n, group):
-    kvh, d = 2, 64
-    cache = _cache(kvh, d, BS, dtype)
-    _fill(cache, rng, past)
-    cache.commit(past)
-    _fill(cache, rng, n)
-    q = rng.standard_normal((n, kvh * group * d), dtype=np.float32)
-    got = ops.paged_attention(q, cache, 0)
-    kb, vb = cache.blocks(0)
-    assert rel_err(got, ref.paged_attention(q, kb, vb, past, kvh * group, kvh, d)) < TOL[dtype]
+    _, _, got, expect = _after_history(rng, dtype, 2, group, 64, past, n)
+    assert rel_err(got, expect) < TOL[dtype]
 
 
 @pytest.mark.parametrize("dtype", ["float32", "float16"])
@@ -67,16 +74,8 @@ def test_after_committed_history(rng, dtype, past, n, group):
 @pytest.mark.parametrize("n", [1, 3])
 def test_long_context_uses_splits(rng, dtype, kvh, group, length, n):
     """Few KV heads at long context: the key range is split across threads and merged."""
-    d = 128
     hybrid.set_num_threads(2)
-    cache = _cache(kvh, d, BS, dtype)
-    _fill(cache, rng, length - n)
-    cache.commit(length - n)
-    _fill(cache, rng, n)
-    q = rng.standard_normal((n, kvh * group * d), dtype=np.float32) * 2
-    got = ops.paged_attention(q, cache, 0)
-    kb, vb = cache.blocks(0)
-    expect = ref.paged_attention(q, kb, vb, length - n, kvh * group, kvh, d)
+    cache, q, got, expect = _after_history(rng, dtype, kvh, group, 128, length - n, n, q_scale=2)
     assert rel_err(got, expect) < TOL[dtype]
     # the same answer on one thread (no splits)
     hybrid.set_num_threads(1)
@@ -93,15 +92,7 @@ def test_head_dims_off_the_simd_path(rng, dtype, head_dim, group):
     """head_dim not a multiple of 8 runs the portable C path (what HYBRID_PORTABLE builds run)."""
     kvh = 2
     for past, n in [(0, BS + 1), (3 * BS + 5, 1)]:
-        cache = _cache(kvh, head_dim, BS, dtype)
-        if past:
-            _fill(cache, rng, past)
-            cache.commit(past)
-        _fill(cache, rng, n)
-        q = rng.standard_normal((n, kvh * group * head_dim), dtype=np.float32)
-        got = ops.paged_attention(q, cache, 0)
-        kb, vb = cache.blocks(0)
-        expect = ref.paged_attention(q, kb, vb, past, kvh * group, kvh, head_dim)
+        _, _, got, expect = _after_history(rng, dtype, kvh, group, head_dim, past, n)
         assert rel_err(got, expect) < TOL[dtype]
 
 
