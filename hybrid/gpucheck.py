@@ -33,7 +33,7 @@ import traceback
 
 import numpy as np
 
-from . import ops
+from . import ops, registry
 from . import reference as ref
 
 CUDA = "cuda:0"
@@ -89,6 +89,9 @@ class Checks:
         g, u = self.f32(3000, scale=4), self.f32(3000)
         self.record("swiglu", rel_err(ops.swiglu(up(g), up(u)).to_host(), ref.swiglu(g, u)), 1e-5)
         self.record("add", rel_err(ops.add(up(g), up(u)).to_host(), g + u), 1e-7)
+        out = up(np.zeros_like(g))
+        registry.lookup("copy", CUDA)(up(g), out)
+        self.equal("copy", np.array_equal(out.to_host(), g))
         for rows, fin, fout, bias in ((1, 576, 1536, False), (3, 4096, 1000, True),
                                       (8, 577, 64, True), (9, 576, 193, False),
                                       (37, 576, 1536, True), (130, 1000, 70, False)):

@@ -16,7 +16,7 @@ import numpy as np
 
 from . import registry
 from .kvcache import PagedKVCache
-from .placement import CPU, Placement, is_device_array, placement_of
+from .placement import CPU, Placement, copy_between, is_device_array, placement_of
 
 _F32 = np.dtype(np.float32)
 
@@ -71,17 +71,6 @@ def _where(op: str, device, **arrays) -> Placement:
     return where
 
 
-def _impl(op: str, where: Placement):
-    return registry.lookup(op, where)
-
-
-def _copy_into(out, x, where: Placement) -> None:
-    if where.is_cpu:
-        np.copyto(out, x)
-    else:
-        registry.lookup("copy", where)(x.reshape(-1), out.reshape(-1))
-
-
 def positions_array(positions, n: int) -> np.ndarray:
     """[n] int64 positions, validated."""
     pos = np.asarray(positions)
@@ -109,7 +98,7 @@ def rmsnorm(x, weight, eps: float, *, out=None, device=None) -> np.ndarray:
         raise ValueError(f"rmsnorm: weight has {w.shape[0]} entries but rows have {x.shape[1]}")
     where = _where("rmsnorm", device, x=x, weight=w)
     o = _out("rmsnorm", out, x.shape, where)
-    _impl("rmsnorm", where)(x, w, float(eps), o)
+    registry.lookup("rmsnorm", where)(x, w, float(eps), o)
     return o
 
 
@@ -136,8 +125,8 @@ def rope(x, positions, inv_freq, *, num_heads: int, head_dim: int, style: str = 
     where = _where("rope", device, x=x)
     o = _out("rope", out, x.shape, where)
     if o is not x:
-        _copy_into(o, x, where)
-    _impl("rope", where)(o, pos, f, num_heads, head_dim, style == "neox")
+        copy_between(x, o)
+    registry.lookup("rope", where)(o, pos, f, num_heads, head_dim, style == "neox")
     return o
 
 
@@ -149,7 +138,7 @@ def swiglu(gate, up, *, out=None, device=None) -> np.ndarray:
         raise ValueError(f"swiglu: gate {g.shape} and up {u.shape} differ in shape")
     where = _where("swiglu", device, gate=g, up=u)
     o = _out("swiglu", out, g.shape, where)
-    _impl("swiglu", where)(g.reshape(-1), u.reshape(-1), o.reshape(-1))
+    registry.lookup("swiglu", where)(g.reshape(-1), u.reshape(-1), o.reshape(-1))
     return o
 
 
@@ -161,7 +150,7 @@ def add(a, b, *, out=None, device=None) -> np.ndarray:
         raise ValueError(f"add: shapes {a.shape} and {b.shape} differ")
     where = _where("add", device, a=a, b=b)
     o = _out("add", out, a.shape, where)
-    _impl("add", where)(a.reshape(-1), b.reshape(-1), o.reshape(-1))
+    registry.lookup("add", where)(a.reshape(-1), b.reshape(-1), o.reshape(-1))
     return o
 
 
@@ -179,7 +168,7 @@ def linear(x, weight, bias=None, *, out=None, device=None) -> np.ndarray:
             raise ValueError(f"linear: bias has {b.shape[0]} entries for {w.shape[0]} outputs")
     where = _where("linear", device, x=x, weight=w, bias=b)
     o = _out("linear", out, (x.shape[0], w.shape[0]), where)
-    _impl("linear", where)(x, w, b, o)
+    registry.lookup("linear", where)(x, w, b, o)
     return o
 
 
@@ -291,10 +280,7 @@ def paged_attention_batch(q, caches, layer: int, *, scale: "float | None" = None
     indptr = np.zeros(len(caches) + 1, dtype=np.int64)
     kp, vp = [], []
     for b, c in enumerate(caches):
-        kv_lens[b] = c.seq_len + 1
-        if c.layer_len(layer) < kv_lens[b]:
-            raise ValueError(f"caches[{b}] layer {layer} holds {c.layer_len(layer)} tokens; the "
-                             f"decode token at position {c.seq_len} must be appended first")
+        kv_lens[b] = _decode_position(c, b, layer) + 1
         k_ptrs, v_ptrs = c.block_pointers(layer)
         nb = -(-int(kv_lens[b]) // c.block_size)
         kp.append(k_ptrs[:nb])
@@ -307,6 +293,14 @@ def paged_attention_batch(q, caches, layer: int, *, scale: "float | None" = None
     return o
 
 
+def _decode_position(cache: PagedKVCache, b: int, layer: int) -> int:
+    """The position of sequence b's decode token, whose K/V the layer must already hold."""
+    if cache.layer_len(layer) < cache.seq_len + 1:
+        raise ValueError(f"caches[{b}] layer {layer} holds {cache.layer_len(layer)} tokens; the "
+                         f"decode token at position {cache.seq_len} must be appended first")
+    return cache.seq_len
+
+
 def _attention_batch_device(q, caches, layer, num_heads, scale, out, rope, where):
     """Batched decode on a GPU: the kernel reads each sequence's persistent device block tables
     through their addresses (no per-step copy of the tables)."""
@@ -316,10 +310,7 @@ def _attention_batch_device(q, caches, layer, num_heads, scale, out, rope, where
     k_addrs = np.empty(B, dtype=np.int64)
     v_addrs = np.empty(B, dtype=np.int64)
     for b, c in enumerate(caches):
-        positions[b] = c.seq_len
-        if c.layer_len(layer) < c.seq_len + 1:
-            raise ValueError(f"caches[{b}] layer {layer} holds {c.layer_len(layer)} tokens; the "
-                             f"decode token at position {c.seq_len} must be appended first")
+        positions[b] = _decode_position(c, b, layer)
         k_addrs[b], v_addrs[b] = c.table_addresses(layer)
     o = _out("paged_attention_batch", out, q.shape, where)
     extra = {} if rope is None else {"rope": _rope_arg(rope, c0.head_dim, where)}

@@ -34,17 +34,13 @@ def _grid(n: int) -> tuple:
     return (max(1, min(65535, -(-n // THREADS))),)
 
 
-def _fn(dev, spec, name):
-    return dev.kernel(spec, name)
-
-
 # ------------------------------------------------------------------------------- row ops
 
 
 def rmsnorm(x: DeviceArray, weight: DeviceArray, eps: float, out: DeviceArray) -> None:
     dev = x.device
     rows, dim = x.shape
-    dev.launch(_fn(dev, variants.elementwise(), "hybrid_rmsnorm_f32"), (rows,), (THREADS,),
+    dev.launch(dev.kernel(variants.elementwise(), "hybrid_rmsnorm_f32"), (rows,), (THREADS,),
                [x, weight, out, dim, float(eps)])
 
 
@@ -73,26 +69,26 @@ def rope(x: DeviceArray, positions, inv_freq, num_heads: int, head_dim: int, neo
     rows = x.shape[0]
     pos = _positions(x, positions)
     inv = inv_freq if isinstance(inv_freq, DeviceArray) else device_inv_freq(dev.index, inv_freq)
-    dev.launch(_fn(dev, variants.elementwise(neox), "hybrid_rope_f32"),
+    dev.launch(dev.kernel(variants.elementwise(neox), "hybrid_rope_f32"),
                _grid(rows * num_heads * (head_dim // 2)), (THREADS,),
                [x, pos, inv, rows, num_heads, head_dim])
 
 
 def swiglu(gate: DeviceArray, up: DeviceArray, out: DeviceArray) -> None:
     dev, n = gate.device, gate.size
-    dev.launch(_fn(dev, variants.elementwise(), "hybrid_swiglu_f32"), _grid(n), (THREADS,),
+    dev.launch(dev.kernel(variants.elementwise(), "hybrid_swiglu_f32"), _grid(n), (THREADS,),
                [gate, up, out, n])
 
 
 def add(a: DeviceArray, b: DeviceArray, out: DeviceArray) -> None:
     dev, n = a.device, a.size
-    dev.launch(_fn(dev, variants.elementwise(), "hybrid_add_f32"), _grid(n), (THREADS,),
+    dev.launch(dev.kernel(variants.elementwise(), "hybrid_add_f32"), _grid(n), (THREADS,),
                [a, b, out, n])
 
 
 def copy(a: DeviceArray, out: DeviceArray) -> None:
     dev, n = a.device, a.size
-    dev.launch(_fn(dev, variants.elementwise(), "hybrid_copy_f32"), _grid(n), (THREADS,),
+    dev.launch(dev.kernel(variants.elementwise(), "hybrid_copy_f32"), _grid(n), (THREADS,),
                [a, out, n])
 
 
@@ -104,10 +100,10 @@ def linear(x: DeviceArray, weight: DeviceArray, bias, out: DeviceArray, residual
     out_f = weight.shape[0]
     if rows <= GEMV_MAX_ROWS:
         warps = THREADS // 32  # one output feature per warp
-        dev.launch(_fn(dev, variants.linear(), "hybrid_gemv_f32"), (-(-out_f // warps),),
+        dev.launch(dev.kernel(variants.linear(), "hybrid_gemv_f32"), (-(-out_f // warps),),
                    (THREADS,), [x, weight, bias, residual, out, rows, in_f, out_f])
     else:
-        dev.launch(_fn(dev, variants.linear(), "hybrid_gemm_f32"),
+        dev.launch(dev.kernel(variants.linear(), "hybrid_gemm_f32"),
                    (-(-out_f // 64), -(-rows // 64)), (THREADS,),
                    [x, weight, bias, residual, out, rows, out_f, in_f])
 
@@ -125,7 +121,7 @@ def linear_split3(x: DeviceArray, weight: DeviceArray, bias, outs) -> None:
     n = [o.shape[1] for o in outs]
     if rows <= GEMV_MAX_ROWS:
         warps = THREADS // 32
-        dev.launch(_fn(dev, variants.linear(), "hybrid_gemv_split3_f32"), (-(-sum(n) // warps),),
+        dev.launch(dev.kernel(variants.linear(), "hybrid_gemv_split3_f32"), (-(-sum(n) // warps),),
                    (THREADS,), [x, weight, bias, *outs, rows, in_f, *n])
         return
     start = 0
@@ -142,7 +138,7 @@ def linear_swiglu(x: DeviceArray, weight: DeviceArray, gate: DeviceArray, up: De
     inter = gate.shape[1]
     if rows <= GEMV_MAX_ROWS:
         warps = THREADS // 32
-        dev.launch(_fn(dev, variants.linear(), "hybrid_gemv_swiglu_f32"), (-(-inter // warps),),
+        dev.launch(dev.kernel(variants.linear(), "hybrid_gemv_swiglu_f32"), (-(-inter // warps),),
                    (THREADS,), [x, weight, gate, rows, in_f, inter])
         return
     linear(x, weight[0:inter], None, gate)
@@ -160,7 +156,7 @@ def kv_append(k: DeviceArray, v: DeviceArray, k_table: DeviceArray, v_table: Dev
     device block tables are k_table / v_table (converted to float16 when kv_f16)."""
     dev, n = k.device, k.shape[0]
     name = "hybrid_kv_append_f16" if kv_f16 else "hybrid_kv_append_f32"
-    dev.launch(_fn(dev, variants.kv_append(kv_f16), name), _grid(n * num_kv_heads * head_dim),
+    dev.launch(dev.kernel(variants.kv_append(kv_f16), name), _grid(n * num_kv_heads * head_dim),
                (THREADS,), [k, v, k_table, v_table, n, int(start), num_kv_heads, head_dim,
                             block_size, head_stride])
 
@@ -200,13 +196,13 @@ def _attention(q, out, k_table, v_table, k_tables, v_tables, seq_pos, start_pos,
         pm = ar.get("attn_part_m", (rows, num_heads, splits))
         pl = ar.get("attn_part_l", (rows, num_heads, splits))
         pacc = ar.get("attn_part_acc", (rows, num_heads, splits, head_dim))
-    dev.launch(_fn(dev, spec, variants.attention_kernel(kv_f16)), (rows, num_kv_heads, splits),
+    dev.launch(dev.kernel(spec, variants.attention_kernel(kv_f16)), (rows, num_kv_heads, splits),
                (ATTENTION_THREADS,),
                [q, out, k_table, v_table, k_tables, v_tables, seq_pos, int(start_pos),
                 rows_per_seq, inv, pm, pl, pacc, num_heads, block_size, head_stride, split_len,
                 float(scale)])
     if splits > 1:
-        dev.launch(_fn(dev, spec, "hybrid_paged_attention_merge_f32"), (rows, num_heads),
+        dev.launch(dev.kernel(spec, "hybrid_paged_attention_merge_f32"), (rows, num_heads),
                    (ATTENTION_THREADS,), [pm, pl, pacc, out, num_heads, splits])
 
 

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import functools
+
 from .compiler import KernelSpec
 
 # head sizes the attention kernels are built for; others are rejected with a clear error
@@ -9,23 +11,30 @@ ATTENTION_HEAD_DIMS = (64, 80, 96, 128, 256)
 ATTENTION_GROUPS = (1, 2, 3, 4, 5, 6, 7, 8)
 ARCHS_CHECKED = ("sm_80", "sm_90")
 
+# The builders are cached: every launch of a variant gets the same KernelSpec object, so the
+# device's compiled-function lookup costs one hash, not a new spec.
 
+
+@functools.cache
 def elementwise(neox: bool = True) -> KernelSpec:
     return KernelSpec("elementwise.cu", (("ROPE_NEOX", int(neox)),),
                       ("hybrid_rmsnorm_f32", "hybrid_rope_f32", "hybrid_swiglu_f32",
                        "hybrid_add_f32", "hybrid_copy_f32"))
 
 
+@functools.cache
 def kv_append(f16: bool) -> KernelSpec:
     name = "hybrid_kv_append_f16" if f16 else "hybrid_kv_append_f32"
     return KernelSpec("kv_append.cu", (("KV_F16", int(f16)),), (name,))
 
 
+@functools.cache
 def linear() -> KernelSpec:
     return KernelSpec("linear.cu", (), ("hybrid_gemv_f32", "hybrid_gemv_split3_f32",
                                         "hybrid_gemv_swiglu_f32", "hybrid_gemm_f32"))
 
 
+@functools.cache
 def paged_attention(head_dim: int, group: int, f16: bool, fused_rope: bool,
                     neox: bool = True) -> KernelSpec:
     if head_dim not in ATTENTION_HEAD_DIMS:
