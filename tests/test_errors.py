@@ -182,6 +182,12 @@ def test_paged_attention_needs_appended_rows(rng):
         hybrid.ops.paged_attention(np.ones((3, 32), np.float32), c, 0)
     with pytest.raises(ValueError, match="num_heads\\*head_dim"):
         hybrid.ops.paged_attention(np.ones((2, 33), np.float32), c, 0)
+    c.commit(2)  # the decode token at position 2 is not appended yet
+    other = hybrid.PagedKVCache(num_layers=1, num_kv_heads=1, head_dim=32)
+    other.append(0, np.ones((1, 32)), np.ones((1, 32)))
+    with pytest.raises(ValueError, match="caches.0. layer 0 holds 2 tokens; the decode token at "
+                                         "position 2 must be appended first"):
+        hybrid.ops.paged_attention_batch(np.ones((2, 32), np.float32), [c, other], 0)
 
 
 def test_cache_append_errors_write_nothing():

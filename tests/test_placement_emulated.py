@@ -168,6 +168,11 @@ def test_ops_refuse_arrays_on_different_devices(emulated, rng):
         ops.rmsnorm(EmuArray(x.copy(), 0), w, 1e-6)
     with pytest.raises(ValueError, match="b is on cuda:1"):
         ops.add(EmuArray(x.copy(), 0), EmuArray(x.copy(), 1))
+    c = _cache("cuda:0")
+    c.append(0, np.zeros((1, 128), np.float32), np.zeros((1, 128), np.float32))
+    c.commit(1)
+    with pytest.raises(ValueError, match="position 1 must be appended first"):
+        ops.paged_attention_batch(EmuArray(np.zeros((1, 384), np.float32), 0), [c], 0)
     with pytest.raises(ValueError, match="fused RoPE runs inside the CUDA"):
         c = _cache()
         c.append(0, np.zeros((1, 128), np.float32), np.zeros((1, 128), np.float32))
