@@ -84,9 +84,10 @@ def test_steady_decode_allocates_and_uploads_nothing(emulated_gpu, monkeypatch, 
     cfg = DecoderConfig(hidden_size=128, num_heads=4, num_kv_heads=2, head_dim=64,
                         intermediate_size=192)
     scratch = Scratch()
+    # layer 2 rotates q and k with the RoPE kernel: its positions go through the device arena
     layers = [DecoderLayer(cfg, random_weights(cfg, rng), index=i, placement="cuda:0",
-                           scratch=scratch) for i in range(2)]
-    cache = PagedKVCache(2, 2, 64, block_size=16, placement="cuda:0")
+                           scratch=scratch, fused_rope=i < 2) for i in range(3)]
+    cache = PagedKVCache(3, 2, 64, block_size=16, placement="cuda:0")
     h = arrays.from_host(0, rng.standard_normal((1, 128)).astype(np.float32))
     dev = emulated_gpu(0)
     allocs = []
@@ -111,14 +112,16 @@ def test_steady_decode_allocates_and_uploads_nothing(emulated_gpu, monkeypatch, 
         step()
     assert allocs == [] and np.all(np.isfinite(h.to_host()))
     # single-sequence decode reads the persistent block tables: nothing is uploaded per step
-    assert uploads == []
+    # but the unfused layer's positions (8 bytes, once for q and once for k), into the arena
+    assert uploads == [8, 8] * 10
     # per layer: norm, fused QKV, KV append, attention, O (+residual), norm, gate/up/SwiGLU,
-    # down (+residual); RoPE is fused into attention
+    # down (+residual); RoPE is fused into attention (the third layer: two RoPE launches more)
     names = [name for name, *_ in dev.launches]
-    assert len(names) == 10 * 2 * 8, names[:8]
+    assert len(names) == 10 * (2 * 8 + 10), names[:8]
     assert names[:8] == ["hybrid_rmsnorm_f32", "hybrid_gemv_split3_f32", "hybrid_kv_append_f16",
                          "hybrid_paged_attention_f16", "hybrid_gemv_f32", "hybrid_rmsnorm_f32",
                          "hybrid_gemv_swiglu_f32", "hybrid_gemv_f32"]
+    assert names[16:26].count("hybrid_rope_f32") == 2
 
 
 @pytest.mark.parametrize("kw", [dict(gpu_layers=2), dict(gpu_layers=1, kv_on_cpu=True)])
