@@ -302,6 +302,21 @@ class PagedKVCache:
             raise ValueError(f"k has {k.shape[0]} rows but v has {v.shape[0]}")
         lb = self._layers[layer]
         n = k.shape[0]
+        start = self._reserve(layer, n)
+        if n:
+            try:
+                lb.write(start, k, v)
+            except BaseException:
+                lb.release_after(start)  # give back the blocks this append took
+                raise
+            lb.length = start + n
+        nb = len(lb.table)
+        return AppendResult(start, n, lb.length, lb.k_ptrs[:nb], lb.v_ptrs[:nb], lb.ids[:nb])
+
+    def _reserve(self, layer: int, n: int) -> int:
+        """Check capacity and take the blocks for n more tokens of ``layer``; returns where they
+        start.  Raises with nothing taken."""
+        lb = self._layers[layer]
         start = lb.length
         if self.max_tokens is not None and start + n > self.max_tokens:
             raise CacheCapacityError(
@@ -311,13 +326,10 @@ class PagedKVCache:
             max_blocks = None if self.max_tokens is None else -(-self.max_tokens // self.block_size)
             try:
                 lb.ensure_blocks(-(-(start + n) // self.block_size), max_blocks)
-                lb.write(start, k, v)
             except BaseException:
-                lb.release_after(start)  # give back the blocks this append took
+                lb.release_after(start)
                 raise
-            lb.length = start + n
-        nb = len(lb.table)
-        return AppendResult(start, n, lb.length, lb.k_ptrs[:nb], lb.v_ptrs[:nb], lb.ids[:nb])
+        return start
 
     def commit(self, n: int) -> None:
         """Advance ``seq_len`` by ``n`` tokens, which every layer must already hold."""
@@ -400,3 +412,42 @@ class PagedKVCache:
         return (f"PagedKVCache(layers={self.num_layers}, kv_heads={self.num_kv_heads}, "
                 f"head_dim={self.head_dim}, block_size={self.block_size}, dtype={self.dtype.name}, "
                 f"seq_len={self._seq_len})")
+
+
+def append_batch(caches, layer: int, k, v) -> None:
+    """Append row b of k, v [B, kv_dim] to ``caches[b]`` (one decode token per sequence).
+
+    The caches' layer must share one placement, as a batch does.  Rows already on that GPU are
+    written by one kernel launch; otherwise each cache appends its row.  On any error nothing is
+    written to any cache.
+    """
+    if not caches:
+        return
+    c0 = caches[0]
+    where = c0.placement(layer)
+    batched = None
+    if not where.is_cpu and is_device_array(k) and k.placement == where:
+        from . import registry
+
+        try:
+            batched = registry.lookup("kv_append_batch", where)
+        except registry.NoBackendError:
+            pass
+    starts = [c.layer_len(layer) for c in caches]
+    try:
+        if batched is None:
+            for b, c in enumerate(caches):
+                c.append(layer, k[b:b + 1], v[b:b + 1])
+        else:
+            k, v = c0._as_rows("k", k, layer), c0._as_rows("v", v, layer)
+            for c in caches:
+                c._reserve(layer, 1)
+            batched(k, v, [c._layers[layer] for c in caches], np.asarray(starts, dtype=np.int64),
+                    c0.num_kv_heads, c0.head_dim, c0.block_size, c0.head_stride,
+                    c0.dtype == np.float16)
+            for c, start in zip(caches, starts):
+                c._layers[layer].length = start + 1
+    except BaseException:
+        for c, start in zip(caches, starts):
+            c._layers[layer].release_after(start)  # blocks taken and rows appended go back
+        raise

@@ -21,7 +21,7 @@ import numpy as np
 
 from . import ops, registry
 from .config import DecoderConfig, LayerWeights
-from .kvcache import PagedKVCache
+from .kvcache import PagedKVCache, append_batch
 from .placement import Placement, copy_between, is_device_array, to_device
 from .profile import region
 from .scratch import Scratch
@@ -194,8 +194,7 @@ class DecoderLayer:
         q, k, v = self._qkv(x, pos, rotate=not fused)
 
         def append(kk, vv):  # row b goes to sequence b
-            for b, c in enumerate(caches):
-                c.append(self.index, kk[b:b + 1], vv[b:b + 1])
+            append_batch(caches, self.index, kk, vv)
 
         def attention(qq, o, rope):  # row b at position seq_len of sequence b
             return ops.paged_attention_batch(qq, caches, self.index,

@@ -71,7 +71,8 @@ def test_decoder_layer_in_every_placement(emulated_gpu):
     checks.layers(shapes=("qwen2",), dtypes=("float32",))  # q/k/v biases through the fused QKV
     _passed(checks)
     names = {name for name, *_ in emulated_gpu(0).launches}
-    assert {"hybrid_gemv_split3_f32", "hybrid_gemv_swiglu_f32", "hybrid_gemm_f32"} <= names
+    assert {"hybrid_gemv_split3_f32", "hybrid_gemv_swiglu_f32", "hybrid_gemm_f32",
+            "hybrid_kv_append_batch_f16", "hybrid_kv_append_batch_f32"} <= names
 
 
 def test_steady_decode_allocates_and_uploads_nothing(emulated_gpu, monkeypatch, rng):
@@ -146,3 +147,32 @@ def test_model_on_the_emulated_gpu_matches_the_cpu(emulated_gpu, rng, kw):
     if "kv_on_cpu" not in kw:  # the LM head ran on the device
         assert any(g[0] == -(-vocab // 8) for name, g, _ in emulated_gpu(0).launches
                    if name == "hybrid_gemv_f32")
+
+
+def test_batched_append_is_one_launch_and_all_or_nothing(emulated_gpu, rng):
+    from hybrid.kvcache import CacheCapacityError, PagedKVCache, append_batch
+
+    caches = [PagedKVCache(1, 2, 64, block_size=16, placement="cuda:0", max_tokens=m)
+              for m in (64, 64, 17)]
+    for c, n in zip(caches, (16, 3, 17)):  # the first needs a new block, the last is full
+        c.append(0, rng.standard_normal((n, 128)).astype(np.float32),
+                 rng.standard_normal((n, 128)).astype(np.float32))
+        c.commit(n)
+    before = [(c.layer_len(0), c.num_blocks(0), c.dense(0)) for c in caches]
+    k = arrays.from_host(0, rng.standard_normal((3, 128)).astype(np.float32))
+    v = arrays.from_host(0, rng.standard_normal((3, 128)).astype(np.float32))
+    with pytest.raises(CacheCapacityError, match="max_tokens=17"):
+        append_batch(caches, 0, k, v)
+    for c, (n, nb, (kk, vv)) in zip(caches, before):
+        assert (c.layer_len(0), c.num_blocks(0)) == (n, nb)
+        assert np.array_equal(c.dense(0)[0], kk) and np.array_equal(c.dense(0)[1], vv)
+    dev = emulated_gpu(0)
+    dev.launches.clear()
+    append_batch(caches[:2], 0, k[0:2], v[0:2])
+    assert [name for name, *_ in dev.launches] == ["hybrid_kv_append_batch_f16"]
+    for b, c in enumerate(caches[:2]):
+        got_k, got_v = c.dense(0)
+        assert c.layer_len(0) == before[b][0] + 1
+        assert np.array_equal(got_k[-1], k.to_host()[b].astype(np.float16))
+        assert np.array_equal(got_v[-1], v.to_host()[b].astype(np.float16))
+        assert np.array_equal(got_k[:-1], before[b][2][0])

@@ -44,7 +44,8 @@ def register(registrar) -> None:
     from . import launch
 
     for name in ("rmsnorm", "rope", "swiglu", "add", "copy", "linear", "linear_split3",
-                 "linear_swiglu", "linear_residual", "paged_attention", "paged_attention_batch", "to_device"):
+                 "linear_swiglu", "linear_residual", "kv_append_batch", "paged_attention",
+                 "paged_attention_batch", "to_device"):
         registrar.op(name, getattr(launch, name))
     registrar.op("empty", launch.empty_array)
     registrar.op("kv_layer_blocks", kv_layer_blocks)

@@ -161,6 +161,23 @@ def kv_append(k: DeviceArray, v: DeviceArray, k_table: DeviceArray, v_table: Dev
                             block_size, head_stride])
 
 
+def kv_append_batch(k: DeviceArray, v: DeviceArray, layers, positions, num_kv_heads: int,
+                    head_dim: int, block_size: int, head_stride: int, kv_f16: bool) -> None:
+    """Write row b of k, v [B, num_kv_heads*head_dim] at positions[b] of cache layer layers[b]
+    (device KV blocks whose blocks exist): one launch and one upload of [3, B] int64."""
+    dev, B = k.device, k.shape[0]
+    meta = np.empty((3, B), dtype=np.int64)
+    for b, lb in enumerate(layers):
+        meta[0, b], meta[1, b] = lb.table_addresses()
+    meta[2] = positions
+    m = arena(dev.index).upload("kv_append_meta", meta)
+    t = "f16" if kv_f16 else "f32"
+    dev.launch(dev.kernel(variants.kv_append(kv_f16), f"hybrid_kv_append_batch_{t}"),
+               _grid(B * num_kv_heads * head_dim), (THREADS,),
+               [k, v, m[0:1].reshape(B), m[1:2].reshape(B), m[2:3].reshape(B), B, num_kv_heads,
+                head_dim, block_size, head_stride])
+
+
 # ------------------------------------------------------------------------------- attention
 
 

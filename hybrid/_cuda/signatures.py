@@ -20,6 +20,7 @@ _ATT = ("ptr", "ptr",                       # q, out
         "ptr", "ptr", "ptr", "ptr",         # inv_freq, part_m, part_l, part_acc
         "i32", "i32", "i64", "i32", "f32")  # num_heads, block_size, head_stride, split_len, scale
 _KV_APPEND = ("ptr", "ptr", "ptr", "ptr", "i32", "i64", "i32", "i32", "i32", "i64")
+_KV_APPEND_BATCH = ("ptr",) * 5 + ("i32", "i32", "i32", "i32", "i64")
 
 SIGNATURES = {
     "hybrid_rmsnorm_f32": ("ptr", "ptr", "ptr", "i32", "f32"),
@@ -29,6 +30,8 @@ SIGNATURES = {
     "hybrid_copy_f32": ("ptr", "ptr", "i64"),
     "hybrid_kv_append_f32": _KV_APPEND,
     "hybrid_kv_append_f16": _KV_APPEND,
+    "hybrid_kv_append_batch_f32": _KV_APPEND_BATCH,
+    "hybrid_kv_append_batch_f16": _KV_APPEND_BATCH,
     "hybrid_gemv_f32": ("ptr", "ptr", "ptr", "ptr", "ptr", "i32", "i32", "i32"),
     "hybrid_gemv_split3_f32": ("ptr",) * 6 + ("i32",) * 5,
     "hybrid_gemv_swiglu_f32": ("ptr", "ptr", "ptr", "i32", "i32", "i32"),

@@ -24,8 +24,9 @@ def elementwise(neox: bool = True) -> KernelSpec:
 
 @functools.cache
 def kv_append(f16: bool) -> KernelSpec:
-    name = "hybrid_kv_append_f16" if f16 else "hybrid_kv_append_f32"
-    return KernelSpec("kv_append.cu", (("KV_F16", int(f16)),), (name,))
+    t = "f16" if f16 else "f32"
+    return KernelSpec("kv_append.cu", (("KV_F16", int(f16)),),
+                      (f"hybrid_kv_append_{t}", f"hybrid_kv_append_batch_{t}"))
 
 
 @functools.cache
