@@ -20,8 +20,12 @@ import numpy as np
 from Cython.Build import cythonize
 from setuptools import Extension, setup
 
-CPU_MODULES = ["elementwise", "attention", "runtime"]
-HEADERS = ["hybrid/_cpu/simd.h", "hybrid/_cpu/attention_core.h", "hybrid/_cpu/omp_compat.h"]
+CPU_MODULES = ["elementwise", "attention", "runtime", "quant"]
+HEADERS = ["hybrid/_cpu/simd.h", "hybrid/_cpu/attention_core.h", "hybrid/_cpu/omp_compat.h",
+           "hybrid/_cpu/quant.h"]
+# Row decoding must reproduce gguf.quants bit for bit: no fused multiply-adds from contraction
+# (the dot products use explicit FMA intrinsics and are unaffected).
+MODULE_FLAGS = {"quant": ["-ffp-contract=off"]}
 
 _OMP_PROBE = textwrap.dedent(
     """
@@ -111,7 +115,7 @@ def _extensions():
             include_dirs=[np.get_include(), "hybrid/_cpu"],
             depends=HEADERS,
             define_macros=macros,
-            extra_compile_args=cflags,
+            extra_compile_args=[*cflags, *MODULE_FLAGS.get(name, [])],
             extra_link_args=[*omp_l],
         )
         for name in CPU_MODULES

@@ -9,12 +9,20 @@
 ``import hybrid`` loads no optional package and never touches CUDA.
 """
 
-from . import ops, reference
+import os as _os
+
+# OpenBLAS threads spin for ~2**28 cycles after each call by default, taking the cores from the
+# OpenMP kernels that run next (see hybrid/_cpu/__init__.py); read when OpenBLAS loads, so this
+# only helps when hybrid is imported before NumPy.
+_os.environ.setdefault("OPENBLAS_THREAD_TIMEOUT", "4")
+
+from . import ops, reference  # noqa: E402
 from .config import DecoderConfig, LayerWeights
 from .kvcache import AppendResult, CacheCapacityError, PagedKVCache
 from .layer import DecoderLayer
 from .placement import Placement, placement_of, to_device
 from .profile import profiling
+from .quant import FORMATS, QuantizedTensor, WeightFormat, dequantize, quantize
 from .registry import BackendUnavailable, NoBackendError, backend_status
 from .scratch import Scratch
 from .threads import get_num_threads, set_num_threads
@@ -30,7 +38,8 @@ def load_model(path=None, **kwargs):
 
 
 __all__ = [
-    "AppendResult", "BackendUnavailable", "CacheCapacityError", "DecoderConfig", "DecoderLayer",
+    "AppendResult", "BackendUnavailable", "FORMATS", "QuantizedTensor", "WeightFormat",
+    "dequantize", "quantize", "CacheCapacityError", "DecoderConfig", "DecoderLayer",
     "LayerWeights", "NoBackendError", "PagedKVCache", "Placement", "Scratch", "backend_status",
     "get_num_threads", "load_model", "ops", "placement_of", "profiling", "reference", "set_num_threads",
     "to_device",

@@ -6,7 +6,11 @@ from dataclasses import dataclass, fields
 
 import numpy as np
 
+from .quant.tensor import QuantizedTensor
+
 ROPE_STYLES = ("neox", "gptj")
+# the projection weights: float arrays or QuantizedTensors (kept in their encoding)
+LINEAR_WEIGHTS = ("wq", "wk", "wv", "wo", "w_gate", "w_up", "w_down")
 
 
 def _positive_int(name: str, value) -> int:
@@ -115,6 +119,8 @@ class LayerWeights:
     attn_norm [hidden]; wq [H*D, hidden]; wk, wv [KVH*D, hidden]; wo [hidden, H*D];
     mlp_norm [hidden]; w_gate, w_up [intermediate, hidden]; w_down [hidden, intermediate];
     optional q_norm, k_norm [D] (Qwen3, per head) and bq [H*D], bk, bv [KVH*D] (Qwen2).
+    The projection weights may be ``hybrid.QuantizedTensor`` (F16, BF16, Q8_0, Q4_K, ...): they
+    stay in their encoding and the backend's kernels for that format multiply them.
     """
 
     attn_norm: np.ndarray
@@ -143,7 +149,8 @@ class LayerWeights:
     def validated(self, cfg: DecoderConfig) -> "LayerWeights":
         """A copy whose arrays are float32 C-contiguous with the shapes ``cfg`` asks for.
 
-        Arrays that already are float32 C-contiguous are shared, not copied.  Raises ValueError
+        Arrays that already are float32 C-contiguous are shared, not copied; QuantizedTensors
+        are kept as they are (shape-checked).  Raises ValueError
         naming the weight for a wrong shape, TypeError for a non-floating dtype.
         """
         shapes = self.expected_shapes(cfg)
@@ -155,6 +162,12 @@ class LayerWeights:
                     out[f.name] = None
                     continue
                 raise ValueError(f"weight {f.name} is required")
+            if f.name in LINEAR_WEIGHTS and isinstance(a, QuantizedTensor):
+                if a.shape != shapes[f.name]:
+                    raise ValueError(f"weight {f.name} ({a.format.name}) has shape {a.shape}, "
+                                     f"expected {shapes[f.name]} for {cfg}")
+                out[f.name] = a
+                continue
             arr = np.asarray(a)
             if not np.issubdtype(arr.dtype, np.floating):
                 raise TypeError(f"weight {f.name} must be a floating-point array, got {arr.dtype}")

@@ -24,6 +24,7 @@ from .config import DecoderConfig, LayerWeights
 from .kvcache import PagedKVCache, append_batch
 from .placement import Placement, copy_between, is_device_array, to_device
 from .profile import region
+from .quant import QuantizedTensor, dequantize
 from .scratch import Scratch
 
 
@@ -370,8 +371,11 @@ class _Stacked:
 
 def _weights_on(weights: LayerWeights, placement: Placement):
     """(LayerWeights on ``placement``, the stacked Q/K/V and gate/up weights).  The separate
-    projection weights are views of the stacks, so each weight is on the device once."""
-    w = weights
+    projection weights are views of the stacks, so each weight is on the device once.
+    Quantized weights are decoded to float32 on the way (no GPU kernels for them yet)."""
+    w = dataclasses.replace(weights, **{f.name: dequantize(getattr(weights, f.name))
+                                        for f in dataclasses.fields(weights)
+                                        if isinstance(getattr(weights, f.name), QuantizedTensor)})
     moved = {f.name: (None if getattr(w, f.name) is None else to_device(getattr(w, f.name), placement))
              for f in dataclasses.fields(w)
              if f.name not in ("wq", "wk", "wv", "bq", "bk", "bv", "w_gate", "w_up")}

@@ -17,6 +17,7 @@ import numpy as np
 from . import registry
 from .kvcache import PagedKVCache
 from .placement import CPU, Placement, copy_between, is_device_array, placement_of
+from .quant.tensor import QuantizedTensor
 
 _F32 = np.dtype(np.float32)
 
@@ -155,20 +156,27 @@ def add(a, b, *, out=None, device=None) -> np.ndarray:
 
 
 def linear(x, weight, bias=None, *, out=None, device=None) -> np.ndarray:
-    """x [rows, in] @ weight[out, in].T (+ bias [out]) -> [rows, out]."""
+    """x [rows, in] @ weight[out, in].T (+ bias [out]) -> [rows, out].
+
+    ``weight`` is a float array or a ``QuantizedTensor``, multiplied in its encoding by the
+    backend's ``linear.<format>`` kernel (a backend without one says so)."""
     x = as_f32("x", x, 2)
-    w = as_f32("weight", weight, 2)
+    quantized = isinstance(weight, QuantizedTensor)
+    w = weight if quantized else as_f32("weight", weight, 2)
     if w.shape[1] != x.shape[1]:
+        kind = f", {w.format.name}" if quantized else ""
         raise ValueError(f"linear: x has {x.shape[1]} features but weight is {w.shape} "
-                         f"([out_features, in_features])")
+                         f"([out_features, in_features]{kind})")
     b = None
     if bias is not None:
         b = as_f32("bias", bias, 1)
         if b.shape[0] != w.shape[0]:
             raise ValueError(f"linear: bias has {b.shape[0]} entries for {w.shape[0]} outputs")
-    where = _where("linear", device, x=x, weight=w, bias=b)
+    # a quantized weight is read where x is (the CPU backend's kernels for its format)
+    where = _where("linear", device, x=x, bias=b, **({} if quantized else {"weight": w}))
     o = _out("linear", out, (x.shape[0], w.shape[0]), where)
-    registry.lookup("linear", where)(x, w, b, o)
+    op = f"linear.{w.format.name}" if quantized else "linear"
+    registry.lookup(op, where)(x, w, b, o)
     return o
 
 
@@ -329,6 +337,7 @@ class BoundOps:
         self.device = Placement.parse(device)
         for name in ("rmsnorm", "rope", "swiglu", "add", "linear"):
             setattr(self, "_" + name, registry.lookup(name, self.device))
+        self._quantized = {}  # format name -> that format's linear kernel
 
     def rmsnorm(self, x, weight, eps, out):  # x, out [rows, dim]
         self._rmsnorm(x, weight, eps, out)
@@ -347,6 +356,13 @@ class BoundOps:
         return out
 
     def linear(self, x, weight, bias, out):  # [rows, in] @ [out, in].T (+ bias) -> out
+        if type(weight) is QuantizedTensor:
+            fn = self._quantized.get(weight.format.name)
+            if fn is None:
+                fn = self._quantized[weight.format.name] = registry.lookup(
+                    f"linear.{weight.format.name}", self.device)
+            fn(x, weight, bias, out)
+            return out
         self._linear(x, weight, bias, out)
         return out
 

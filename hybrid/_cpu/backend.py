@@ -4,12 +4,14 @@ Every function here receives arrays already validated by hybrid/ops.py (float32,
 consistent shapes) and reads the thread count from hybrid.threads, the one place that sets it.
 """
 
+import threading
+
 import numpy as np
 
 from ..threads import get_num_threads
 
 try:
-    from . import attention, elementwise
+    from . import attention, elementwise, quant
 except ImportError as exc:  # the extension was not built (source checkout without build_ext)
     from ..registry import BackendUnavailable
 
@@ -41,6 +43,38 @@ def linear(x, weight, bias, out):
         out += bias
 
 
+# Up to this many rows a quantized projection runs the mat-vec kernel (each weight row streamed
+# once for all rows); above it, weight panels are decoded into a float32 tile that BLAS multiplies.
+MATVEC_MAX_ROWS = 16
+# floats in one decoded panel (16 MiB): big enough for BLAS to run at speed, small enough to stay
+# in the last-level cache between decoding and multiplying
+PANEL_FLOATS = 1 << 22
+_panels = threading.local()
+
+
+def _panel(rows: int, cols: int) -> np.ndarray:
+    buf = getattr(_panels, "buf", None)
+    if buf is None or buf.size < rows * cols:
+        buf = _panels.buf = np.empty(rows * cols, dtype=np.float32)
+    return buf[:rows * cols].reshape(rows, cols)
+
+
+def linear_quantized(x, weight, bias, out):
+    """x [rows, in] @ W.T (+ bias) for a QuantizedTensor W, read in its encoding."""
+    code, n_out, n_in = weight.format.kernel_code, weight.shape[0], weight.shape[1]
+    if x.shape[0] <= MATVEC_MAX_ROWS:
+        quant.matvec(code, weight.data, x, bias, out, get_num_threads())
+        return
+    step = max(1, min(n_out, PANEL_FLOATS // n_in))
+    for r0 in range(0, n_out, step):
+        r1 = min(n_out, r0 + step)
+        panel = _panel(r1 - r0, n_in)  # [r1 - r0, in] float32
+        quant.decode_rows(code, weight.data, n_in, r0, r1, panel, get_num_threads())
+        np.matmul(x, panel.T, out=out[:, r0:r1])
+    if bias is not None:
+        out += bias
+
+
 def paged_attention(q, start_pos, k_ptrs, v_ptrs, num_heads, num_kv_heads, head_dim,
                     block_size, head_stride, kv_f16, scale, out):
     attention.paged_attention(q, start_pos, k_ptrs, v_ptrs, num_heads, num_kv_heads, head_dim,
@@ -66,3 +100,7 @@ def register(registrar):
     for name in ("rmsnorm", "rope", "swiglu", "add", "linear", "paged_attention",
                  "paged_attention_batch", "to_device"):
         registrar.op(name, globals()[name])
+    from ..quant.formats import FORMATS
+
+    for fmt in FORMATS:  # every weight format has a native CPU kernel
+        registrar.op(f"linear.{fmt}", linear_quantized)

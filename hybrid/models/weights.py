@@ -1,12 +1,17 @@
-"""What a loader produces: the model's shape and its float32 weights, whatever the file format."""
+"""What a loader produces: the model's shape and its weights, whatever the file format.
+
+Matrices are float32 arrays or QuantizedTensors (kept in the file's encoding); vectors (norms,
+biases) are float32.  ``convert_weights`` re-encodes them all to one format at load."""
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass, field
 
 import numpy as np
 
-from ..config import DecoderConfig, LayerWeights
+from ..config import LINEAR_WEIGHTS, DecoderConfig, LayerWeights
+from ..quant import QuantizedTensor, dequantize, fallback_for, get_format, quantize
 
 ARCHITECTURES = ("llama", "qwen2", "qwen3")
 
@@ -15,8 +20,9 @@ ARCHITECTURES = ("llama", "qwen2", "qwen3")
 class ModelWeights:
     """A decoder-only Llama-family model, ready to run.
 
-    embed [vocab, hidden]; final_norm [hidden]; lm_head [vocab, hidden] (the same array as embed
-    when the embeddings are tied); layers: one LayerWeights per decoder layer.
+    embed [vocab, hidden]; final_norm [hidden]; lm_head [vocab, hidden] (the same object as embed
+    when the embeddings are tied); layers: one LayerWeights per decoder layer.  Matrices may be
+    QuantizedTensors.
     """
 
     arch: str
@@ -49,13 +55,50 @@ class ModelWeights:
         return total
 
 
-def unpermute_rope_rows(w: np.ndarray, n_head: int) -> np.ndarray:
-    """Undo llama.cpp's converter permutation of Q/K rows (adjacent-pair RoPE layout back to the
-    rotate-half layout transformers uses): per head, row 2i+s of the file is row s*D/2+i."""
-    out_features = w.shape[0]
-    half = out_features // n_head // 2
-    return np.ascontiguousarray(
-        w.reshape(n_head, half, 2, *w.shape[1:]).swapaxes(1, 2).reshape(w.shape))
+def weight_formats(mw: ModelWeights) -> dict:
+    """Format name ("float32", "q4_k", ...) -> (number of matrices, bytes)."""
+    seen, table = set(), {}
+    mats = [mw.embed, mw.lm_head] + [getattr(lw, n) for lw in mw.layers for n in LINEAR_WEIGHTS]
+    for m in mats:
+        if id(m) in seen:
+            continue
+        seen.add(id(m))
+        name = m.format.name if isinstance(m, QuantizedTensor) else "float32"
+        count, nbytes = table.get(name, (0, 0))
+        table[name] = (count + 1, nbytes + m.nbytes)
+    return table
+
+
+def convert_weights(mw: ModelWeights, target: "str | None") -> ModelWeights:
+    """Every matrix in ``target`` ("float32", "float16", "bfloat16", "q8_0", "q4_0", "q4_1",
+    "q5_0", "q5_1", "q4_k", "q5_k", "q6_k"); None keeps each as it is.  Rows that do not split
+    into the target's blocks use llama.cpp's fallback (q4_k -> q5_0, q6_k -> q8_0, ...)."""
+    if target is None:
+        return mw
+    name = str(target).lower()
+    if name not in ("float32", "f32", "fp32"):
+        fmt = get_format(name)
+    else:
+        fmt = None
+    done: dict = {}
+
+    def conv(m):
+        if id(m) in done:
+            return done[id(m)]
+        if fmt is None:
+            new = dequantize(m)
+        else:
+            want = fallback_for(m.shape[1], fmt)
+            if isinstance(m, QuantizedTensor) and m.format == want:
+                new = m
+            else:
+                new = quantize(dequantize(m), want)
+        done[id(m)] = new
+        return new
+
+    layers = [dataclasses.replace(lw, **{n: conv(getattr(lw, n)) for n in LINEAR_WEIGHTS})
+              for lw in mw.layers]
+    return dataclasses.replace(mw, embed=conv(mw.embed), lm_head=conv(mw.lm_head), layers=layers)
 
 
 def layer_weights(get, i: int, cfg: DecoderConfig, qk_norm: bool, qkv_bias: bool,

@@ -1,0 +1,134 @@
+"""Real GGUF files for the benchmarks and quantization checks, made on this machine.
+
+``float32_gguf`` writes a model's float32 weights as a GGUF (metadata, tokenizer and tensor names
+copied from a source GGUF, so llama.cpp loads it); ``random_llama_gguf`` writes a Llama-3.2-1B-
+shaped model with random weights (hidden 2048, 32/8 heads of 64, intermediate 8192, a few
+layers, SmolLM2's tokenizer); ``llama_quantize`` runs llama.cpp's own quantizer
+(llama_cpp.llama_model_quantize) on such a file, so real Q4_K/Q6_K/Q8_0/... tensors are made by
+the peer, not by us.
+"""
+
+from __future__ import annotations
+
+import os
+
+import numpy as np
+
+# llama.cpp's file types (llama_ftype)
+FTYPES = {"Q4_0": 2, "Q4_1": 3, "Q8_0": 7, "Q5_0": 8, "Q5_1": 9, "Q4_K_M": 15, "Q5_K_M": 17,
+          "Q6_K": 18}
+
+
+def _copy_metadata(reader, writer, arch: str, overrides: dict) -> None:
+    from gguf import GGUFValueType
+
+    for key, field in reader.fields.items():
+        if key.startswith("GGUF.") or key in ("general.architecture", "general.alignment",
+                                              "general.file_type") or key in overrides:
+            continue
+        kind = field.types[0]
+        if kind == GGUFValueType.ARRAY:
+            sub = field.types[-1]
+            if sub == GGUFValueType.STRING:
+                value = [bytes(field.parts[i]) for i in field.data]
+            else:
+                value = [field.parts[i].tolist()[0] for i in field.data]
+            writer.add_key_value(key, value, kind, sub_type=sub)
+        elif kind == GGUFValueType.STRING:
+            writer.add_key_value(key, bytes(field.parts[field.data[0]]), kind)
+        else:
+            writer.add_key_value(key, field.parts[field.data[0]].tolist()[0], kind)
+    for key, (value, kind) in overrides.items():
+        writer.add_key_value(key, value, kind)
+
+
+def float32_gguf(src: str, dst: str) -> str:
+    """``src`` with every tensor decoded to float32 (norms stay float32), written to ``dst``."""
+    import gguf
+    from gguf.quants import dequantize
+
+    reader = gguf.GGUFReader(src, "r")
+    arch = bytes(reader.fields["general.architecture"].parts[-1]).decode()
+    writer = gguf.GGUFWriter(dst, arch)
+    _copy_metadata(reader, writer, arch, {})
+    for t in reader.tensors:
+        shape = tuple(int(x) for x in reversed(t.shape.tolist()))
+        writer.add_tensor(t.name, np.ascontiguousarray(
+            dequantize(t.data, t.tensor_type).reshape(shape), dtype=np.float32))
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
+    return dst
+
+
+def random_llama_gguf(tokenizer_src: str, dst: str, *, layers: int = 4, hidden: int = 2048,
+                      heads: int = 32, kv_heads: int = 8, head_dim: int = 64,
+                      intermediate: int = 8192, seed: int = 0) -> str:
+    """A Llama-3.2-1B-shaped float32 GGUF with random weights (std 0.02, unit norms) and the
+    tokenizer of ``tokenizer_src``."""
+    import gguf
+
+    reader = gguf.GGUFReader(tokenizer_src, "r")
+    vocab = len(reader.fields["tokenizer.ggml.tokens"].data)
+    writer = gguf.GGUFWriter(dst, "llama")
+    for key, field in reader.fields.items():
+        if not key.startswith("tokenizer."):
+            continue
+        kind = field.types[0]
+        if kind == gguf.GGUFValueType.ARRAY:
+            sub = field.types[-1]
+            value = ([bytes(field.parts[i]) for i in field.data] if sub == gguf.GGUFValueType.STRING
+                     else [field.parts[i].tolist()[0] for i in field.data])
+            writer.add_key_value(key, value, kind, sub_type=sub)
+        elif kind == gguf.GGUFValueType.STRING:
+            writer.add_key_value(key, bytes(field.parts[field.data[0]]), kind)
+        else:
+            writer.add_key_value(key, field.parts[field.data[0]].tolist()[0], kind)
+    writer.add_block_count(layers)
+    writer.add_embedding_length(hidden)
+    writer.add_feed_forward_length(intermediate)
+    writer.add_head_count(heads)
+    writer.add_head_count_kv(kv_heads)
+    writer.add_key_length(head_dim)
+    writer.add_value_length(head_dim)
+    writer.add_layer_norm_rms_eps(1e-5)
+    writer.add_rope_freq_base(500000.0)
+    writer.add_context_length(4096)
+    writer.add_rope_dimension_count(head_dim)
+    rng = np.random.default_rng(seed)
+
+    def mat(rows, cols):
+        return (rng.standard_normal((rows, cols), dtype=np.float32) * 0.02)
+
+    writer.add_tensor("token_embd.weight", mat(vocab, hidden))
+    writer.add_tensor("output_norm.weight", np.ones(hidden, np.float32))
+    for i in range(layers):
+        p = f"blk.{i}."
+        writer.add_tensor(p + "attn_norm.weight", np.ones(hidden, np.float32))
+        writer.add_tensor(p + "attn_q.weight", mat(heads * head_dim, hidden))
+        writer.add_tensor(p + "attn_k.weight", mat(kv_heads * head_dim, hidden))
+        writer.add_tensor(p + "attn_v.weight", mat(kv_heads * head_dim, hidden))
+        writer.add_tensor(p + "attn_output.weight", mat(hidden, heads * head_dim))
+        writer.add_tensor(p + "ffn_norm.weight", np.ones(hidden, np.float32))
+        writer.add_tensor(p + "ffn_gate.weight", mat(intermediate, hidden))
+        writer.add_tensor(p + "ffn_up.weight", mat(intermediate, hidden))
+        writer.add_tensor(p + "ffn_down.weight", mat(hidden, intermediate))
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
+    return dst
+
+
+def llama_quantize(src: str, dst: str, ftype: str) -> str:
+    """llama.cpp's quantizer: ``src`` (float32 GGUF) -> ``dst`` in ``ftype`` (Q4_K_M, Q8_0, ...)."""
+    import llama_cpp
+
+    params = llama_cpp.llama_model_quantize_default_params()
+    params.ftype = FTYPES[ftype]
+    params.nthread = 2
+    rc = llama_cpp.llama_model_quantize(src.encode(), dst.encode(), params)
+    if rc != 0 or not os.path.isfile(dst):
+        raise RuntimeError(f"llama_model_quantize({src} -> {ftype}) failed with {rc}")
+    return dst

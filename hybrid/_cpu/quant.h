@@ -1,0 +1,566 @@
+/* Weight formats of GGUF files, read in place: row decoding and dot products.
+ *
+ * A weight matrix [out, in] is stored row by row; a row is in/block_size blocks of the format's
+ * GGUF layout (ggml's block structs, little-endian, packed):
+ *
+ *   format  values/block  bytes  block layout                          value
+ *   F16      1             2     IEEE binary16                         h
+ *   BF16     1             2     upper half of a float32               b << 16
+ *   Q8_0     32            34    d:f16 qs[32]:i8                       d*q
+ *   Q4_0     32            18    d:f16 qs[16] (lo nibble: 0..15,       d*(n-8)
+ *                                  hi nibble: 16..31)
+ *   Q4_1     32            20    d:f16 m:f16 qs[16]                    d*n + m
+ *   Q5_0     32            22    d:f16 qh:u32 qs[16] (bit j of qh is   d*(n-16)
+ *                                  bit 4 of value j)
+ *   Q5_1     32            24    d:f16 m:f16 qh:u32 qs[16]             d*n + m
+ *   Q4_K     256           144   d:f16 dmin:f16 scales[12] qs[128]     (d*sc_j)*n - (dmin*m_j)
+ *                                  8 sub-blocks of 32, 6-bit sc_j/m_j;
+ *                                  qs[32g..]: lo nibble sub-block 2g, hi nibble 2g+1
+ *   Q5_K     256           176   as Q4_K plus qh[32] before qs:        (d*sc_j)*n - (dmin*m_j)
+ *                                  bit j of qh[l] is bit 4 of value l of sub-block j
+ *   Q6_K     256           210   ql[128] qh[64] scales[16]:i8 d:f16    (d*sc_i)*(n-32)
+ *                                  16 sub-blocks of 16
+ *
+ * Decoding (hy_q_decode_row) reproduces gguf.quants bit for bit: the same float32 operations in
+ * the same order and no fused multiply-add (this file is compiled with -ffp-contract=off).
+ *
+ * Dot products (hy_q_dot) multiply a weight row by an activation row quantized once per step to
+ * 8-bit blocks of 32 (hy_q_act): qa[i] = round(x[i]/da[b]), da[b] = max|x| / 127 over block b,
+ * sa[b] = da[b] * sum(qa of block b).  Inside a block the products are exact integers
+ * (_mm256_maddubs_epi16 + _mm256_madd_epi16 on AVX2), scaled once per block in float32.  Formats
+ * with an offset (Q4_1, Q5_1, Q4_K, Q5_K: "+ m") add m * sa[b] per block; formats centred on zero
+ * (Q8_0, Q4_0, Q5_0, Q6_K) multiply signed values (|w| times sign-adjusted qa).  F16 and BF16 rows
+ * multiply the float32 activations directly (widen and FMA): nothing to gain from integers there.
+ */
+#ifndef HYBRID_QUANT_H
+#define HYBRID_QUANT_H
+
+#include <math.h>
+#include <stdint.h>
+#include <string.h>
+
+#include "simd.h"
+
+enum {
+    HY_Q_F16 = 1, HY_Q_BF16 = 2, HY_Q_Q8_0 = 3, HY_Q_Q4_0 = 4, HY_Q_Q4_1 = 5, HY_Q_Q5_0 = 6,
+    HY_Q_Q5_1 = 7, HY_Q_Q4_K = 8, HY_Q_Q5_K = 9, HY_Q_Q6_K = 10
+};
+
+static inline float hy_f16(const uint8_t *p) {
+    uint16_t h;
+    memcpy(&h, p, 2);
+#ifdef HY_F16C
+    return _cvtsh_ss(h);
+#else
+    return hy_half_to_float(h);
+#endif
+}
+
+static inline uint32_t hy_u32(const uint8_t *p) {
+    uint32_t v;
+    memcpy(&v, p, 4);
+    return v;
+}
+
+/* the 6-bit scale and min of sub-block j of a Q4_K/Q5_K super-block */
+static inline void hy_k4_scale_min(int j, const uint8_t *s, uint8_t *sc, uint8_t *m) {
+    if (j < 4) {
+        *sc = s[j] & 63;
+        *m = s[j + 4] & 63;
+    } else {
+        *sc = (s[j + 4] & 0x0F) | ((s[j - 4] >> 6) << 4);
+        *m = (s[j + 4] >> 4) | ((s[j] >> 6) << 4);
+    }
+}
+
+/* ================================================================== decoding (the oracle twins) */
+
+static inline void hy_decode_q8_0(const uint8_t *b, float *y) {
+    float d = hy_f16(b);
+    const int8_t *q = (const int8_t *)(b + 2);
+    for (int j = 0; j < 32; j++) y[j] = (float)q[j] * d;
+}
+
+static inline void hy_decode_q4_0(const uint8_t *b, float *y) {
+    float d = hy_f16(b);
+    const uint8_t *q = b + 2;
+    for (int j = 0; j < 16; j++) {
+        y[j] = d * (float)((q[j] & 0x0F) - 8);
+        y[j + 16] = d * (float)((q[j] >> 4) - 8);
+    }
+}
+
+static inline void hy_decode_q4_1(const uint8_t *b, float *y) {
+    float d = hy_f16(b), m = hy_f16(b + 2);
+    const uint8_t *q = b + 4;
+    for (int j = 0; j < 16; j++) {
+        y[j] = d * (float)(q[j] & 0x0F) + m;
+        y[j + 16] = d * (float)(q[j] >> 4) + m;
+    }
+}
+
+static inline void hy_decode_q5_0(const uint8_t *b, float *y) {
+    float d = hy_f16(b);
+    uint32_t qh = hy_u32(b + 2);
+    const uint8_t *q = b + 6;
+    for (int j = 0; j < 16; j++) {
+        int lo = (q[j] & 0x0F) | (((qh >> j) & 1) << 4);
+        int hi = (q[j] >> 4) | (((qh >> (j + 16)) & 1) << 4);
+        y[j] = d * (float)(lo - 16);
+        y[j + 16] = d * (float)(hi - 16);
+    }
+}
+
+static inline void hy_decode_q5_1(const uint8_t *b, float *y) {
+    float d = hy_f16(b), m = hy_f16(b + 2);
+    uint32_t qh = hy_u32(b + 4);
+    const uint8_t *q = b + 8;
+    for (int j = 0; j < 16; j++) {
+        int lo = (q[j] & 0x0F) | (((qh >> j) & 1) << 4);
+        int hi = (q[j] >> 4) | (((qh >> (j + 16)) & 1) << 4);
+        y[j] = d * (float)lo + m;
+        y[j + 16] = d * (float)hi + m;
+    }
+}
+
+static inline void hy_decode_q45_k(const uint8_t *b, float *y, int five) {
+    float d = hy_f16(b), dmin = hy_f16(b + 2);
+    const uint8_t *scales = b + 4;
+    const uint8_t *qh = b + 16;
+    const uint8_t *q = five ? b + 48 : b + 16;
+    for (int g = 0; g < 4; g++) {
+        for (int half = 0; half < 2; half++) {
+            int j = 2 * g + half;
+            uint8_t sc, mn;
+            hy_k4_scale_min(j, scales, &sc, &mn);
+            float ds = d * (float)sc, dm = dmin * (float)mn;
+            for (int l = 0; l < 32; l++) {
+                int n = half ? (q[32 * g + l] >> 4) : (q[32 * g + l] & 0x0F);
+                if (five) n |= ((qh[l] >> j) & 1) << 4;
+                y[32 * j + l] = ds * (float)n - dm;
+            }
+        }
+    }
+}
+
+static inline void hy_decode_q6_k(const uint8_t *b, float *y) {
+    const uint8_t *ql = b, *qh = b + 128;
+    const int8_t *sc = (const int8_t *)(b + 192);
+    float d = hy_f16(b + 208);
+    for (int n = 0; n < 2; n++) {
+        for (int l = 0; l < 32; l++) {
+            int q1 = ((ql[l] & 0x0F) | (((qh[l] >> 0) & 3) << 4)) - 32;
+            int q2 = ((ql[l + 32] & 0x0F) | (((qh[l] >> 2) & 3) << 4)) - 32;
+            int q3 = ((ql[l] >> 4) | (((qh[l] >> 4) & 3) << 4)) - 32;
+            int q4 = ((ql[l + 32] >> 4) | (((qh[l] >> 6) & 3) << 4)) - 32;
+            int is = l / 16;
+            y[l] = (d * (float)sc[is + 0]) * (float)q1;
+            y[l + 32] = (d * (float)sc[is + 2]) * (float)q2;
+            y[l + 64] = (d * (float)sc[is + 4]) * (float)q3;
+            y[l + 96] = (d * (float)sc[is + 6]) * (float)q4;
+        }
+        y += 128;
+        ql += 64;
+        qh += 32;
+        sc += 8;
+    }
+}
+
+/* Values per block and bytes per block of a format (0 for an unknown code). */
+static inline int hy_q_block_values(int type) {
+    switch (type) {
+    case HY_Q_F16: case HY_Q_BF16: return 1;
+    case HY_Q_Q8_0: case HY_Q_Q4_0: case HY_Q_Q4_1: case HY_Q_Q5_0: case HY_Q_Q5_1: return 32;
+    case HY_Q_Q4_K: case HY_Q_Q5_K: case HY_Q_Q6_K: return 256;
+    }
+    return 0;
+}
+
+static inline int hy_q_block_bytes(int type) {
+    switch (type) {
+    case HY_Q_F16: case HY_Q_BF16: return 2;
+    case HY_Q_Q8_0: return 34;
+    case HY_Q_Q4_0: return 18;
+    case HY_Q_Q4_1: return 20;
+    case HY_Q_Q5_0: return 22;
+    case HY_Q_Q5_1: return 24;
+    case HY_Q_Q4_K: return 144;
+    case HY_Q_Q5_K: return 176;
+    case HY_Q_Q6_K: return 210;
+    }
+    return 0;
+}
+
+/* y[0..n) = the n values of a row (n a multiple of the block size) */
+static inline void hy_q_decode_row(int type, const uint8_t *row, float *y, long n) {
+    long nb = n / hy_q_block_values(type);
+    int bb = hy_q_block_bytes(type);
+    long i;
+    switch (type) {
+    case HY_Q_F16:
+        hy_f16_to_f32((const uint16_t *)row, y, n);
+        return;
+    case HY_Q_BF16:
+        for (i = 0; i < n; i++) {
+            uint32_t bits = (uint32_t)((const uint16_t *)row)[i] << 16;
+            memcpy(y + i, &bits, 4);
+        }
+        return;
+    }
+    for (i = 0; i < nb; i++) {
+        const uint8_t *b = row + i * bb;
+        switch (type) {
+        case HY_Q_Q8_0: hy_decode_q8_0(b, y + 32 * i); break;
+        case HY_Q_Q4_0: hy_decode_q4_0(b, y + 32 * i); break;
+        case HY_Q_Q4_1: hy_decode_q4_1(b, y + 32 * i); break;
+        case HY_Q_Q5_0: hy_decode_q5_0(b, y + 32 * i); break;
+        case HY_Q_Q5_1: hy_decode_q5_1(b, y + 32 * i); break;
+        case HY_Q_Q4_K: hy_decode_q45_k(b, y + 256 * i, 0); break;
+        case HY_Q_Q5_K: hy_decode_q45_k(b, y + 256 * i, 1); break;
+        case HY_Q_Q6_K: hy_decode_q6_k(b, y + 256 * i); break;
+        }
+    }
+}
+
+/* ================================================================== activations */
+
+/* Quantize x[0..n) (n % 32 == 0) to 8-bit blocks: qa[n], da[n/32], sa[n/32] (see the header). */
+static inline void hy_q_act(const float *x, long n, int8_t *qa, float *da, float *sa) {
+    for (long b = 0; b < n / 32; b++) {
+        const float *xb = x + 32 * b;
+        float amax = 0.0f;
+        for (int j = 0; j < 32; j++) amax = fmaxf(amax, fabsf(xb[j]));
+        float d = amax / 127.0f;
+        float id = d > 0.0f ? 127.0f / amax : 0.0f;
+        int sum = 0;
+        for (int j = 0; j < 32; j++) {
+            int v = (int)nearbyintf(xb[j] * id);
+            v = v > 127 ? 127 : (v < -127 ? -127 : v);
+            qa[32 * b + j] = (int8_t)v;
+            sum += v;
+        }
+        da[b] = d;
+        sa[b] = d * (float)sum;
+    }
+}
+
+/* ================================================================== dot products */
+
+#ifdef HY_AVX2
+/* 8 int32 partial sums of w[i]*a[i] for 32 unsigned w (0..63) and signed a */
+static inline __m256i hy_dot_u8s8(__m256i w, __m256i a) {
+    return _mm256_madd_epi16(_mm256_maddubs_epi16(w, a), _mm256_set1_epi16(1));
+}
+
+/* the same for signed w (-128..127): |w| times a with w's sign */
+static inline __m256i hy_dot_s8s8(__m256i w, __m256i a) {
+    return hy_dot_u8s8(_mm256_abs_epi8(w), _mm256_sign_epi8(a, w));
+}
+
+/* 32 nibbles of a 16-byte array: low nibbles in bytes 0..15, high nibbles in bytes 16..31 */
+static inline __m256i hy_nibbles16(const uint8_t *q) {
+    __m128i raw = _mm_loadu_si128((const __m128i *)q);
+    __m256i both = _mm256_set_m128i(_mm_srli_epi16(raw, 4), raw);
+    return _mm256_and_si256(both, _mm256_set1_epi8(0x0F));
+}
+
+/* byte j = 0x10 where bit j of the 32-bit word is set, else 0 */
+static inline __m256i hy_bit4_from_bits(uint32_t bits) {
+    const __m256i pick = _mm256_set_epi8(3, 3, 3, 3, 3, 3, 3, 3, 2, 2, 2, 2, 2, 2, 2, 2,
+                                         1, 1, 1, 1, 1, 1, 1, 1, 0, 0, 0, 0, 0, 0, 0, 0);
+    const __m256i mask = _mm256_set1_epi64x((long long)0x8040201008040201ULL);
+    __m256i v = _mm256_shuffle_epi8(_mm256_set1_epi32((int)bits), pick);
+    v = _mm256_cmpeq_epi8(_mm256_and_si256(v, mask), mask);
+    return _mm256_and_si256(v, _mm256_set1_epi8(0x10));
+}
+
+#define HY_LOADA(i) _mm256_loadu_si256((const __m256i *)(qa + 32 * (i)))
+#endif
+
+static float hy_dot_q8_0(const uint8_t *w, long nb, const int8_t *qa, const float *da) {
+    long b = 0;
+    float sum = 0.0f;
+#ifdef HY_AVX2
+    __m256 acc0 = _mm256_setzero_ps(), acc1 = _mm256_setzero_ps();
+    for (; b + 2 <= nb; b += 2) {
+        const uint8_t *b0 = w + 34 * b, *b1 = b0 + 34;
+        __m256i p0 = hy_dot_s8s8(_mm256_loadu_si256((const __m256i *)(b0 + 2)), HY_LOADA(b));
+        __m256i p1 = hy_dot_s8s8(_mm256_loadu_si256((const __m256i *)(b1 + 2)), HY_LOADA(b + 1));
+        acc0 = _mm256_fmadd_ps(_mm256_cvtepi32_ps(p0), _mm256_set1_ps(hy_f16(b0) * da[b]), acc0);
+        acc1 = _mm256_fmadd_ps(_mm256_cvtepi32_ps(p1), _mm256_set1_ps(hy_f16(b1) * da[b + 1]), acc1);
+    }
+    sum = hy_hsum256(_mm256_add_ps(acc0, acc1));
+#endif
+    for (; b < nb; b++) {
+        const uint8_t *blk = w + 34 * b;
+        const int8_t *q = (const int8_t *)(blk + 2);
+        int s = 0;
+        for (int j = 0; j < 32; j++) s += q[j] * qa[32 * b + j];
+        sum += (float)s * (hy_f16(blk) * da[b]);
+    }
+    return sum;
+}
+
+/* Q4_0 / Q4_1: `offset` formats add m*sa[b]; Q4_0 is centred (n - 8) */
+static float hy_dot_q4(const uint8_t *w, long nb, const int8_t *qa, const float *da,
+                       const float *sa, int with_min) {
+    const int bb = with_min ? 20 : 18, qoff = with_min ? 4 : 2;
+    long b = 0;
+    float sum = 0.0f, msum = 0.0f;
+#ifdef HY_AVX2
+    __m256 acc0 = _mm256_setzero_ps(), acc1 = _mm256_setzero_ps();
+    const __m256i eight = _mm256_set1_epi8(8);
+    for (; b + 2 <= nb; b += 2) {
+        const uint8_t *b0 = w + bb * b, *b1 = b0 + bb;
+        __m256i n0 = hy_nibbles16(b0 + qoff), n1 = hy_nibbles16(b1 + qoff);
+        __m256i p0, p1;
+        if (with_min) {
+            p0 = hy_dot_u8s8(n0, HY_LOADA(b));
+            p1 = hy_dot_u8s8(n1, HY_LOADA(b + 1));
+            msum += hy_f16(b0 + 2) * sa[b] + hy_f16(b1 + 2) * sa[b + 1];
+        } else {
+            p0 = hy_dot_s8s8(_mm256_sub_epi8(n0, eight), HY_LOADA(b));
+            p1 = hy_dot_s8s8(_mm256_sub_epi8(n1, eight), HY_LOADA(b + 1));
+        }
+        acc0 = _mm256_fmadd_ps(_mm256_cvtepi32_ps(p0), _mm256_set1_ps(hy_f16(b0) * da[b]), acc0);
+        acc1 = _mm256_fmadd_ps(_mm256_cvtepi32_ps(p1), _mm256_set1_ps(hy_f16(b1) * da[b + 1]), acc1);
+    }
+    sum = hy_hsum256(_mm256_add_ps(acc0, acc1));
+#endif
+    for (; b < nb; b++) {
+        const uint8_t *blk = w + bb * b, *q = blk + qoff;
+        const int8_t *a = qa + 32 * b;
+        int s = 0, off = with_min ? 0 : 8;
+        for (int j = 0; j < 16; j++)
+            s += ((q[j] & 0x0F) - off) * a[j] + ((q[j] >> 4) - off) * a[j + 16];
+        sum += (float)s * (hy_f16(blk) * da[b]);
+        if (with_min) msum += hy_f16(blk + 2) * sa[b];
+    }
+    return sum + msum;
+}
+
+/* Q5_0 / Q5_1 */
+static float hy_dot_q5(const uint8_t *w, long nb, const int8_t *qa, const float *da,
+                       const float *sa, int with_min) {
+    const int bb = with_min ? 24 : 22, hoff = with_min ? 4 : 2;
+    long b = 0;
+    float sum = 0.0f, msum = 0.0f;
+#ifdef HY_AVX2
+    __m256 acc0 = _mm256_setzero_ps();
+    const __m256i sixteen = _mm256_set1_epi8(16);
+    for (; b < nb; b++) {
+        const uint8_t *blk = w + bb * b;
+        __m256i n = _mm256_or_si256(hy_nibbles16(blk + hoff + 4), hy_bit4_from_bits(hy_u32(blk + hoff)));
+        __m256i p;
+        if (with_min) {
+            p = hy_dot_u8s8(n, HY_LOADA(b));
+            msum += hy_f16(blk + 2) * sa[b];
+        } else {
+            p = hy_dot_s8s8(_mm256_sub_epi8(n, sixteen), HY_LOADA(b));
+        }
+        acc0 = _mm256_fmadd_ps(_mm256_cvtepi32_ps(p), _mm256_set1_ps(hy_f16(blk) * da[b]), acc0);
+    }
+    sum = hy_hsum256(acc0);
+#endif
+    for (; b < nb; b++) {
+        const uint8_t *blk = w + bb * b, *q = blk + hoff + 4;
+        uint32_t qh = hy_u32(blk + hoff);
+        const int8_t *a = qa + 32 * b;
+        int s = 0, off = with_min ? 0 : 16;
+        for (int j = 0; j < 16; j++) {
+            int lo = (q[j] & 0x0F) | (((qh >> j) & 1) << 4);
+            int hi = (q[j] >> 4) | (((qh >> (j + 16)) & 1) << 4);
+            s += (lo - off) * a[j] + (hi - off) * a[j + 16];
+        }
+        sum += (float)s * (hy_f16(blk) * da[b]);
+        if (with_min) msum += hy_f16(blk + 2) * sa[b];
+    }
+    return sum + msum;
+}
+
+/* Q4_K / Q5_K: nsb super-blocks of 256; activation block 8*s+j is sub-block j of super-block s */
+static float hy_dot_q45_k(const uint8_t *w, long nsb, const int8_t *qa, const float *da,
+                          const float *sa, int five) {
+    const int bb = five ? 176 : 144;
+    float sum = 0.0f, msum = 0.0f;
+#ifdef HY_AVX2
+    __m256 acc = _mm256_setzero_ps();
+#endif
+    for (long s = 0; s < nsb; s++) {
+        const uint8_t *blk = w + bb * s;
+        const uint8_t *qh = blk + 16, *q = five ? blk + 48 : blk + 16;
+        const float d = hy_f16(blk), dmin = hy_f16(blk + 2);
+        const long a0 = 8 * s;
+        uint8_t sc[8], mn[8];
+        for (int j = 0; j < 8; j++) hy_k4_scale_min(j, blk + 4, &sc[j], &mn[j]);
+        for (int j = 0; j < 8; j++) msum += dmin * (float)mn[j] * sa[a0 + j];
+#ifdef HY_AVX2
+        __m256i hbits = five ? _mm256_loadu_si256((const __m256i *)qh) : _mm256_setzero_si256();
+        const __m256i low4 = _mm256_set1_epi8(0x0F), one = _mm256_set1_epi8(1);
+        for (int g = 0; g < 4; g++) {
+            __m256i raw = _mm256_loadu_si256((const __m256i *)(q + 32 * g));
+            __m256i lo = _mm256_and_si256(raw, low4);
+            __m256i hi = _mm256_and_si256(_mm256_srli_epi16(raw, 4), low4);
+            if (five) {
+                lo = _mm256_or_si256(lo, _mm256_slli_epi16(
+                    _mm256_and_si256(_mm256_srli_epi16(hbits, 2 * g), one), 4));
+                hi = _mm256_or_si256(hi, _mm256_slli_epi16(
+                    _mm256_and_si256(_mm256_srli_epi16(hbits, 2 * g + 1), one), 4));
+            }
+            const long ja = a0 + 2 * g;
+            __m256i p0 = hy_dot_u8s8(lo, HY_LOADA(ja));
+            __m256i p1 = hy_dot_u8s8(hi, HY_LOADA(ja + 1));
+            acc = _mm256_fmadd_ps(_mm256_cvtepi32_ps(p0), _mm256_set1_ps(d * (float)sc[2 * g] * da[ja]), acc);
+            acc = _mm256_fmadd_ps(_mm256_cvtepi32_ps(p1), _mm256_set1_ps(d * (float)sc[2 * g + 1] * da[ja + 1]), acc);
+        }
+#else
+        for (int j = 0; j < 8; j++) {
+            const int8_t *a = qa + 32 * (a0 + j);
+            const uint8_t *qq = q + 32 * (j / 2);
+            int isum = 0;
+            for (int l = 0; l < 32; l++) {
+                int n = (j & 1) ? (qq[l] >> 4) : (qq[l] & 0x0F);
+                if (five) n |= ((qh[l] >> j) & 1) << 4;
+                isum += n * a[l];
+            }
+            sum += (float)isum * (d * (float)sc[j] * da[a0 + j]);
+        }
+#endif
+    }
+#ifdef HY_AVX2
+    sum = hy_hsum256(acc);
+#endif
+    return sum - msum;
+}
+
+static float hy_dot_q6_k(const uint8_t *w, long nsb, const int8_t *qa, const float *da) {
+    float sum = 0.0f;
+#ifdef HY_AVX2
+    __m256 acc = _mm256_setzero_ps();
+    const __m256i low4 = _mm256_set1_epi8(0x0F), m32 = _mm256_set1_epi8(32);
+#endif
+    for (long s = 0; s < nsb; s++) {
+        const uint8_t *blk = w + 210 * s;
+        const int8_t *sc = (const int8_t *)(blk + 192);
+        const float d = hy_f16(blk + 208);
+        for (int n = 0; n < 2; n++) {
+            const uint8_t *ql = blk + 64 * n, *qh = blk + 128 + 32 * n;
+            const int8_t *scn = sc + 8 * n;
+            const long a0 = 8 * s + 4 * n;
+#ifdef HY_AVX2
+            __m256i l0 = _mm256_loadu_si256((const __m256i *)ql);
+            __m256i l1 = _mm256_loadu_si256((const __m256i *)(ql + 32));
+            __m256i h = _mm256_loadu_si256((const __m256i *)qh);
+            __m256i v[4];
+            v[0] = _mm256_or_si256(_mm256_and_si256(l0, low4),
+                                   _mm256_slli_epi16(_mm256_and_si256(h, _mm256_set1_epi8(0x03)), 4));
+            v[1] = _mm256_or_si256(_mm256_and_si256(l1, low4),
+                                   _mm256_slli_epi16(_mm256_and_si256(h, _mm256_set1_epi8(0x0C)), 2));
+            v[2] = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(l0, 4), low4),
+                                   _mm256_and_si256(h, _mm256_set1_epi8(0x30)));
+            v[3] = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(l1, 4), low4),
+                                   _mm256_srli_epi16(_mm256_and_si256(h, _mm256_set1_epi8((char)0xC0)), 2));
+            for (int k = 0; k < 4; k++) {
+                __m256i wv = _mm256_sub_epi8(v[k], m32);
+                __m256i p16 = _mm256_maddubs_epi16(_mm256_abs_epi8(wv), _mm256_sign_epi8(HY_LOADA(a0 + k), wv));
+                __m256i scl = _mm256_set_m128i(_mm_set1_epi16(scn[2 * k + 1]), _mm_set1_epi16(scn[2 * k]));
+                __m256i p32 = _mm256_madd_epi16(p16, scl);
+                acc = _mm256_fmadd_ps(_mm256_cvtepi32_ps(p32), _mm256_set1_ps(d * da[a0 + k]), acc);
+            }
+#else
+            for (int k = 0; k < 4; k++) {
+                const int8_t *a = qa + 32 * (a0 + k);
+                int isum = 0;
+                for (int l = 0; l < 32; l++) {
+                    const uint8_t *src = (k & 1) ? ql + 32 : ql;
+                    int nib = (k & 2) ? (src[l] >> 4) : (src[l] & 0x0F);
+                    int q6 = (nib | (((qh[l] >> (2 * k)) & 3) << 4)) - 32;
+                    isum += scn[2 * k + l / 16] * q6 * a[l];
+                }
+                sum += (float)isum * (d * da[a0 + k]);
+            }
+#endif
+        }
+    }
+#ifdef HY_AVX2
+    sum = hy_hsum256(acc);
+#endif
+    return sum;
+}
+
+/* F16 / BF16 rows times float32 x */
+static float hy_dot_half(const uint8_t *w, long n, const float *x, int bf16) {
+    const uint16_t *h = (const uint16_t *)w;
+    long i = 0;
+    float sum = 0.0f;
+#if defined(HY_AVX2)
+    __m256 a0 = _mm256_setzero_ps(), a1 = _mm256_setzero_ps();
+    if (bf16) {
+        for (; i + 16 <= n; i += 16) {
+            __m256i u0 = _mm256_cvtepu16_epi32(_mm_loadu_si128((const __m128i *)(h + i)));
+            __m256i u1 = _mm256_cvtepu16_epi32(_mm_loadu_si128((const __m128i *)(h + i + 8)));
+            a0 = _mm256_fmadd_ps(_mm256_castsi256_ps(_mm256_slli_epi32(u0, 16)), _mm256_loadu_ps(x + i), a0);
+            a1 = _mm256_fmadd_ps(_mm256_castsi256_ps(_mm256_slli_epi32(u1, 16)), _mm256_loadu_ps(x + i + 8), a1);
+        }
+    }
+#if defined(HY_F16C)
+    else {
+        for (; i + 16 <= n; i += 16) {
+            a0 = _mm256_fmadd_ps(_mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(h + i))), _mm256_loadu_ps(x + i), a0);
+            a1 = _mm256_fmadd_ps(_mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(h + i + 8))), _mm256_loadu_ps(x + i + 8), a1);
+        }
+    }
+#endif
+    sum = hy_hsum256(_mm256_add_ps(a0, a1));
+#endif
+    for (; i < n; i++) {
+        float v;
+        if (bf16) {
+            uint32_t bits = (uint32_t)h[i] << 16;
+            memcpy(&v, &bits, 4);
+        } else {
+            v = hy_half_to_float(h[i]);
+        }
+        sum += v * x[i];
+    }
+    return sum;
+}
+
+/* One weight row of `n` values times one activation row: qa/da/sa for the integer formats,
+ * x (float32) for F16/BF16. */
+static inline float hy_q_dot(int type, const uint8_t *w, long n, const int8_t *qa, const float *da,
+                             const float *sa, const float *x) {
+    switch (type) {
+    case HY_Q_F16: return hy_dot_half(w, n, x, 0);
+    case HY_Q_BF16: return hy_dot_half(w, n, x, 1);
+    case HY_Q_Q8_0: return hy_dot_q8_0(w, n / 32, qa, da);
+    case HY_Q_Q4_0: return hy_dot_q4(w, n / 32, qa, da, sa, 0);
+    case HY_Q_Q4_1: return hy_dot_q4(w, n / 32, qa, da, sa, 1);
+    case HY_Q_Q5_0: return hy_dot_q5(w, n / 32, qa, da, sa, 0);
+    case HY_Q_Q5_1: return hy_dot_q5(w, n / 32, qa, da, sa, 1);
+    case HY_Q_Q4_K: return hy_dot_q45_k(w, n / 256, qa, da, sa, 0);
+    case HY_Q_Q5_K: return hy_dot_q45_k(w, n / 256, qa, da, sa, 1);
+    case HY_Q_Q6_K: return hy_dot_q6_k(w, n / 256, qa, da);
+    }
+    return NAN;
+}
+
+/* out[r*ldo + o] = row o of w . activation row r (+ bias[o]) for o in [o0, o1), r < rows.
+ * Each weight row is read from memory once and used for every activation row. */
+static inline void hy_q_matvec_range(int type, const uint8_t *w, long row_bytes, long n, long o0,
+                                     long o1, int rows, const int8_t *qa, const float *da,
+                                     const float *sa, const float *x, const float *bias,
+                                     float *out, long ldo) {
+    const long nb = n / 32;
+    for (long o = o0; o < o1; o++) {
+        const uint8_t *wr = w + o * row_bytes;
+        float bo = bias ? bias[o] : 0.0f;
+        for (int r = 0; r < rows; r++) {
+            float v = hy_q_dot(type, wr, n, qa ? qa + r * n : NULL, da ? da + r * nb : NULL,
+                               sa ? sa + r * nb : NULL, x ? x + r * n : NULL);
+            out[r * ldo + o] = v + bo;
+        }
+    }
+}
+
+#endif

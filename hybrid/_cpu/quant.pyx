@@ -1,0 +1,147 @@
+"""CPU kernels for weights kept in their file encoding (F16, BF16 and GGUF's block formats).
+
+Weights arrive as uint8 [out_features, row_bytes] arrays (often read-only views of a memory-mapped
+file); the format code is one of quant.h's HY_Q_* values, checked against the row size here.
+Thin `def` wrappers validate, then `nogil` loops run over OpenMP threads (see quant.h for the
+kernels themselves).
+"""
+from cython.parallel cimport prange
+from libc.stdint cimport int8_t, int64_t, uint8_t
+from libc.stdlib cimport free, malloc
+
+cdef extern from "quant.h" nogil:
+    int hy_q_block_values(int type)
+    int hy_q_block_bytes(int type)
+    void hy_q_decode_row(int type, const uint8_t *row, float *y, long n)
+    void hy_q_act(const float *x, long n, int8_t *qa, float *da, float *sa)
+    void hy_q_matvec_range(int type, const uint8_t *w, long row_bytes, long n, long o0, long o1,
+                           int rows, const int8_t *qa, const float *da, const float *sa,
+                           const float *x, const float *bias, float *out, long ldo)
+
+cdef enum:
+    # Output rows per parallel chunk of a mat-vec.
+    MATVEC_CHUNK = 16
+    # Below this many weight bytes a mat-vec runs on the calling thread: waking a team costs
+    # more than streaming the matrix.
+    PARALLEL_MIN_BYTES = 49152
+
+INTEGER_FORMATS = frozenset([3, 4, 5, 6, 7, 8, 9, 10])  # quantized with 8-bit activations
+
+
+cdef long _check(int qtype, const uint8_t[:, ::1] w, Py_ssize_t n_in) except -1:
+    cdef int bv = hy_q_block_values(qtype)
+    if bv == 0:
+        raise ValueError(f"unknown weight format code {qtype}")
+    if n_in <= 0 or n_in % bv:
+        raise ValueError(f"rows of {n_in} values do not split into blocks of {bv}")
+    cdef long row_bytes = n_in // bv * hy_q_block_bytes(qtype)
+    if w.shape[1] != row_bytes:
+        raise ValueError(f"weight rows hold {w.shape[1]} bytes; {n_in} values need {row_bytes}")
+    return row_bytes
+
+
+def block_shape(int qtype):
+    """(values per block, bytes per block) of a format code."""
+    return hy_q_block_values(qtype), hy_q_block_bytes(qtype)
+
+
+def decode_rows(int qtype,
+                const uint8_t[:, ::1] w,     # IN  [out, row_bytes] encoded rows
+                Py_ssize_t n_in,
+                Py_ssize_t r0, Py_ssize_t r1,
+                float[:, ::1] out,           # OUT [r1 - r0, n_in] float32
+                int num_threads):
+    """out[i] = the values of row r0 + i (decoded exactly as gguf.quants does)."""
+    _check(qtype, w, n_in)
+    if not (0 <= r0 <= r1 <= w.shape[0]):
+        raise ValueError(f"row range {r0}:{r1} outside 0:{w.shape[0]}")
+    if out.shape[0] != r1 - r0 or out.shape[1] != n_in:
+        raise ValueError(f"out has shape {tuple(out.shape)[:2]}, expected {(r1 - r0, n_in)}")
+    cdef Py_ssize_t r
+    cdef int nt = num_threads if (r1 - r0) * w.shape[1] >= PARALLEL_MIN_BYTES else 1
+    for r in prange(r1 - r0, nogil=True, num_threads=nt, schedule="static"):
+        hy_q_decode_row(qtype, &w[r0 + r, 0], &out[r, 0], n_in)
+
+
+def gather_rows(int qtype,
+                const uint8_t[:, ::1] w,     # IN  [out, row_bytes]
+                Py_ssize_t n_in,
+                const int64_t[::1] ids,      # IN  [k] row indices (checked)
+                float[:, ::1] out):          # OUT [k, n_in]
+    """out[i] = the values of row ids[i] (embedding lookup)."""
+    _check(qtype, w, n_in)
+    cdef Py_ssize_t i, k = ids.shape[0]
+    if out.shape[0] != k or out.shape[1] != n_in:
+        raise ValueError(f"out has shape {tuple(out.shape)[:2]}, expected {(k, n_in)}")
+    for i in range(k):
+        if ids[i] < 0 or ids[i] >= w.shape[0]:
+            raise IndexError(f"row {ids[i]} outside 0..{w.shape[0] - 1}")
+    with nogil:
+        for i in range(k):
+            hy_q_decode_row(qtype, &w[ids[i], 0], &out[i, 0], n_in)
+
+
+def quantize_activations(const float[:, ::1] x,   # IN  [rows, n] float32, n % 32 == 0
+                         int8_t[:, ::1] qa,        # OUT [rows, n]
+                         float[:, ::1] da,         # OUT [rows, n/32] block scales
+                         float[:, ::1] sa):        # OUT [rows, n/32] scale * sum of the block
+    """The 8-bit blocks the integer dot products read (exposed for tests)."""
+    cdef Py_ssize_t r, rows = x.shape[0], n = x.shape[1]
+    if n % 32 or qa.shape[0] != rows or qa.shape[1] != n or da.shape[1] != n // 32 \
+            or sa.shape[1] != n // 32 or da.shape[0] != rows or sa.shape[0] != rows:
+        raise ValueError("quantize_activations: inconsistent shapes")
+    with nogil:
+        for r in range(rows):
+            hy_q_act(&x[r, 0], n, &qa[r, 0], &da[r, 0], &sa[r, 0])
+
+
+def matvec(int qtype,
+           const uint8_t[:, ::1] w,          # IN  [out, row_bytes] encoded rows
+           const float[:, ::1] x,            # IN  [rows, in] float32 activations
+           bias,                             # IN  [out] float32 or None
+           float[:, ::1] out,                # OUT [rows, out]
+           int num_threads):
+    """out = x @ W.T (+ bias), each weight row streamed once for all rows of x.
+
+    Integer formats quantize x once to 8-bit blocks of 32 and use integer dot products; F16 and
+    BF16 widen the weights and multiply the float32 x."""
+    cdef Py_ssize_t n_in = x.shape[1], rows = x.shape[0], n_out = w.shape[0]
+    cdef long row_bytes = _check(qtype, w, n_in)
+    if out.shape[0] != rows or out.shape[1] != n_out:
+        raise ValueError(f"out has shape {tuple(out.shape)[:2]}, expected {(rows, n_out)}")
+    cdef const float[::1] b
+    cdef const float *bp = NULL
+    if bias is not None:
+        b = bias
+        if b.shape[0] != n_out:
+            raise ValueError(f"bias has {b.shape[0]} entries for {n_out} outputs")
+        bp = &b[0]
+    if rows == 0 or n_out == 0:
+        return
+    cdef bint integer = qtype in INTEGER_FORMATS
+    cdef int8_t *qa = NULL
+    cdef float *da = NULL
+    cdef float *sa = NULL
+    cdef Py_ssize_t r, c, nb = n_in // 32
+    cdef Py_ssize_t nchunks = (n_out + MATVEC_CHUNK - 1) // MATVEC_CHUNK
+    cdef int nt = num_threads if n_out * row_bytes >= PARALLEL_MIN_BYTES else 1
+    cdef long o0, o1
+    if integer:
+        qa = <int8_t *> malloc(rows * n_in)
+        da = <float *> malloc(sizeof(float) * rows * nb)
+        sa = <float *> malloc(sizeof(float) * rows * nb)
+        if qa == NULL or da == NULL or sa == NULL:
+            free(qa); free(da); free(sa)
+            raise MemoryError()
+    try:
+        with nogil:
+            if integer:
+                for r in range(rows):
+                    hy_q_act(&x[r, 0], n_in, qa + r * n_in, da + r * nb, sa + r * nb)
+            for c in prange(nchunks, num_threads=nt, schedule="static"):
+                o0 = c * MATVEC_CHUNK
+                o1 = min(o0 + MATVEC_CHUNK, n_out)
+                hy_q_matvec_range(qtype, &w[0, 0], row_bytes, n_in, o0, o1, <int> rows, qa, da,
+                                  sa, NULL if integer else &x[0, 0], bp, &out[0, 0], n_out)
+    finally:
+        free(qa); free(da); free(sa)

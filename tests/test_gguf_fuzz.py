@@ -1,0 +1,129 @@
+"""Hostile GGUF files: thousands of seeded mutations of a small quantized model's header and
+tensor table, and truncations.  Each load either raises ModelLoadError naming the file or loads
+a model that runs; nothing crashes, hangs or allocates more than the file."""
+
+import os
+import time
+
+import numpy as np
+import pytest
+
+import hybrid
+from hybrid.models import ModelLoadError, read_weights
+from hybrid.models.model import Model
+
+gguf = pytest.importorskip("gguf")
+
+MUTATIONS = int(os.environ.get("HYBRID_FUZZ_MUTATIONS", "2000"))
+
+
+def _small_model(path):
+    """One layer, hidden 256: Q8_0, Q4_K and Q6_K matrices (made by our quantizer), F32 norms."""
+    rng = np.random.default_rng(7)
+    w = gguf.GGUFWriter(str(path), "llama")
+    w.add_block_count(1)
+    w.add_embedding_length(256)
+    w.add_feed_forward_length(512)
+    w.add_head_count(4)
+    w.add_head_count_kv(2)
+    w.add_layer_norm_rms_eps(1e-5)
+    w.add_context_length(64)
+    mats = {"token_embd.weight": ((40, 256), "q8_0"), "blk.0.attn_q.weight": ((256, 256), "q4_k"),
+            "blk.0.attn_k.weight": ((128, 256), "q6_k"), "blk.0.attn_v.weight": ((128, 256), "q8_0"),
+            "blk.0.attn_output.weight": ((256, 256), "q4_k"),
+            "blk.0.ffn_gate.weight": ((512, 256), "q4_0"), "blk.0.ffn_up.weight": ((512, 256), "q5_k"),
+            "blk.0.ffn_down.weight": ((256, 512), "q6_k")}
+    for name, (shape, fmt) in mats.items():
+        qt = hybrid.quantize(rng.standard_normal(shape).astype(np.float32) * 0.05, fmt)
+        w.add_tensor(name, qt.data, raw_shape=qt.data.shape,
+                     raw_dtype=gguf.GGMLQuantizationType(qt.format.ggml_type))
+    for name in ("output_norm.weight", "blk.0.attn_norm.weight", "blk.0.ffn_norm.weight"):
+        w.add_tensor(name, np.ones(256, np.float32))
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+
+
+def _header_end(path) -> int:
+    reader = gguf.GGUFReader(str(path))
+    return min(int(t.data_offset) for t in reader.tensors)
+
+
+def _load_and_run(path):
+    try:
+        mw = read_weights(path)
+    except ModelLoadError as exc:
+        assert str(path) in str(exc)
+        return False
+    model = Model(mw, None, kv_dtype="float32")
+    model.logits([1, 2, 3])  # kernels read every tensor: must stay inside the mapped file
+    return True
+
+
+def test_the_model_loads_and_runs(tmp_path):
+    path = tmp_path / "m.gguf"
+    _small_model(path)
+    mw = read_weights(path)
+    assert isinstance(mw.layers[0].wq, hybrid.QuantizedTensor) and mw.layers[0].wq.format.name == "q4_k"
+    assert np.isfinite(Model(mw, None).logits([1, 2, 3])).all()
+
+
+def test_mutated_headers_and_tensor_tables(tmp_path):
+    src = tmp_path / "m.gguf"
+    _small_model(src)
+    data = src.read_bytes()
+    end = _header_end(src)
+    rng = np.random.default_rng(20261202)
+    path = tmp_path / "x.gguf"
+    loaded = failed = 0
+    t0 = time.perf_counter()
+    for i in range(MUTATIONS):
+        buf = bytearray(data)
+        kind = rng.integers(0, 4)
+        for _ in range(int(rng.integers(1, 4))):
+            at = int(rng.integers(4, end))
+            if kind == 0:  # random bytes
+                buf[at] = int(rng.integers(0, 256))
+            elif kind == 1:  # a bit flip
+                buf[at] ^= 1 << int(rng.integers(0, 8))
+            elif kind == 2:  # a huge or negative 64-bit count / dimension / offset
+                at -= at % 8
+                value = [2**63 - 1, 2**64 - 1, 2**40, 2**32 + 1, 0][int(rng.integers(0, 5))]
+                buf[at:at + 8] = value.to_bytes(8, "little")
+            else:  # a small integer in a 32-bit field (types, dimension counts)
+                at -= at % 4
+                buf[at:at + 4] = int(rng.integers(0, 64)).to_bytes(4, "little")
+        path.write_bytes(bytes(buf))
+        if _load_and_run(path):
+            loaded += 1
+        else:
+            failed += 1
+    print(f"{MUTATIONS} mutations: {loaded} loaded and ran, {failed} refused "
+          f"in {time.perf_counter() - t0:.1f} s")
+    assert failed > MUTATIONS // 4  # most mutations must be caught, not silently loaded
+
+
+def test_truncated_files(tmp_path):
+    src = tmp_path / "m.gguf"
+    _small_model(src)
+    data = src.read_bytes()
+    path = tmp_path / "t.gguf"
+    for cut in list(range(0, 64, 7)) + list(np.linspace(64, len(data) - 1, 60).astype(int)):
+        path.write_bytes(data[:cut])
+        with pytest.raises(ModelLoadError):
+            read_weights(path)
+
+
+def test_offset_past_the_end_names_the_tensor(tmp_path):
+    src = tmp_path / "m.gguf"
+    _small_model(src)
+    reader = gguf.GGUFReader(str(src))
+    t = next(t for t in reader.tensors if t.name == "blk.0.ffn_down.weight")
+    field_end = int(t.field.offset) + sum(int(p.nbytes) for p in t.field.parts)
+    buf = bytearray(src.read_bytes())
+    buf[field_end - 8:field_end] = (2**40).to_bytes(8, "little")  # its data offset
+    bad = tmp_path / "bad.gguf"
+    bad.write_bytes(bytes(buf))
+    with pytest.raises(ModelLoadError, match=r"tensor blk.0.ffn_down.weight .* needs bytes"):
+        read_weights(bad)

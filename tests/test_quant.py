@@ -1,0 +1,202 @@
+"""Weight formats kept in their encoding: decoding bit for bit against gguf.quants (an oracle
+written by others), every kernel against the float64 product of the decoded weights, the
+quantizers against llama.cpp's reference error, and layers built on quantized weights."""
+
+import numpy as np
+import pytest
+
+import hybrid
+from hybrid import ops, registry
+from hybrid.quant import FORMATS, QuantizedTensor, dequantize, quantize
+from hybrid._cpu import quant as kernels
+
+gguf = pytest.importorskip("gguf", reason="gguf.quants is the independent oracle")
+from gguf import GGMLQuantizationType as T  # noqa: E402
+from gguf.quants import dequantize as gguf_dequantize  # noqa: E402
+from gguf.quants import quantize as gguf_quantize  # noqa: E402
+
+NAMES = list(FORMATS)
+INTEGER = [n for n, f in FORMATS.items() if f.integer]
+# byte offsets of the float16 scale fields in each block (set to finite values; every other
+# byte pattern is a valid block)
+SCALE_FIELDS = {"q8_0": [0], "q4_0": [0], "q5_0": [0], "q4_1": [0, 2], "q5_1": [0, 2],
+                "q4_k": [0, 2], "q5_k": [0, 2], "q6_k": [208]}
+
+
+def random_blocks(name: str, rows: int, n: int, rng) -> QuantizedTensor:
+    fmt = FORMATS[name]
+    if name == "float16":
+        raw = rng.standard_normal((rows, n)).astype(np.float16).view(np.uint8)
+    elif name == "bfloat16":
+        bits = (rng.standard_normal((rows, n)).astype(np.float32).view(np.uint32) >> 16)
+        raw = bits.astype(np.uint16).view(np.uint8)
+    else:
+        nb = n // fmt.block_values
+        raw = rng.integers(0, 256, size=(rows, nb, fmt.block_bytes), dtype=np.uint8)
+        for off in SCALE_FIELDS[name]:
+            scale = (rng.standard_normal((rows, nb)) * 0.05).astype(np.float16)
+            raw[:, :, off:off + 2] = scale.view(np.uint8).reshape(rows, nb, 2)
+    return QuantizedTensor(np.ascontiguousarray(raw.reshape(rows, -1)), name, (rows, n))
+
+
+def oracle(qt: QuantizedTensor) -> np.ndarray:
+    if qt.format.name == "float16":
+        return qt.data.view(np.float16).astype(np.float32)
+    return gguf_dequantize(qt.data, T(qt.format.ggml_type)).reshape(qt.shape)
+
+
+def widths(name):
+    return [w for w in (256, 576, 1536, 4096) if w % FORMATS[name].block_values == 0]
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_decoding_equals_gguf_bit_for_bit(name, rng):
+    for n in widths(name):
+        qt = random_blocks(name, 13, n, rng)
+        want = oracle(qt)
+        got = qt.dequantize()
+        assert got.view(np.uint32).tobytes() == want.astype(np.float32).view(np.uint32).tobytes()
+        assert np.array_equal(qt.dequantize(slice(3, 9)), want[3:9])
+        ids = rng.integers(0, 13, size=5)
+        assert np.array_equal(qt.rows(ids), want[ids])  # the embedding lookup
+
+
+def _act_quantized(x):
+    """What the integer kernels see of x: the 8-bit blocks decoded (checked against x here)."""
+    rows, n = x.shape
+    qa = np.empty((rows, n), np.int8)
+    da = np.empty((rows, n // 32), np.float32)
+    sa = np.empty((rows, n // 32), np.float32)
+    kernels.quantize_activations(x, qa, da, sa)
+    amax = np.abs(x.reshape(rows, -1, 32)).max(axis=2)
+    assert np.allclose(da, amax / 127, rtol=1e-6)
+    deq = qa.reshape(rows, -1, 32) * da[..., None].astype(np.float64)
+    assert np.all(np.abs(deq - x.reshape(rows, -1, 32)) <= da[..., None] * 0.5 * (1 + 1e-4))
+    assert np.allclose(sa, da * qa.reshape(rows, -1, 32).sum(axis=2), rtol=1e-6, atol=0)
+    return deq.reshape(rows, n), da
+
+
+@pytest.mark.parametrize("name", NAMES)
+@pytest.mark.parametrize("rows", [1, 2, 7, 16, 100])
+def test_linear_against_float64(name, rows, rng):
+    for n in widths(name)[:3] if rows > 16 else widths(name):
+        out_features = int(rng.choice([37, 61, 130]))
+        qt = random_blocks(name, out_features, n, rng)
+        w = oracle(qt).astype(np.float64)
+        x = rng.standard_normal((rows, n)).astype(np.float32)
+        x[:, :32] *= 30  # blocks of very different scales
+        bias = rng.standard_normal(out_features).astype(np.float32) if rows % 2 else None
+        got = ops.linear(x, qt, bias)
+        b = 0 if bias is None else bias.astype(np.float64)
+        exact = x.astype(np.float64) @ w.T + b
+        mag = np.abs(x).astype(np.float64) @ np.abs(w).T + np.abs(b)
+        if rows <= 16 and FORMATS[name].integer:
+            # the mat-vec multiplies 8-bit activations: exact up to float32 rounding against
+            # them, and within half an activation step per value against x itself
+            xq, da = _act_quantized(x)
+            tight = xq @ w.T + b
+            assert np.all(np.abs(got - tight) <= 2e-6 * (np.abs(xq) @ np.abs(w).T + np.abs(b)) + 1e-30)
+            step = (da[:, :, None] * 0.5).repeat(32, axis=2).reshape(rows, n)  # [rows, n]
+            bound = step.astype(np.float64) @ np.abs(w).T
+            assert np.all(np.abs(got - exact) <= bound * (1 + 1e-4) + 2e-6 * mag)
+        else:
+            assert np.all(np.abs(got - exact) <= 2e-6 * mag * np.sqrt(n / 256) + 1e-30)
+
+
+def test_kernel_refuses_inconsistent_arguments(rng):
+    qt = random_blocks("q4_k", 8, 256, rng)
+    x = np.ones((1, 256), np.float32)
+    out = np.empty((1, 8), np.float32)
+    with pytest.raises(ValueError, match="do not split into blocks of 256"):
+        kernels.matvec(qt.format.kernel_code, qt.data, np.ones((1, 200), np.float32), None,
+                       out, 1)
+    with pytest.raises(ValueError, match="weight rows hold 144 bytes; 512 values need 288"):
+        kernels.matvec(qt.format.kernel_code, qt.data, np.ones((1, 512), np.float32), None,
+                       out, 1)
+    with pytest.raises(ValueError, match="x has 255 features but weight is"):
+        ops.linear(np.ones((1, 255), np.float32), qt)
+    with pytest.raises(ValueError, match="bias has 3 entries for 8 outputs"):
+        ops.linear(x, qt, np.ones(3, np.float32))
+    with pytest.raises(IndexError):
+        qt.rows([8])
+
+
+# llama.cpp's reference quantizers, relative RMS error (rms(err) / rms(w)) on Gaussian weights
+# (std 0.02, rows of 2048), measured with llama-cpp-python 0.3.36's llama_model_quantize
+# (Q4_K_M / Q5_K_M files of the random Llama-3.2-1B-shaped bench model): Q4_K 0.0714,
+# Q5_K 0.0358, Q6_K 0.0178.  The 32-value formats are compared with gguf.quants' port of the
+# same reference quantizers directly.
+LLAMA_CPP_REL_RMSE = {"q4_k": 0.0714, "q5_k": 0.0358, "q6_k": 0.0178}
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_quantize_error_within_the_reference(name, rng):
+    w = (rng.standard_normal((64, 2048)) * 0.02).astype(np.float32)
+    qt = quantize(w, name)
+    assert qt.shape == w.shape and qt.nbytes == 64 * FORMATS[name].row_bytes(2048)
+    back = dequantize(qt)
+    assert np.array_equal(back, oracle(qt))  # what we write, gguf reads the same
+    rel = float(np.sqrt(((back - w) ** 2).mean()) / np.sqrt((w ** 2).mean()))
+    if name in LLAMA_CPP_REL_RMSE:
+        assert rel <= LLAMA_CPP_REL_RMSE[name] * 1.05, rel
+    else:
+        ref = gguf_dequantize(gguf_quantize(w, T(FORMATS[name].ggml_type)),
+                              T(FORMATS[name].ggml_type)).reshape(w.shape)
+        rel_ref = float(np.sqrt(((ref - w) ** 2).mean()) / np.sqrt((w ** 2).mean()))
+        assert rel <= rel_ref * 1.001 + 1e-9, (rel, rel_ref)
+
+
+def test_quantize_rejects_bad_input():
+    with pytest.raises(ValueError, match="unknown weight format 'q3_x'"):
+        quantize(np.ones((2, 32), np.float32), "q3_x")
+    with pytest.raises(ValueError, match="blocks of 256 values; rows of 576"):
+        quantize(np.ones((2, 576), np.float32), "q4_k")
+    with pytest.raises(ValueError, match="NaN or inf"):
+        quantize(np.full((2, 32), np.nan, np.float32), "q8_0")
+    with pytest.raises(ValueError, match="2-D"):
+        quantize(np.ones(32, np.float32), "q8_0")
+    with pytest.raises(ValueError, match=r"needs 68 bytes as \[2, 34\]"):
+        QuantizedTensor(np.zeros(60, np.uint8), "q8_0", (2, 32))
+
+
+def _layer_weights(cfg, rng):
+    shapes = hybrid.LayerWeights.expected_shapes(None, cfg)
+    return {k: (rng.standard_normal(v).astype(np.float32) * 0.05 if len(v) == 2
+                else 1 + 0.1 * rng.standard_normal(v).astype(np.float32))
+            for k, v in shapes.items() if k not in ("q_norm", "k_norm", "bq", "bk", "bv")}
+
+
+@pytest.mark.parametrize("name", ["q8_0", "q4_k", "bfloat16"])
+def test_layer_with_quantized_weights(name, rng):
+    cfg = hybrid.DecoderConfig(hidden_size=512, num_heads=8, num_kv_heads=2, head_dim=64,
+                               intermediate_size=768)
+    w = _layer_weights(cfg, rng)
+    lq = hybrid.LayerWeights(**{k: quantize(v, name) if v.ndim == 2 else v for k, v in w.items()})
+    ld = hybrid.LayerWeights(**{k: dequantize(v) for k, v in vars(lq).items() if v is not None})
+    layer_q, layer_d = hybrid.DecoderLayer(cfg, lq), hybrid.DecoderLayer(cfg, ld)
+    assert layer_q.weights.wq is lq.wq  # kept in its encoding, not converted
+    x = rng.standard_normal((40, 512)).astype(np.float32)
+    cq = hybrid.PagedKVCache(1, 2, 64, dtype="float32")
+    cd = hybrid.PagedKVCache(1, 2, 64, dtype="float32")
+    # prefill (decoded panels through BLAS): the same numbers as the float32 layer
+    yq, yd = layer_q.forward(x[:37], np.arange(37), cq), layer_d.forward(x[:37], np.arange(37), cd)
+    np.testing.assert_allclose(yq, yd, rtol=1e-5, atol=1e-5)
+    cq.commit(37)
+    cd.commit(37)
+    # decode (8-bit activations for the integer formats)
+    tol = 2e-2 if FORMATS[name].integer else 1e-5
+    for i in range(3):
+        yq = layer_q.forward(x[37 + i:38 + i], [37 + i], cq)
+        yd = layer_d.forward(x[37 + i:38 + i], [37 + i], cd)
+        cq.commit(1)
+        cd.commit(1)
+        assert np.abs(yq - yd).max() <= tol * np.abs(yd).max()
+    with pytest.raises(ValueError, match=r"weight wk \(q8_0\) has shape \(64, 512\)"):
+        hybrid.LayerWeights(**{**vars(lq), "wk": quantize(w["wk"][:64], "q8_0")}).validated(cfg)
+
+
+def test_a_backend_without_the_format_says_why():
+    with pytest.raises(registry.NoBackendError, match=r"linear\.q4_k"):
+        registry.lookup("linear.q4_k", "cuda:0")
+    for name in NAMES:
+        assert registry.lookup(f"linear.{name}", "cpu") is not None
