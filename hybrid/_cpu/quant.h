@@ -274,6 +274,10 @@ static inline __m256i hy_bit4_from_bits(uint32_t bits) {
     return _mm256_and_si256(v, _mm256_set1_epi8(0x10));
 }
 
+/* software prefetch this far ahead of a weight stream (two streams per core keep more misses in
+ * flight than the hardware prefetchers alone) */
+#define HY_PREFETCH_AHEAD 768
+#define HY_PREFETCH(p) _mm_prefetch((const char *)(p) + HY_PREFETCH_AHEAD, _MM_HINT_T0)
 #define HY_LOADA(i) _mm256_loadu_si256((const __m256i *)(qa + 32 * (i)))
 #endif
 
@@ -284,6 +288,7 @@ static float hy_dot_q8_0(const uint8_t *w, long nb, const int8_t *qa, const floa
     __m256 acc0 = _mm256_setzero_ps(), acc1 = _mm256_setzero_ps();
     for (; b + 2 <= nb; b += 2) {
         const uint8_t *b0 = w + 34 * b, *b1 = b0 + 34;
+        HY_PREFETCH(b0);
         __m256i p0 = hy_dot_s8s8(_mm256_loadu_si256((const __m256i *)(b0 + 2)), HY_LOADA(b));
         __m256i p1 = hy_dot_s8s8(_mm256_loadu_si256((const __m256i *)(b1 + 2)), HY_LOADA(b + 1));
         acc0 = _mm256_fmadd_ps(_mm256_cvtepi32_ps(p0), _mm256_set1_ps(hy_f16(b0) * da[b]), acc0);
@@ -312,6 +317,7 @@ static float hy_dot_q4(const uint8_t *w, long nb, const int8_t *qa, const float 
     const __m256i eight = _mm256_set1_epi8(8);
     for (; b + 2 <= nb; b += 2) {
         const uint8_t *b0 = w + bb * b, *b1 = b0 + bb;
+        HY_PREFETCH(b0);
         __m256i n0 = hy_nibbles16(b0 + qoff), n1 = hy_nibbles16(b1 + qoff);
         __m256i p0, p1;
         if (with_min) {
@@ -350,6 +356,7 @@ static float hy_dot_q5(const uint8_t *w, long nb, const int8_t *qa, const float 
     const __m256i sixteen = _mm256_set1_epi8(16);
     for (; b < nb; b++) {
         const uint8_t *blk = w + bb * b;
+        HY_PREFETCH(blk);
         __m256i n = _mm256_or_si256(hy_nibbles16(blk + hoff + 4), hy_bit4_from_bits(hy_u32(blk + hoff)));
         __m256i p;
         if (with_min) {
@@ -378,25 +385,39 @@ static float hy_dot_q5(const uint8_t *w, long nb, const int8_t *qa, const float 
     return sum + msum;
 }
 
-/* Q4_K / Q5_K: nsb super-blocks of 256; activation block 8*s+j is sub-block j of super-block s */
+/* Q4_K / Q5_K: nsb super-blocks of 256; activation block 8*s+j is sub-block j of super-block s.
+ * The 6-bit scales and mins of the 8 sub-blocks are unpacked with 32-bit masks and widened to
+ * 8 floats, so each sub-block's factor d*sc_j*da_j is one lane of a vector product and the mins
+ * term dmin * sum_j m_j*sa_j is one FMA per super-block; two accumulators hide FMA latency. */
+static inline void hy_k4_scales_u32(const uint8_t *s, uint32_t *sc_lo, uint32_t *sc_hi,
+                                    uint32_t *mn_lo, uint32_t *mn_hi) {
+    uint32_t a = hy_u32(s), b = hy_u32(s + 4), c = hy_u32(s + 8);
+    *sc_lo = a & 0x3f3f3f3fu;
+    *mn_lo = b & 0x3f3f3f3fu;
+    *sc_hi = (c & 0x0f0f0f0fu) | (((a >> 6) & 0x03030303u) << 4);
+    *mn_hi = ((c >> 4) & 0x0f0f0f0fu) | (((b >> 6) & 0x03030303u) << 4);
+}
+
 static float hy_dot_q45_k(const uint8_t *w, long nsb, const int8_t *qa, const float *da,
                           const float *sa, int five) {
     const int bb = five ? 176 : 144;
-    float sum = 0.0f, msum = 0.0f;
 #ifdef HY_AVX2
-    __m256 acc = _mm256_setzero_ps();
-#endif
+    __m256 acc0 = _mm256_setzero_ps(), acc1 = _mm256_setzero_ps(), accm = _mm256_setzero_ps();
+    const __m256i low4 = _mm256_set1_epi8(0x0F), one = _mm256_set1_epi8(1);
     for (long s = 0; s < nsb; s++) {
         const uint8_t *blk = w + bb * s;
         const uint8_t *qh = blk + 16, *q = five ? blk + 48 : blk + 16;
-        const float d = hy_f16(blk), dmin = hy_f16(blk + 2);
         const long a0 = 8 * s;
-        uint8_t sc[8], mn[8];
-        for (int j = 0; j < 8; j++) hy_k4_scale_min(j, blk + 4, &sc[j], &mn[j]);
-        for (int j = 0; j < 8; j++) msum += dmin * (float)mn[j] * sa[a0 + j];
-#ifdef HY_AVX2
+        HY_PREFETCH(blk);
+        HY_PREFETCH(blk + 64);
+        HY_PREFETCH(blk + 128);
+        uint32_t sc_lo, sc_hi, mn_lo, mn_hi;
+        hy_k4_scales_u32(blk + 4, &sc_lo, &sc_hi, &mn_lo, &mn_hi);
+        __m256 scf = _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_set_epi32(0, 0, (int)sc_hi, (int)sc_lo)));
+        __m256 mnf = _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_set_epi32(0, 0, (int)mn_hi, (int)mn_lo)));
+        __m256 coef = _mm256_mul_ps(_mm256_mul_ps(_mm256_set1_ps(hy_f16(blk)), scf), _mm256_loadu_ps(da + a0));
+        accm = _mm256_fmadd_ps(_mm256_mul_ps(mnf, _mm256_loadu_ps(sa + a0)), _mm256_set1_ps(hy_f16(blk + 2)), accm);
         __m256i hbits = five ? _mm256_loadu_si256((const __m256i *)qh) : _mm256_setzero_si256();
-        const __m256i low4 = _mm256_set1_epi8(0x0F), one = _mm256_set1_epi8(1);
         for (int g = 0; g < 4; g++) {
             __m256i raw = _mm256_loadu_si256((const __m256i *)(q + 32 * g));
             __m256i lo = _mm256_and_si256(raw, low4);
@@ -407,14 +428,25 @@ static float hy_dot_q45_k(const uint8_t *w, long nsb, const int8_t *qa, const fl
                 hi = _mm256_or_si256(hi, _mm256_slli_epi16(
                     _mm256_and_si256(_mm256_srli_epi16(hbits, 2 * g + 1), one), 4));
             }
-            const long ja = a0 + 2 * g;
-            __m256i p0 = hy_dot_u8s8(lo, HY_LOADA(ja));
-            __m256i p1 = hy_dot_u8s8(hi, HY_LOADA(ja + 1));
-            acc = _mm256_fmadd_ps(_mm256_cvtepi32_ps(p0), _mm256_set1_ps(d * (float)sc[2 * g] * da[ja]), acc);
-            acc = _mm256_fmadd_ps(_mm256_cvtepi32_ps(p1), _mm256_set1_ps(d * (float)sc[2 * g + 1] * da[ja + 1]), acc);
+            __m256i p0 = hy_dot_u8s8(lo, HY_LOADA(a0 + 2 * g));
+            __m256i p1 = hy_dot_u8s8(hi, HY_LOADA(a0 + 2 * g + 1));
+            acc0 = _mm256_fmadd_ps(_mm256_cvtepi32_ps(p0),
+                                   _mm256_permutevar8x32_ps(coef, _mm256_set1_epi32(2 * g)), acc0);
+            acc1 = _mm256_fmadd_ps(_mm256_cvtepi32_ps(p1),
+                                   _mm256_permutevar8x32_ps(coef, _mm256_set1_epi32(2 * g + 1)), acc1);
         }
+    }
+    return hy_hsum256(_mm256_add_ps(acc0, acc1)) - hy_hsum256(accm);
 #else
+    float sum = 0.0f, msum = 0.0f;
+    for (long s = 0; s < nsb; s++) {
+        const uint8_t *blk = w + bb * s;
+        const uint8_t *qh = blk + 16, *q = five ? blk + 48 : blk + 16;
+        const float d = hy_f16(blk), dmin = hy_f16(blk + 2);
+        const long a0 = 8 * s;
         for (int j = 0; j < 8; j++) {
+            uint8_t sc, mn;
+            hy_k4_scale_min(j, blk + 4, &sc, &mn);
             const int8_t *a = qa + 32 * (a0 + j);
             const uint8_t *qq = q + 32 * (j / 2);
             int isum = 0;
@@ -423,24 +455,28 @@ static float hy_dot_q45_k(const uint8_t *w, long nsb, const int8_t *qa, const fl
                 if (five) n |= ((qh[l] >> j) & 1) << 4;
                 isum += n * a[l];
             }
-            sum += (float)isum * (d * (float)sc[j] * da[a0 + j]);
+            sum += (float)isum * (d * (float)sc * da[a0 + j]);
+            msum += dmin * (float)mn * sa[a0 + j];
         }
-#endif
     }
-#ifdef HY_AVX2
-    sum = hy_hsum256(acc);
-#endif
     return sum - msum;
+#endif
 }
 
 static float hy_dot_q6_k(const uint8_t *w, long nsb, const int8_t *qa, const float *da) {
     float sum = 0.0f;
 #ifdef HY_AVX2
-    __m256 acc = _mm256_setzero_ps();
+    __m256 acc[4] = {_mm256_setzero_ps(), _mm256_setzero_ps(), _mm256_setzero_ps(), _mm256_setzero_ps()};
     const __m256i low4 = _mm256_set1_epi8(0x0F), m32 = _mm256_set1_epi8(32);
 #endif
     for (long s = 0; s < nsb; s++) {
         const uint8_t *blk = w + 210 * s;
+#ifdef HY_AVX2
+        HY_PREFETCH(blk);
+        HY_PREFETCH(blk + 64);
+        HY_PREFETCH(blk + 128);
+        HY_PREFETCH(blk + 192);
+#endif
         const int8_t *sc = (const int8_t *)(blk + 192);
         const float d = hy_f16(blk + 208);
         for (int n = 0; n < 2; n++) {
@@ -465,7 +501,7 @@ static float hy_dot_q6_k(const uint8_t *w, long nsb, const int8_t *qa, const flo
                 __m256i p16 = _mm256_maddubs_epi16(_mm256_abs_epi8(wv), _mm256_sign_epi8(HY_LOADA(a0 + k), wv));
                 __m256i scl = _mm256_set_m128i(_mm_set1_epi16(scn[2 * k + 1]), _mm_set1_epi16(scn[2 * k]));
                 __m256i p32 = _mm256_madd_epi16(p16, scl);
-                acc = _mm256_fmadd_ps(_mm256_cvtepi32_ps(p32), _mm256_set1_ps(d * da[a0 + k]), acc);
+                acc[k] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(p32), _mm256_set1_ps(d * da[a0 + k]), acc[k]);
             }
 #else
             for (int k = 0; k < 4; k++) {
@@ -483,7 +519,7 @@ static float hy_dot_q6_k(const uint8_t *w, long nsb, const int8_t *qa, const flo
         }
     }
 #ifdef HY_AVX2
-    sum = hy_hsum256(acc);
+    sum = hy_hsum256(_mm256_add_ps(_mm256_add_ps(acc[0], acc[1]), _mm256_add_ps(acc[2], acc[3])));
 #endif
     return sum;
 }
@@ -497,6 +533,7 @@ static float hy_dot_half(const uint8_t *w, long n, const float *x, int bf16) {
     __m256 a0 = _mm256_setzero_ps(), a1 = _mm256_setzero_ps();
     if (bf16) {
         for (; i + 16 <= n; i += 16) {
+            HY_PREFETCH(h + i);
             __m256i u0 = _mm256_cvtepu16_epi32(_mm_loadu_si128((const __m128i *)(h + i)));
             __m256i u1 = _mm256_cvtepu16_epi32(_mm_loadu_si128((const __m128i *)(h + i + 8)));
             a0 = _mm256_fmadd_ps(_mm256_castsi256_ps(_mm256_slli_epi32(u0, 16)), _mm256_loadu_ps(x + i), a0);
@@ -506,6 +543,7 @@ static float hy_dot_half(const uint8_t *w, long n, const float *x, int bf16) {
 #if defined(HY_F16C)
     else {
         for (; i + 16 <= n; i += 16) {
+            HY_PREFETCH(h + i);
             a0 = _mm256_fmadd_ps(_mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(h + i))), _mm256_loadu_ps(x + i), a0);
             a1 = _mm256_fmadd_ps(_mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(h + i + 8))), _mm256_loadu_ps(x + i + 8), a1);
         }
