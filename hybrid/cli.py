@@ -1,7 +1,9 @@
 """The ``hybrid`` command.
 
     hybrid generate PROMPT      stream a model's answer (default: the embedded SmolLM2-135M-Instruct)
-    hybrid info                 CPU features, threads, BLAS, and every backend's status
+    hybrid info [MODEL]         CPU features, threads, BLAS, and every backend's status; with MODEL
+                                (a .gguf file or safetensors folder) its tensor formats, bytes and
+                                the kernel serving each
     hybrid demo [--layers N]    run a SmolLM2-135M-shaped stack of decoder layers (random weights,
                                 nothing downloaded): prefill, decode and batched decode, timed
 """
@@ -16,6 +18,7 @@ import numpy as np
 
 from . import DecoderConfig, DecoderLayer, LayerWeights, NoBackendError, PagedKVCache, Scratch, backend_status
 from . import profiling, set_num_threads, get_num_threads
+from .quant import TARGETS
 
 PRESETS = {
     "smollm2-135m": dict(hidden_size=576, num_heads=9, num_kv_heads=3, head_dim=64,
@@ -62,7 +65,8 @@ def _generate(args) -> int:
     if args.threads:
         set_num_threads(args.threads)
     try:
-        model = load_model(args.model, gpu_layers=args.gpu_layers, kv_dtype=args.kv_dtype,
+        model = load_model(args.model, weights=args.weights, gpu_layers=args.gpu_layers,
+                           kv_dtype=args.kv_dtype,
                            kv_on_cpu=args.kv_on_cpu)
     except ModelLoadError as exc:
         print(f"hybrid: cannot load the model: {exc}", file=sys.stderr)
@@ -95,7 +99,34 @@ def _generate(args) -> int:
     return 0
 
 
-def _info(_args) -> int:
+def _model_info(path) -> None:
+    """The weight formats of a model and which kernel serves each (loaded, not run)."""
+    from .models import read_weights, weight_formats
+    from .quant import get_format
+
+    t0 = time.perf_counter()
+    mw = read_weights(path)
+    took = time.perf_counter() - t0
+    cfg = mw.config
+    print(f"model: {path}")
+    print(f"  {mw.arch}, {mw.num_layers} layers, hidden {cfg.hidden_size}, heads "
+          f"{cfg.num_heads}/{cfg.num_kv_heads}x{cfg.head_dim}, mlp {cfg.intermediate_size}, "
+          f"vocab {mw.vocab_size}, tied embeddings {mw.tied_embeddings}; loaded in {took:.2f} s")
+    print(f"  {'format':10s} {'matrices':>8s} {'MiB':>9s}  cpu kernel (cuda layers)")
+    for name, (count, nbytes) in sorted(weight_formats(mw).items(), key=lambda kv: -kv[1][1]):
+        if name == "float32":
+            kernel = "BLAS sgemm/sgemv"
+        else:
+            fmt = get_format(name)
+            kernel = ("8-bit activations, integer dot products" if fmt.integer
+                      else "widen to float32 + FMA") + "; prefill: decoded panels + BLAS"
+        print(f"  {name:10s} {count:8d} {nbytes / 2**20:9.1f}  {kernel} (decoded to float32 on "
+              f"upload)")
+    for name, src, dst in mw.metadata.get("reencoded", []):
+        print(f"  re-encoded at load: {name} {src} -> {dst}")
+
+
+def _info(args) -> int:
     from threadpoolctl import threadpool_info
 
     print("hybrid", __import__("hybrid").__version__)
@@ -121,6 +152,8 @@ def _info(_args) -> int:
         print(f"CUDA kernels compile with NVRTC {major}.{minor}")
     except Exception as exc:  # cuda-python or the NVRTC library is missing
         print(f"CUDA kernels cannot compile here: {exc}")
+    if getattr(args, "model", None):
+        _model_info(args.model)
     return 0
 
 
@@ -199,13 +232,19 @@ def main(argv=None) -> int:
     gen.add_argument("--kv-on-cpu", action="store_true",
                      help="keep the KV cache of GPU layers in host memory")
     gen.add_argument("--kv-dtype", choices=["float16", "float32"], default="float16")
+    gen.add_argument("--weights", default=None, choices=list(TARGETS),
+                     help="convert every matrix to this format at load (default: keep the "
+                          "file's encodings, memory-mapped)")
     chat = gen.add_mutually_exclusive_group()
     chat.add_argument("--chat", dest="chat", action="store_true", default=None,
                       help="wrap PROMPT in the model's chat template (the default when it has one)")
     chat.add_argument("--raw", dest="chat", action="store_false",
                       help="send PROMPT as it is, without the chat template")
     gen.set_defaults(fn=_generate)
-    sub.add_parser("info", help="CPU features, threads, backends").set_defaults(fn=_info)
+    info = sub.add_parser("info", help="CPU features, threads, backends; a model's weight formats")
+    info.add_argument("model", nargs="?", default=None,
+                      help="a .gguf file or a safetensors folder to describe")
+    info.set_defaults(fn=_info)
     demo = sub.add_parser("demo", help="run a random-weight decoder stack")
     demo.add_argument("--preset", choices=sorted(PRESETS), default="smollm2-135m")
     demo.add_argument("--layers", type=int, default=30)

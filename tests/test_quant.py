@@ -123,10 +123,10 @@ def test_kernel_refuses_inconsistent_arguments(rng):
 
 # llama.cpp's reference quantizers, relative RMS error (rms(err) / rms(w)) on Gaussian weights
 # (std 0.02, rows of 2048), measured with llama-cpp-python 0.3.36's llama_model_quantize
-# (Q4_K_M / Q5_K_M files of the random Llama-3.2-1B-shaped bench model): Q4_K 0.0714,
-# Q5_K 0.0358, Q6_K 0.0178.  The 32-value formats are compared with gguf.quants' port of the
+# (Q4_K_M / Q5_K_M files of the random Llama-3.2-1B-shaped bench model): Q4_K 0.0713,
+# Q5_K 0.0361, Q6_K 0.0178.  The 32-value formats are compared with gguf.quants' port of the
 # same reference quantizers directly.
-LLAMA_CPP_REL_RMSE = {"q4_k": 0.0714, "q5_k": 0.0358, "q6_k": 0.0178}
+LLAMA_CPP_REL_RMSE = {"q4_k": 0.0713, "q5_k": 0.0361, "q6_k": 0.0178}
 
 
 @pytest.mark.parametrize("name", NAMES)
@@ -138,7 +138,7 @@ def test_quantize_error_within_the_reference(name, rng):
     assert np.array_equal(back, oracle(qt))  # what we write, gguf reads the same
     rel = float(np.sqrt(((back - w) ** 2).mean()) / np.sqrt((w ** 2).mean()))
     if name in LLAMA_CPP_REL_RMSE:
-        assert rel <= LLAMA_CPP_REL_RMSE[name] * 1.05, rel
+        assert rel <= LLAMA_CPP_REL_RMSE[name] * 1.01, rel  # measured: 0.0710, 0.0357, 0.0173
     else:
         ref = gguf_dequantize(gguf_quantize(w, T(FORMATS[name].ggml_type)),
                               T(FORMATS[name].ggml_type)).reshape(w.shape)

@@ -1,9 +1,9 @@
 """Quantizers: float32 rows -> a format's blocks (GGUF layouts), in vectorised NumPy.
 
 They follow llama.cpp's reference quantizers: round-to-nearest with the block maximum for the
-32-value formats (Q8_0, Q4_0, Q4_1, Q5_0, Q5_1), and for the K formats a per-sub-block fit of
-scale (and minimum) refined by least squares, then 6-bit (Q4_K/Q5_K) or 8-bit (Q6_K) scales
-relative to one float16 scale per super-block of 256.  Quantizing happens once, at load or when
+32-value formats (Q8_0, Q4_0, Q4_1, Q5_0, Q5_1, identical output), and for the K formats a search
+over rounding grids per sub-block, each fitted by least squares (scale and minimum), then 6-bit
+(Q4_K/Q5_K) or 8-bit (Q6_K) scales relative to one float16 scale per super-block of 256.  Quantizing happens once, at load or when
 asked; the kernels never call this.
 """
 
@@ -82,41 +82,45 @@ def _q5_1(x):
 
 
 # ------------------------------------------------------------------ K formats
-def _fit_affine(x: np.ndarray, nmax: int, iters: int = 4):
-    """Per row of x [..., n]: scale >= 0 and min m >= 0 with x ~ scale*L - m, L in 0..nmax,
-    starting from the range and refined by least squares on the rounded L."""
-    lo = np.minimum(x.min(axis=-1), 0)
-    scale = (x.max(axis=-1) - lo) / nmax
-    m = -lo
-    best_err = None
-    best = (scale, m)
+def _lstsq_affine(x, L, nmax):
+    """Least-squares scale >= 0 and min m >= 0 with x ~ scale*L - m, and its squared error."""
     n = x.shape[-1]
-    for _ in range(iters):
-        L = np.clip(np.round((x + m[..., None]) * _safe_inv(scale)[..., None]), 0, nmax)
-        err = ((scale[..., None] * L - m[..., None] - x) ** 2).sum(axis=-1)
+    sL, sLL = L.sum(axis=-1), (L * L).sum(axis=-1)
+    sx, sLx = x.sum(axis=-1), (L * x).sum(axis=-1)
+    det = n * sLL - sL * sL
+    safe = np.where(det > 0, det, 1)
+    scale = (n * sLx - sL * sx) / safe
+    c = (sLL * sx - sL * sLx) / safe  # x ~ scale*L + c
+    pos = (c > 0) | (det <= 0)  # the format needs c = -m <= 0: refit the scale alone
+    scale = np.where(pos, sLx / np.where(sLL > 0, sLL, 1), scale)
+    c = np.where(pos, 0, c)
+    scale = np.maximum(scale, 0)
+    err = ((scale[..., None] * L + c[..., None] - x) ** 2).sum(axis=-1)
+    return scale.astype(np.float32), (-c).astype(np.float32), err
+
+
+def _fit_affine(x: np.ndarray, nmax: int, steps: int = 21):
+    """Per row of x [..., n]: scale >= 0 and min m >= 0 with x ~ scale*L - m, L in 0..nmax.
+    Like llama.cpp's search: try `steps` rounding grids around the range's scale, fit each by
+    least squares, keep the best (then one more refit on the best grid)."""
+    lo = np.minimum(x.min(axis=-1), 0)
+    span = x.max(axis=-1) - lo
+    best_scale, best_m, best_err = None, None, None
+    for i in range(steps):
+        iscale = (nmax - 1.0 + 0.1 * i) * _safe_inv(span)  # grids from nmax-1 to nmax+1 steps
+        L = np.clip(np.round((x - lo[..., None]) * iscale[..., None]), 0, nmax)
+        scale, m, err = _lstsq_affine(x, L, nmax)
         if best_err is None:
-            best_err = err
+            best_scale, best_m, best_err = scale, m, err
         else:
             better = err < best_err
-            best = (np.where(better, scale, best[0]), np.where(better, m, best[1]))
-            best_err = np.minimum(err, best_err)
-        sL, sLL = L.sum(axis=-1), (L * L).sum(axis=-1)
-        sx, sLx = x.sum(axis=-1), (L * x).sum(axis=-1)
-        det = n * sLL - sL * sL
-        ok = det > 0
-        safe = np.where(ok, det, 1)
-        new_scale = (n * sLx - sL * sx) / safe
-        new_c = (sLL * sx - sL * sLx) / safe  # x ~ scale*L + c
-        pos = new_c > 0  # the format needs c = -m <= 0: refit the scale alone
-        new_scale = np.where(pos, sLx / np.where(sLL > 0, sLL, 1), new_scale)
-        new_c = np.where(pos, 0, new_c)
-        ok &= new_scale > 0
-        scale = np.where(ok, new_scale, scale).astype(np.float32)
-        m = np.where(ok, -new_c, m).astype(np.float32)
-    L = np.clip(np.round((x + m[..., None]) * _safe_inv(scale)[..., None]), 0, nmax)
-    err = ((scale[..., None] * L - m[..., None] - x) ** 2).sum(axis=-1)
+            best_scale = np.where(better, scale, best_scale)
+            best_m = np.where(better, m, best_m)
+            best_err = np.where(better, err, best_err)
+    L = np.clip(np.round((x + best_m[..., None]) * _safe_inv(best_scale)[..., None]), 0, nmax)
+    scale, m, err = _lstsq_affine(x, L, nmax)
     better = err < best_err
-    return np.where(better, scale, best[0]), np.where(better, m, best[1])
+    return np.where(better, scale, best_scale), np.where(better, m, best_m)
 
 
 def _k_scales(scale, m, x, nmax):
@@ -155,11 +159,17 @@ def _q5_k(x):
 
 def _q6_k(x):  # x [nsb, 256]
     xs = x.reshape(-1, 16, 16)
-    scale = _signed_absmax(xs) / -32
-    for _ in range(3):  # least-squares refit of each sub-block's scale on the rounded values
-        L = np.clip(np.round(xs * _safe_inv(scale)[..., None]), -32, 31)
+    amax = _signed_absmax(xs)
+    scale, best_err = None, None
+    for i in range(-9, 10):  # llama.cpp's search: grids around max/-32, each refit by least squares
+        L = np.clip(np.round(xs * ((-32 + 0.1 * i) * _safe_inv(amax))[..., None]), -32, 31)
         sLL = (L * L).sum(axis=-1)
-        scale = np.where(sLL > 0, (L * xs).sum(axis=-1) / np.where(sLL > 0, sLL, 1), scale)
+        s_i = np.where(sLL > 0, (L * xs).sum(axis=-1) / np.where(sLL > 0, sLL, 1), 0)
+        err = ((s_i[..., None] * L - xs) ** 2).sum(axis=-1)
+        if best_err is None:
+            scale, best_err = s_i, err
+        else:
+            scale, best_err = np.where(err < best_err, s_i, scale), np.minimum(err, best_err)
     d = _f16_round(np.abs(scale).max(axis=1) / 127)
     sc = np.clip(np.round(scale * _safe_inv(d)[:, None]), -128, 127).astype(np.int8)
     eff = d[:, None] * sc.astype(np.float32)
@@ -209,7 +219,7 @@ def quantize(array, format) -> QuantizedTensor:
             raise ValueError(f"cannot quantize to {fmt.name}: the matrix holds NaN or inf")
         blocks = x.reshape(-1, fmt.block_values)
         data = np.empty((blocks.shape[0], fmt.block_bytes), dtype=np.uint8)
-        step = 1 << 14  # blocks per batch: bounded temporaries
+        step = (1 << 14) // (8 if fmt.block_values == 256 else 1)  # bounded temporaries
         for lo in range(0, blocks.shape[0], step):
             data[lo:lo + step] = _QUANTIZERS[fmt.name](blocks[lo:lo + step])
     return QuantizedTensor(data.reshape(rows, -1), fmt, (rows, n))
