@@ -69,6 +69,12 @@ class DecoderLayer:
             self._linear_residual = _optional_op("linear_residual", self.placement)
             if None in (self._split3, self._linear_swiglu, self._linear_residual):
                 self._stacked = None  # a backend without the fused projections
+        # CPU layers with quantized projections: Q/K/V and gate/up each in one kernel call that
+        # quantizes the activations once (decode)
+        self._many = None
+        if not self._gpu and any(isinstance(getattr(self.weights, n), QuantizedTensor)
+                                 for n in ("wq", "wk", "wv", "w_gate", "w_up")):
+            self._many = _optional_op("linear_many", self.placement)
         self.fused_rope = bool(fused_rope) and self._gpu and self._inv_freq is not None
         self._k = ops.bind(self.placement)  # kernels resolved once; arrays are checked on entry
         self._bufs = (None, None)  # (rows, activation buffers) of the last call
@@ -297,6 +303,10 @@ class DecoderLayer:
             q, k, v = b["q"], b["k"], b["v"]
             with region("Block/QKVProj"):
                 self._split3(h, self._stacked.w_qkv, self._stacked.b_qkv, (q, k, v))
+        elif self._many is not None:  # CPU, quantized: one call for the three projections
+            q, k, v = b["q"], b["k"], b["v"]
+            with region("Block/QKVProj"):
+                self._many(h, ((w.wq, w.bq, q), (w.wk, w.bk, k), (w.wv, w.bv, v)))
         else:
             with region("Block/QProj"):
                 q = k_.linear(h, w.wq, w.bq, b["q"])  # [n, H*D]
@@ -335,6 +345,11 @@ class DecoderLayer:
             act = b["gate"]
             with region("Block/GateUpSwiGLU"):
                 self._linear_swiglu(h2, self._stacked.w_gate_up, act, b["up"])
+        elif self._many is not None:  # CPU, quantized: gate and up in one call
+            with region("Block/GateUpProj"):
+                self._many(h2, ((w.w_gate, None, b["gate"]), (w.w_up, None, b["up"])))
+            with region("Block/SwiGLU"):
+                act = k_.swiglu(b["gate"], b["up"], b["gate"])  # in place
         else:
             with region("Block/GateProj"):
                 gate = k_.linear(h2, w.w_gate, None, b["gate"])  # [n, intermediate]

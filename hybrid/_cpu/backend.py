@@ -4,10 +4,12 @@ Every function here receives arrays already validated by hybrid/ops.py (float32,
 consistent shapes) and reads the thread count from hybrid.threads, the one place that sets it.
 """
 
+import os
 import threading
 
 import numpy as np
 
+from ..quant.tensor import QuantizedTensor
 from ..threads import get_num_threads
 
 try:
@@ -46,6 +48,7 @@ def linear(x, weight, bias, out):
 # Up to this many rows a quantized projection runs the mat-vec kernel (each weight row streamed
 # once for all rows); above it, weight panels are decoded into a float32 tile that BLAS multiplies.
 MATVEC_MAX_ROWS = 16
+INT8_GEMM = os.environ.get("HYBRID_INT8_GEMM", "1") != "0"
 # floats in one decoded panel (16 MiB): big enough for BLAS to run at speed, small enough to stay
 # in the last-level cache between decoding and multiplying
 PANEL_FLOATS = 1 << 22
@@ -65,6 +68,15 @@ def linear_quantized(x, weight, bias, out):
     if x.shape[0] <= MATVEC_MAX_ROWS:
         quant.matvec(code, weight.data, x, bias, out, get_num_threads())
         return
+    if weight.format.integer and INT8_GEMM:
+        s16 = np.empty((x.shape[0], n_in // 16), np.float32)
+        m16 = np.empty((n_out, n_in // 16), np.float32)
+        quant.gemm(code, weight.data, x, out, s16, m16, get_num_threads())
+        if weight.format.name != "q8_0":
+            out += s16 @ m16.T  # the weights' offsets (Q4_1's m, Q4_K's mins, ...)
+        if bias is not None:
+            out += bias
+        return
     step = max(1, min(n_out, PANEL_FLOATS // n_in))
     for r0 in range(0, n_out, step):
         r1 = min(n_out, r0 + step)
@@ -73,6 +85,17 @@ def linear_quantized(x, weight, bias, out):
         np.matmul(x, panel.T, out=out[:, r0:r1])
     if bias is not None:
         out += bias
+
+
+def linear_many(x, triples):
+    """Several projections of the same x [rows, in]: triples of (weight, bias, out).  Quantized
+    weights at decode share one quantization of x and one parallel region (Q/K/V, gate/up)."""
+    if x.shape[0] <= MATVEC_MAX_ROWS and all(type(w) is QuantizedTensor for w, _, _ in triples):
+        quant.matvec_many([(w.format.kernel_code, w.data, b, o) for w, b, o in triples], x,
+                          get_num_threads())
+        return
+    for w, b, o in triples:
+        (linear_quantized if type(w) is QuantizedTensor else linear)(x, w, b, o)
 
 
 def paged_attention(q, start_pos, k_ptrs, v_ptrs, num_heads, num_kv_heads, head_dim,
@@ -97,7 +120,7 @@ def to_device(array, placement):
 
 
 def register(registrar):
-    for name in ("rmsnorm", "rope", "swiglu", "add", "linear", "paged_attention",
+    for name in ("rmsnorm", "rope", "swiglu", "add", "linear", "linear_many", "paged_attention",
                  "paged_attention_batch", "to_device"):
         registrar.op(name, globals()[name])
     from ..quant.formats import FORMATS

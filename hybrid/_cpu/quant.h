@@ -601,4 +601,177 @@ static inline void hy_q_matvec_range(int type, const uint8_t *w, long row_bytes,
     }
 }
 
+/* ================================================================== prefill: int8 GEMM on panels
+ *
+ * For many activation rows, every weight row is first re-expressed as 8-bit integers with one
+ * float factor per 16 values and one float offset per 16 (value = c * v + m): a "panel" row.
+ * All integer formats fit: v is unsigned (0..63) except Q8_0 (signed).  The GEMM then multiplies
+ * 8-bit activations by panel rows in tiles of 4 activation rows x 2 weight rows, each integer
+ * product once per block of 32 and scaled by c_half * da (the offsets' share, sum_h m_h * s_h with
+ * s_h = da * sum of the activations of half h, is a small float GEMM done by the caller).
+ */
+
+/* one weight row -> v [n] (uint8, or int8 for Q8_0), c [n/16], m [n/16] */
+static inline void hy_q_panel_row(int type, const uint8_t *row, long n, uint8_t *v, float *c,
+                                  float *m) {
+    const int bb = hy_q_block_bytes(type);
+    if (type == HY_Q_Q8_0 || type == HY_Q_Q4_0 || type == HY_Q_Q4_1 || type == HY_Q_Q5_0 ||
+        type == HY_Q_Q5_1) {
+        for (long b = 0; b < n / 32; b++) {
+            const uint8_t *blk = row + bb * b;
+            const float d = hy_f16(blk);
+            float mn = 0.0f;
+            uint8_t *vb = v + 32 * b;
+            if (type == HY_Q_Q8_0) {
+                memcpy(vb, blk + 2, 32);
+            } else {
+                const int with_min = (type == HY_Q_Q4_1 || type == HY_Q_Q5_1);
+                const int five = (type == HY_Q_Q5_0 || type == HY_Q_Q5_1);
+                const uint8_t *q = blk + (with_min ? 4 : 2) + (five ? 4 : 0);
+                uint32_t qh = five ? hy_u32(blk + (with_min ? 4 : 2)) : 0;
+                for (int j = 0; j < 16; j++) {
+                    vb[j] = (uint8_t)((q[j] & 0x0F) | (((qh >> j) & 1) << 4));
+                    vb[j + 16] = (uint8_t)((q[j] >> 4) | (((qh >> (j + 16)) & 1) << 4));
+                }
+                mn = with_min ? hy_f16(blk + 2) : -(five ? 16.0f : 8.0f) * d;
+            }
+            c[2 * b] = c[2 * b + 1] = d;
+            m[2 * b] = m[2 * b + 1] = mn;
+        }
+        return;
+    }
+    for (long s = 0; s < n / 256; s++) {
+        const uint8_t *blk = row + bb * s;
+        uint8_t *vs = v + 256 * s;
+        float *cs = c + 16 * s, *ms = m + 16 * s;
+        if (type == HY_Q_Q6_K) {
+            const uint8_t *ql = blk, *qh = blk + 128;
+            const int8_t *sc = (const int8_t *)(blk + 192);
+            const float d = hy_f16(blk + 208);
+            for (int half = 0; half < 2; half++) {
+                for (int l = 0; l < 32; l++) {
+                    vs[128 * half + l] = (uint8_t)((ql[l] & 0x0F) | (((qh[l] >> 0) & 3) << 4));
+                    vs[128 * half + l + 32] = (uint8_t)((ql[l + 32] & 0x0F) | (((qh[l] >> 2) & 3) << 4));
+                    vs[128 * half + l + 64] = (uint8_t)((ql[l] >> 4) | (((qh[l] >> 4) & 3) << 4));
+                    vs[128 * half + l + 96] = (uint8_t)((ql[l + 32] >> 4) | (((qh[l] >> 6) & 3) << 4));
+                }
+                ql += 64;
+                qh += 32;
+            }
+            for (int g = 0; g < 16; g++) {
+                cs[g] = d * (float)sc[g];
+                ms[g] = -32.0f * cs[g];
+            }
+        } else {
+            const int five = type == HY_Q_Q5_K;
+            const uint8_t *qh = blk + 16, *q = five ? blk + 48 : blk + 16;
+            const float d = hy_f16(blk), dmin = hy_f16(blk + 2);
+            for (int j = 0; j < 8; j++) {
+                uint8_t sc, mn;
+                hy_k4_scale_min(j, blk + 4, &sc, &mn);
+                const uint8_t *qq = q + 32 * (j / 2);
+                for (int l = 0; l < 32; l++) {
+                    int nv = (j & 1) ? (qq[l] >> 4) : (qq[l] & 0x0F);
+                    if (five) nv |= ((qh[l] >> j) & 1) << 4;
+                    vs[32 * j + l] = (uint8_t)nv;
+                }
+                cs[2 * j] = cs[2 * j + 1] = d * (float)sc;
+                ms[2 * j] = ms[2 * j + 1] = -dmin * (float)mn;
+            }
+        }
+    }
+}
+
+/* 16-value sums of 8-bit activations, scaled: s16[h] = da[h/2] * sum(qa[16h .. 16h+15]) */
+static inline void hy_q_act_sums16(const int8_t *qa, const float *da, long n, float *s16) {
+    for (long h = 0; h < n / 16; h++) {
+        int sum = 0;
+        for (int j = 0; j < 16; j++) sum += qa[16 * h + j];
+        s16[h] = da[h / 2] * (float)sum;
+    }
+}
+
+#ifdef HY_AVX2
+/* the 8-lane factor [c0 x4 | c1 x4] of a block from its two half factors */
+static inline __m256 hy_pair8(const float *c2) {
+    __m128 pair = _mm_castpd_ps(_mm_load_sd((const double *)c2));
+    return _mm256_permutevar8x32_ps(_mm256_castps128_ps256(pair), _mm256_set_epi32(1, 1, 1, 1, 0, 0, 0, 0));
+}
+#endif
+
+/* out[r*ldo + o] (rows r < RB, panel rows o < OB) = sum_b (c-part) ; RB <= 4, OB <= 2 */
+static inline void hy_q_gemm_tile(int RB, int OB, int is_signed, long nb, const int8_t *qa, long lda,
+                                  const float *da, long ldd, const uint8_t *v, const float *c,
+                                  long ldv, float *out, long ldo) {
+#ifdef HY_AVX2
+    __m256 acc[4][2];
+    for (int r = 0; r < 4; r++) acc[r][0] = acc[r][1] = _mm256_setzero_ps();
+    const __m256i ones = _mm256_set1_epi16(1);
+    for (long b = 0; b < nb; b++) {
+        __m256i w[2], wa[2];
+        __m256 cf[2];
+        for (int o = 0; o < OB; o++) {
+            w[o] = _mm256_loadu_si256((const __m256i *)(v + o * ldv + 32 * b));
+            wa[o] = is_signed ? _mm256_abs_epi8(w[o]) : w[o];
+            cf[o] = hy_pair8(c + o * (ldv / 16) + 2 * b);
+        }
+        for (int r = 0; r < RB; r++) {
+            __m256i a = _mm256_loadu_si256((const __m256i *)(qa + r * lda + 32 * b));
+            __m256 dr = _mm256_broadcast_ss(da + r * ldd + b);
+            for (int o = 0; o < OB; o++) {
+                __m256i ao = is_signed ? _mm256_sign_epi8(a, w[o]) : a;
+                __m256i p = _mm256_madd_epi16(_mm256_maddubs_epi16(wa[o], ao), ones);
+                acc[r][o] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(p), _mm256_mul_ps(cf[o], dr), acc[r][o]);
+            }
+        }
+    }
+    for (int r = 0; r < RB; r++)
+        for (int o = 0; o < OB; o++) out[r * ldo + o] = hy_hsum256(acc[r][o]);
+#else
+    for (int r = 0; r < RB; r++) {
+        for (int o = 0; o < OB; o++) {
+            float sum = 0.0f;
+            for (long b = 0; b < nb; b++) {
+                const uint8_t *vb = v + o * ldv + 32 * b;
+                const int8_t *ab = qa + r * lda + 32 * b;
+                int s0 = 0, s1 = 0;
+                for (int j = 0; j < 16; j++) {
+                    s0 += (is_signed ? (int)(int8_t)vb[j] : (int)vb[j]) * ab[j];
+                    s1 += (is_signed ? (int)(int8_t)vb[j + 16] : (int)vb[j + 16]) * ab[j + 16];
+                }
+                const float *cb = c + o * (ldv / 16) + 2 * b;
+                sum += ((float)s0 * cb[0] + (float)s1 * cb[1]) * da[r * ldd + b];
+            }
+            out[r * ldo + o] = sum;
+        }
+    }
+#endif
+}
+
+/* all rows of the activations against panel rows [0, np): out[r*ldo + o] */
+static inline void hy_q_gemm_panel(int is_signed, long rows, long n, const int8_t *qa,
+                                   const float *da, const uint8_t *v, const float *c, int np,
+                                   float *out, long ldo) {
+    const long nb = n / 32;
+    long r = 0;
+    for (; r + 4 <= rows; r += 4) {
+        int o = 0;
+        for (; o + 2 <= np; o += 2)
+            hy_q_gemm_tile(4, 2, is_signed, nb, qa + r * n, n, da + r * nb, nb, v + o * n,
+                           c + o * (n / 16), n, out + r * ldo + o, ldo);
+        for (; o < np; o++)
+            hy_q_gemm_tile(4, 1, is_signed, nb, qa + r * n, n, da + r * nb, nb, v + o * n,
+                           c + o * (n / 16), n, out + r * ldo + o, ldo);
+    }
+    for (; r < rows; r++) {
+        int o = 0;
+        for (; o + 2 <= np; o += 2)
+            hy_q_gemm_tile(1, 2, is_signed, nb, qa + r * n, n, da + r * nb, nb, v + o * n,
+                           c + o * (n / 16), n, out + r * ldo + o, ldo);
+        for (; o < np; o++)
+            hy_q_gemm_tile(1, 1, is_signed, nb, qa + r * n, n, da + r * nb, nb, v + o * n,
+                           c + o * (n / 16), n, out + r * ldo + o, ldo);
+    }
+}
+
 #endif

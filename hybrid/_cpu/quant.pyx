@@ -5,7 +5,7 @@ file); the format code is one of quant.h's HY_Q_* values, checked against the ro
 Thin `def` wrappers validate, then `nogil` loops run over OpenMP threads (see quant.h for the
 kernels themselves).
 """
-from cython.parallel cimport prange
+from cython.parallel cimport parallel, prange
 from libc.stdint cimport int8_t, int64_t, uint8_t
 from libc.stdlib cimport free, malloc
 
@@ -17,10 +17,16 @@ cdef extern from "quant.h" nogil:
     void hy_q_matvec_range(int type, const uint8_t *w, long row_bytes, long n, long o0, long o1,
                            int rows, const int8_t *qa, const float *da, const float *sa,
                            const float *x, const float *bias, float *out, long ldo)
+    void hy_q_panel_row(int type, const uint8_t *row, long n, uint8_t *v, float *c, float *m)
+    void hy_q_act_sums16(const int8_t *qa, const float *da, long n, float *s16)
+    void hy_q_gemm_panel(int is_signed, long rows, long n, const int8_t *qa, const float *da,
+                         const uint8_t *v, const float *c, int np, float *out, long ldo)
 
 cdef enum:
     # Output rows per parallel chunk of a mat-vec.
     MATVEC_CHUNK = 16
+    # Weight rows decoded into one thread's panel for the int8 GEMM (stays in L1/L2).
+    GEMM_PANEL = 16
     # Below this many weight bytes a mat-vec runs on the calling thread: waking a team costs
     # more than streaming the matrix.
     PARALLEL_MIN_BYTES = 49152
@@ -143,5 +149,132 @@ def matvec(int qtype,
                 o1 = min(o0 + MATVEC_CHUNK, n_out)
                 hy_q_matvec_range(qtype, &w[0, 0], row_bytes, n_in, o0, o1, <int> rows, qa, da,
                                   sa, NULL if integer else &x[0, 0], bp, &out[0, 0], n_out)
+    finally:
+        free(qa); free(da); free(sa)
+
+
+def gemm(int qtype,
+         const uint8_t[:, ::1] w,          # IN  [out, row_bytes] encoded rows (an integer format)
+         const float[:, ::1] x,            # IN  [rows, in] float32 activations
+         float[:, ::1] out,                # OUT [rows, out]: the factor part of x @ W.T
+         float[:, ::1] s16,                # OUT [rows, in/16] activation sums (scaled) per 16
+         float[:, ::1] m16,                # OUT [out, in/16] the weights' offsets per 16
+         int num_threads):
+    """Prefill product of 8-bit activations and panels of decoded weight rows.
+
+    ``out`` receives sum over blocks of the integer products times their factors; the caller
+    adds ``s16 @ m16.T`` (the offsets' share, zero for Q8_0) and the bias."""
+    cdef Py_ssize_t n_in = x.shape[1], rows = x.shape[0], n_out = w.shape[0]
+    _check(qtype, w, n_in)
+    if qtype not in INTEGER_FORMATS:
+        raise ValueError(f"gemm serves the integer formats, not code {qtype}")
+    if out.shape[0] != rows or out.shape[1] != n_out or s16.shape[0] != rows \
+            or s16.shape[1] != n_in // 16 or m16.shape[0] != n_out or m16.shape[1] != n_in // 16:
+        raise ValueError("gemm: inconsistent shapes")
+    if rows == 0 or n_out == 0:
+        return
+    cdef Py_ssize_t nb = n_in // 32, r, p, i
+    cdef Py_ssize_t npanels = (n_out + GEMM_PANEL - 1) // GEMM_PANEL
+    cdef long row_bytes = w.shape[1]
+    cdef int8_t *qa = <int8_t *> malloc(rows * n_in)
+    cdef float *da = <float *> malloc(sizeof(float) * rows * nb)
+    cdef float *sa = <float *> malloc(sizeof(float) * rows * nb)
+    cdef uint8_t *v = NULL
+    cdef float *c = NULL
+    cdef int np_, signed_ = qtype == 3
+    cdef long o0
+    if qa == NULL or da == NULL or sa == NULL:
+        free(qa); free(da); free(sa)
+        raise MemoryError()
+    try:
+        with nogil:
+            for r in prange(rows, num_threads=num_threads, schedule="static"):
+                hy_q_act(&x[r, 0], n_in, qa + r * n_in, da + r * nb, sa + r * nb)
+                hy_q_act_sums16(qa + r * n_in, da + r * nb, n_in, &s16[r, 0])
+            with parallel(num_threads=num_threads):
+                v = <uint8_t *> malloc(GEMM_PANEL * n_in)
+                c = <float *> malloc(sizeof(float) * GEMM_PANEL * (n_in // 16))
+                for p in prange(npanels, schedule="static"):
+                    o0 = p * GEMM_PANEL
+                    np_ = <int> min(GEMM_PANEL, n_out - o0)
+                    for i in range(np_):
+                        hy_q_panel_row(qtype, &w[o0 + i, 0], n_in, v + i * n_in,
+                                       c + i * (n_in // 16), &m16[o0 + i, 0])
+                    hy_q_gemm_panel(signed_, rows, n_in, qa, da, v, c, np_, &out[0, o0], n_out)
+                free(v)
+                free(c)
+    finally:
+        free(qa); free(da); free(sa)
+
+
+def matvec_many(list mats,                    # [(code, w [out_i, row_bytes_i] uint8, bias or None,
+                                              #   out_i [rows, out_i] float32)], up to 4
+                const float[:, ::1] x,        # IN  [rows, in] float32, shared by every matrix
+                int num_threads):
+    """out_i = x @ W_i.T (+ bias_i) for several weights that read the same x (Q/K/V, gate/up):
+    x is quantized once, and one parallel region covers the rows of every matrix."""
+    cdef Py_ssize_t n_in = x.shape[1], rows = x.shape[0], nb = n_in // 32
+    cdef int k, nm = len(mats)
+    if nm < 1 or nm > 4:
+        raise ValueError(f"matvec_many takes 1..4 matrices, got {nm}")
+    cdef int codes[4]
+    cdef const uint8_t *wp[4]
+    cdef const float *bp[4]
+    cdef float *op[4]
+    cdef long rb[4]
+    cdef long nout[4]
+    cdef long first_chunk[5]
+    cdef const uint8_t[:, ::1] w
+    cdef const float[::1] b
+    cdef float[:, ::1] o
+    cdef bint integer = False
+    cdef long total_bytes = 0
+    first_chunk[0] = 0
+    for k in range(nm):
+        code, w, bias, o = mats[k]
+        codes[k] = code
+        rb[k] = _check(code, w, n_in)
+        nout[k] = w.shape[0]
+        if o.shape[0] != rows or o.shape[1] != nout[k]:
+            raise ValueError(f"out {k} has shape {tuple(o.shape)[:2]}, expected {(rows, nout[k])}")
+        wp[k] = &w[0, 0]
+        op[k] = &o[0, 0]
+        bp[k] = NULL
+        if bias is not None:
+            b = bias
+            if b.shape[0] != nout[k]:
+                raise ValueError(f"bias {k} has {b.shape[0]} entries for {nout[k]} outputs")
+            bp[k] = &b[0]
+        integer = integer or code in INTEGER_FORMATS
+        total_bytes += nout[k] * rb[k]
+        first_chunk[k + 1] = first_chunk[k] + (nout[k] + MATVEC_CHUNK - 1) // MATVEC_CHUNK
+    if rows == 0:
+        return
+    cdef int8_t *qa = NULL
+    cdef float *da = NULL
+    cdef float *sa = NULL
+    cdef Py_ssize_t r, c
+    cdef long o0, o1
+    cdef int nt = num_threads if total_bytes >= PARALLEL_MIN_BYTES else 1
+    if integer:
+        qa = <int8_t *> malloc(rows * n_in)
+        da = <float *> malloc(sizeof(float) * rows * nb)
+        sa = <float *> malloc(sizeof(float) * rows * nb)
+        if qa == NULL or da == NULL or sa == NULL:
+            free(qa); free(da); free(sa)
+            raise MemoryError()
+    try:
+        with nogil:
+            if integer:
+                for r in range(rows):
+                    hy_q_act(&x[r, 0], n_in, qa + r * n_in, da + r * nb, sa + r * nb)
+            for c in prange(first_chunk[nm], num_threads=nt, schedule="static"):
+                k = 0
+                while c >= first_chunk[k + 1]:
+                    k = k + 1
+                o0 = (c - first_chunk[k]) * MATVEC_CHUNK
+                o1 = min(o0 + MATVEC_CHUNK, nout[k])
+                hy_q_matvec_range(codes[k], wp[k], rb[k], n_in, o0, o1, <int> rows, qa, da, sa,
+                                  &x[0, 0], bp[k], op[k], nout[k])
     finally:
         free(qa); free(da); free(sa)
