@@ -127,3 +127,37 @@ def test_offset_past_the_end_names_the_tensor(tmp_path):
     bad.write_bytes(bytes(buf))
     with pytest.raises(ModelLoadError, match=r"tensor blk.0.ffn_down.weight .* needs bytes"):
         read_weights(bad)
+
+
+def test_types_without_kernels_are_reencoded_once(tmp_path):
+    """A Q3_K tensor (no native kernel) loads re-encoded to Q4_K, with one warning."""
+    rng = np.random.default_rng(3)
+    src = tmp_path / "m.gguf"
+    _small_model(src)
+    reader = gguf.GGUFReader(str(src))
+    w = gguf.GGUFWriter(str(tmp_path / "q3.gguf"), "llama")
+    for key, value in (("block_count", 1), ("embedding_length", 256), ("feed_forward_length", 512),
+                       ("attention.head_count", 4), ("attention.head_count_kv", 2)):
+        w.add_uint32(f"llama.{key}", value)
+    w.add_float32("llama.attention.layer_norm_rms_epsilon", 1e-5)
+    q3 = gguf.GGMLQuantizationType.Q3_K
+    blocks = rng.integers(0, 256, size=(512, 110), dtype=np.uint8)
+    blocks[:, 108:110] = (rng.standard_normal((512, 1)) * 0.01).astype(np.float16).view(np.uint8)
+    for t in reader.tensors:
+        if t.name == "blk.0.ffn_up.weight":
+            w.add_tensor(t.name, blocks, raw_shape=blocks.shape, raw_dtype=q3)
+        else:
+            w.add_tensor(t.name, np.asarray(t.data), raw_shape=np.asarray(t.data).shape,
+                         raw_dtype=t.tensor_type)
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+    with pytest.warns(UserWarning, match=r"1 tensors have types without native kernels .*Q3_K -> q4_k"):
+        mw = read_weights(tmp_path / "q3.gguf")
+    up = mw.layers[0].w_up
+    assert up.format.name == "q4_k"
+    want = gguf.quants.dequantize(blocks, q3).reshape(512, 256)
+    err = np.sqrt(((up.dequantize() - want) ** 2).mean()) / np.sqrt((want ** 2).mean())
+    assert err < 0.1  # one more 4-bit rounding of 3-bit values
+    assert np.isfinite(Model(mw, None).logits([1, 2, 3])).all()

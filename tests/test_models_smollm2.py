@@ -135,3 +135,12 @@ def test_chat_answer_is_sensible(ours):
     ids = _ids(ours, None)
     text = "".join(ours.stream(ids, max_new_tokens=24))
     assert "Paris" in text
+
+
+def test_info_lists_the_formats_and_kernels(capsys):
+    from hybrid.cli import main
+
+    assert main(["info", GGUF]) == 0
+    out = capsys.readouterr().out
+    assert "q4_1" in out and "q8_0" in out and "integer dot products" in out
+    assert "decoded to float32 on upload" in out

@@ -312,3 +312,29 @@ def test_sentencepiece_gguf_tokenizer_matches_transformers(tmp_path):
         assert ours.decode(ids) == theirs.decode(ids, skip_special_tokens=True), text
     assert ours.decode(ours.encode("the cat sat")) == "the cat sat"
     assert ours.encode("the cat")[0] == 1  # BOS
+
+
+def test_half_precision_safetensors_stay_half_and_convert_at_load(tmp_path, rng):
+    import copy
+
+    folder = str(tmp_path / "bf16")
+    hf = _make("llama", str(tmp_path / "f32"), seed=7)
+    with torch.no_grad():  # the reference: float32 weights that bfloat16 holds exactly
+        for p in hf.parameters():
+            p.copy_(p.to(torch.bfloat16).to(torch.float32))
+    copy.deepcopy(hf).to(torch.bfloat16).save_pretrained(folder, safe_serialization=True)
+    _write_tokenizer(folder)
+    model = load_model(folder, kv_dtype="float32")
+    wq = model.weights.layers[0].wq
+    assert isinstance(wq, hybrid.QuantizedTensor) and wq.format.name == "bfloat16"
+    ids = list(rng.integers(3, VOCAB, 9))
+    with torch.no_grad():
+        want = hf(torch.tensor([ids])).logits[0, -1].numpy()
+    assert rel_err(model.logits(ids), want) < 1e-4  # the same bf16 values, multiplied in f32
+    q8 = load_model(folder, weights="q8_0", kv_dtype="float32")
+    assert q8.weights.layers[0].w_down.format.name == "q8_0"
+    assert rel_err(q8.logits(ids), want) < 0.15  # random weights (std 0.2): 8-bit error ~5-7%
+    f32 = load_model(folder, weights="float32", kv_dtype="float32")
+    assert isinstance(f32.weights.layers[0].wq, np.ndarray)
+    with pytest.raises(ValueError, match="weights='q3_x' is not a known format"):
+        load_model(folder, weights="q3_x")

@@ -46,7 +46,8 @@ def linear(x, weight, bias, out):
 
 
 # Up to this many rows a quantized projection runs the mat-vec kernel (each weight row streamed
-# once for all rows); above it, weight panels are decoded into a float32 tile that BLAS multiplies.
+# once for all rows); above it, the integer formats run the int8 GEMM on decoded panels, and F16/BF16
+# decode panels into a float32 tile that BLAS multiplies (HYBRID_INT8_GEMM=0: BLAS for all).
 MATVEC_MAX_ROWS = 16
 INT8_GEMM = os.environ.get("HYBRID_INT8_GEMM", "1") != "0"
 # floats in one decoded panel (16 MiB): big enough for BLAS to run at speed, small enough to stay
@@ -68,14 +69,8 @@ def linear_quantized(x, weight, bias, out):
     if x.shape[0] <= MATVEC_MAX_ROWS:
         quant.matvec(code, weight.data, x, bias, out, get_num_threads())
         return
-    if weight.format.integer and INT8_GEMM:
-        s16 = np.empty((x.shape[0], n_in // 16), np.float32)
-        m16 = np.empty((n_out, n_in // 16), np.float32)
-        quant.gemm(code, weight.data, x, out, s16, m16, get_num_threads())
-        if weight.format.name != "q8_0":
-            out += s16 @ m16.T  # the weights' offsets (Q4_1's m, Q4_K's mins, ...)
-        if bias is not None:
-            out += bias
+    if weight.format.integer and INT8_GEMM:  # our int8 GEMM, no BLAS
+        quant.gemm(code, weight.data, x, bias, out, get_num_threads())
         return
     step = max(1, min(n_out, PANEL_FLOATS // n_in))
     for r0 in range(0, n_out, step):

@@ -748,10 +748,12 @@ static inline void hy_q_gemm_tile(int RB, int OB, int is_signed, long nb, const 
 #endif
 }
 
-/* all rows of the activations against panel rows [0, np): out[r*ldo + o] */
+/* all rows of the activations against panel rows [0, np): out[r*ldo + o], offsets included
+ * (s16 [rows, n/16] activation sums, m16 [np, n/16] the rows' offsets; NULL for none) */
 static inline void hy_q_gemm_panel(int is_signed, long rows, long n, const int8_t *qa,
-                                   const float *da, const uint8_t *v, const float *c, int np,
-                                   float *out, long ldo) {
+                                   const float *da, const float *s16, const uint8_t *v,
+                                   const float *c, const float *m16, int np, float *out,
+                                   long ldo) {
     const long nb = n / 32;
     long r = 0;
     for (; r + 4 <= rows; r += 4) {
@@ -772,6 +774,10 @@ static inline void hy_q_gemm_panel(int is_signed, long rows, long n, const int8_
             hy_q_gemm_tile(1, 1, is_signed, nb, qa + r * n, n, da + r * nb, nb, v + o * n,
                            c + o * (n / 16), n, out + r * ldo + o, ldo);
     }
+    if (m16 != NULL)
+        for (r = 0; r < rows; r++)
+            for (int o = 0; o < np; o++)
+                out[r * ldo + o] += hy_dot(s16 + r * (n / 16), m16 + o * (n / 16), n / 16);
 }
 
 #endif

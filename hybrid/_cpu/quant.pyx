@@ -20,7 +20,8 @@ cdef extern from "quant.h" nogil:
     void hy_q_panel_row(int type, const uint8_t *row, long n, uint8_t *v, float *c, float *m)
     void hy_q_act_sums16(const int8_t *qa, const float *da, long n, float *s16)
     void hy_q_gemm_panel(int is_signed, long rows, long n, const int8_t *qa, const float *da,
-                         const uint8_t *v, const float *c, int np, float *out, long ldo)
+                         const float *s16, const uint8_t *v, const float *c, const float *m16,
+                         int np, float *out, long ldo)
 
 cdef enum:
     # Output rows per parallel chunk of a mat-vec.
@@ -156,55 +157,66 @@ def matvec(int qtype,
 def gemm(int qtype,
          const uint8_t[:, ::1] w,          # IN  [out, row_bytes] encoded rows (an integer format)
          const float[:, ::1] x,            # IN  [rows, in] float32 activations
-         float[:, ::1] out,                # OUT [rows, out]: the factor part of x @ W.T
-         float[:, ::1] s16,                # OUT [rows, in/16] activation sums (scaled) per 16
-         float[:, ::1] m16,                # OUT [out, in/16] the weights' offsets per 16
+         bias,                             # IN  [out] float32 or None
+         float[:, ::1] out,                # OUT [rows, out]
          int num_threads):
-    """Prefill product of 8-bit activations and panels of decoded weight rows.
-
-    ``out`` receives sum over blocks of the integer products times their factors; the caller
-    adds ``s16 @ m16.T`` (the offsets' share, zero for Q8_0) and the bias."""
+    """out = x @ W.T (+ bias) for many rows (prefill): 8-bit activations times panels of weight
+    rows decoded to 8-bit integers with a factor and an offset per 16 values."""
     cdef Py_ssize_t n_in = x.shape[1], rows = x.shape[0], n_out = w.shape[0]
     _check(qtype, w, n_in)
     if qtype not in INTEGER_FORMATS:
         raise ValueError(f"gemm serves the integer formats, not code {qtype}")
-    if out.shape[0] != rows or out.shape[1] != n_out or s16.shape[0] != rows \
-            or s16.shape[1] != n_in // 16 or m16.shape[0] != n_out or m16.shape[1] != n_in // 16:
-        raise ValueError("gemm: inconsistent shapes")
+    if out.shape[0] != rows or out.shape[1] != n_out:
+        raise ValueError(f"out has shape {tuple(out.shape)[:2]}, expected {(rows, n_out)}")
+    cdef const float[::1] b
+    cdef const float *bp = NULL
+    if bias is not None:
+        b = bias
+        if b.shape[0] != n_out:
+            raise ValueError(f"bias has {b.shape[0]} entries for {n_out} outputs")
+        bp = &b[0]
     if rows == 0 or n_out == 0:
         return
-    cdef Py_ssize_t nb = n_in // 32, r, p, i
+    cdef Py_ssize_t nb = n_in // 32, n16 = n_in // 16, r, p, i, j
     cdef Py_ssize_t npanels = (n_out + GEMM_PANEL - 1) // GEMM_PANEL
-    cdef long row_bytes = w.shape[1]
     cdef int8_t *qa = <int8_t *> malloc(rows * n_in)
     cdef float *da = <float *> malloc(sizeof(float) * rows * nb)
     cdef float *sa = <float *> malloc(sizeof(float) * rows * nb)
+    cdef float *s16 = <float *> malloc(sizeof(float) * rows * n16)
     cdef uint8_t *v = NULL
     cdef float *c = NULL
+    cdef float *m = NULL
     cdef int np_, signed_ = qtype == 3
     cdef long o0
-    if qa == NULL or da == NULL or sa == NULL:
-        free(qa); free(da); free(sa)
+    if qa == NULL or da == NULL or sa == NULL or s16 == NULL:
+        free(qa); free(da); free(sa); free(s16)
         raise MemoryError()
     try:
         with nogil:
             for r in prange(rows, num_threads=num_threads, schedule="static"):
                 hy_q_act(&x[r, 0], n_in, qa + r * n_in, da + r * nb, sa + r * nb)
-                hy_q_act_sums16(qa + r * n_in, da + r * nb, n_in, &s16[r, 0])
+                hy_q_act_sums16(qa + r * n_in, da + r * nb, n_in, s16 + r * n16)
             with parallel(num_threads=num_threads):
                 v = <uint8_t *> malloc(GEMM_PANEL * n_in)
-                c = <float *> malloc(sizeof(float) * GEMM_PANEL * (n_in // 16))
+                c = <float *> malloc(sizeof(float) * GEMM_PANEL * n16)
+                m = <float *> malloc(sizeof(float) * GEMM_PANEL * n16)
                 for p in prange(npanels, schedule="static"):
                     o0 = p * GEMM_PANEL
                     np_ = <int> min(GEMM_PANEL, n_out - o0)
                     for i in range(np_):
-                        hy_q_panel_row(qtype, &w[o0 + i, 0], n_in, v + i * n_in,
-                                       c + i * (n_in // 16), &m16[o0 + i, 0])
-                    hy_q_gemm_panel(signed_, rows, n_in, qa, da, v, c, np_, &out[0, o0], n_out)
+                        hy_q_panel_row(qtype, &w[o0 + i, 0], n_in, v + i * n_in, c + i * n16,
+                                       m + i * n16)
+                    hy_q_gemm_panel(signed_, rows, n_in, qa, da, s16, v, c,
+                                    NULL if signed_ else m, np_, &out[0, o0], n_out)
+                    if bp != NULL:
+                        for r in range(rows):
+                            for j in range(np_):
+                                out[r, o0 + j] += bp[o0 + j]
                 free(v)
                 free(c)
+                free(m)
     finally:
-        free(qa); free(da); free(sa)
+        free(qa); free(da); free(sa); free(s16)
 
 
 def matvec_many(list mats,                    # [(code, w [out_i, row_bytes_i] uint8, bias or None,
