@@ -112,46 +112,7 @@ def matvec(int qtype,
 
     Integer formats quantize x once to 8-bit blocks of 32 and use integer dot products; F16 and
     BF16 widen the weights and multiply the float32 x."""
-    cdef Py_ssize_t n_in = x.shape[1], rows = x.shape[0], n_out = w.shape[0]
-    cdef long row_bytes = _check(qtype, w, n_in)
-    if out.shape[0] != rows or out.shape[1] != n_out:
-        raise ValueError(f"out has shape {tuple(out.shape)[:2]}, expected {(rows, n_out)}")
-    cdef const float[::1] b
-    cdef const float *bp = NULL
-    if bias is not None:
-        b = bias
-        if b.shape[0] != n_out:
-            raise ValueError(f"bias has {b.shape[0]} entries for {n_out} outputs")
-        bp = &b[0]
-    if rows == 0 or n_out == 0:
-        return
-    cdef bint integer = qtype in INTEGER_FORMATS
-    cdef int8_t *qa = NULL
-    cdef float *da = NULL
-    cdef float *sa = NULL
-    cdef Py_ssize_t r, c, nb = n_in // 32
-    cdef Py_ssize_t nchunks = (n_out + MATVEC_CHUNK - 1) // MATVEC_CHUNK
-    cdef int nt = num_threads if n_out * row_bytes >= PARALLEL_MIN_BYTES else 1
-    cdef long o0, o1
-    if integer:
-        qa = <int8_t *> malloc(rows * n_in)
-        da = <float *> malloc(sizeof(float) * rows * nb)
-        sa = <float *> malloc(sizeof(float) * rows * nb)
-        if qa == NULL or da == NULL or sa == NULL:
-            free(qa); free(da); free(sa)
-            raise MemoryError()
-    try:
-        with nogil:
-            if integer:
-                for r in range(rows):
-                    hy_q_act(&x[r, 0], n_in, qa + r * n_in, da + r * nb, sa + r * nb)
-            for c in prange(nchunks, num_threads=nt, schedule="static"):
-                o0 = c * MATVEC_CHUNK
-                o1 = min(o0 + MATVEC_CHUNK, n_out)
-                hy_q_matvec_range(qtype, &w[0, 0], row_bytes, n_in, o0, o1, <int> rows, qa, da,
-                                  sa, NULL if integer else &x[0, 0], bp, &out[0, 0], n_out)
-    finally:
-        free(qa); free(da); free(sa)
+    matvec_many([(qtype, w, bias, out)], x, num_threads)
 
 
 def gemm(int qtype,
