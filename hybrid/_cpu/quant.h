@@ -224,23 +224,28 @@ static inline void hy_q_decode_row(int type, const uint8_t *row, float *y, long 
 
 /* ================================================================== activations */
 
-/* Quantize x[0..n) (n % 32 == 0) to 8-bit blocks: qa[n], da[n/32], sa[n/32] (see the header). */
-static inline void hy_q_act(const float *x, long n, int8_t *qa, float *da, float *sa) {
+/* Quantize x[0..n) (n % 32 == 0) to 8-bit blocks: qa[n], da[n/32], sa[n/32] (see the header),
+ * and, when s16 is not NULL, s16[n/16] = da * (sum of qa over each 16 values) for Q6_K. */
+static inline void hy_q_act(const float *x, long n, int8_t *qa, float *da, float *sa, float *s16) {
     for (long b = 0; b < n / 32; b++) {
         const float *xb = x + 32 * b;
         float amax = 0.0f;
         for (int j = 0; j < 32; j++) amax = fmaxf(amax, fabsf(xb[j]));
         float d = amax / 127.0f;
         float id = d > 0.0f ? 127.0f / amax : 0.0f;
-        int sum = 0;
+        int sum0 = 0, sum1 = 0;
         for (int j = 0; j < 32; j++) {
             int v = (int)nearbyintf(xb[j] * id);
             v = v > 127 ? 127 : (v < -127 ? -127 : v);
             qa[32 * b + j] = (int8_t)v;
-            sum += v;
+            if (j < 16) sum0 += v; else sum1 += v;
         }
         da[b] = d;
-        sa[b] = d * (float)sum;
+        sa[b] = d * (float)(sum0 + sum1);
+        if (s16 != NULL) {
+            s16[2 * b] = d * (float)sum0;
+            s16[2 * b + 1] = d * (float)sum1;
+        }
     }
 }
 
@@ -463,22 +468,41 @@ static float hy_dot_q45_k(const uint8_t *w, long nsb, const int8_t *qa, const fl
 #endif
 }
 
-static float hy_dot_q6_k(const uint8_t *w, long nsb, const int8_t *qa, const float *da) {
+/* Q6_K: values n (0..63) with a signed 8-bit scale per 16 and one float16 d per 256:
+ * sum = d * sum_g sc_g * (da_b * sum n*qa  -  32 * s16_g), where s16_g = da_b * (sum of qa over
+ * the 16 values of g).  The integer products use unsigned n (no sign trick) and the scales enter
+ * through _mm256_madd_epi16; the -32 offsets are one vector FMA per 8 groups. */
+static float hy_dot_q6_k(const uint8_t *w, long nsb, const int8_t *qa, const float *da,
+                         const float *s16) {
     float sum = 0.0f;
 #ifdef HY_AVX2
     __m256 acc[4] = {_mm256_setzero_ps(), _mm256_setzero_ps(), _mm256_setzero_ps(), _mm256_setzero_ps()};
-    const __m256i low4 = _mm256_set1_epi8(0x0F), m32 = _mm256_set1_epi8(32);
+    __m256 acco = _mm256_setzero_ps();
+    const __m256i low4 = _mm256_set1_epi8(0x0F);
+    /* int16 scale 2k of 8 in the low lane, 2k+1 in the high lane */
+    const __m256i pick[4] = {
+        _mm256_set_epi8(3, 2, 3, 2, 3, 2, 3, 2, 3, 2, 3, 2, 3, 2, 3, 2, 1, 0, 1, 0, 1, 0, 1, 0, 1, 0, 1, 0, 1, 0, 1, 0),
+        _mm256_set_epi8(7, 6, 7, 6, 7, 6, 7, 6, 7, 6, 7, 6, 7, 6, 7, 6, 5, 4, 5, 4, 5, 4, 5, 4, 5, 4, 5, 4, 5, 4, 5, 4),
+        _mm256_set_epi8(11, 10, 11, 10, 11, 10, 11, 10, 11, 10, 11, 10, 11, 10, 11, 10, 9, 8, 9, 8, 9, 8, 9, 8, 9, 8, 9, 8, 9, 8, 9, 8),
+        _mm256_set_epi8(15, 14, 15, 14, 15, 14, 15, 14, 15, 14, 15, 14, 15, 14, 15, 14, 13, 12, 13, 12, 13, 12, 13, 12, 13, 12, 13, 12, 13, 12, 13, 12)};
 #endif
     for (long s = 0; s < nsb; s++) {
         const uint8_t *blk = w + 210 * s;
+        const int8_t *sc = (const int8_t *)(blk + 192);
+        const float d = hy_f16(blk + 208);
 #ifdef HY_AVX2
         HY_PREFETCH(blk);
         HY_PREFETCH(blk + 64);
         HY_PREFETCH(blk + 128);
         HY_PREFETCH(blk + 192);
+        __m128i sc8 = _mm_loadu_si128((const __m128i *)sc);
+        __m256 dv = _mm256_set1_ps(d);
+        acco = _mm256_fmadd_ps(_mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(sc8)), dv),
+                               _mm256_loadu_ps(s16 + 16 * s), acco);
+        acco = _mm256_fmadd_ps(_mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_srli_si128(sc8, 8))), dv),
+                               _mm256_loadu_ps(s16 + 16 * s + 8), acco);
+        __m256 cf = _mm256_mul_ps(dv, _mm256_loadu_ps(da + 8 * s)); /* d * da of the 8 blocks */
 #endif
-        const int8_t *sc = (const int8_t *)(blk + 192);
-        const float d = hy_f16(blk + 208);
         for (int n = 0; n < 2; n++) {
             const uint8_t *ql = blk + 64 * n, *qh = blk + 128 + 32 * n;
             const int8_t *scn = sc + 8 * n;
@@ -487,6 +511,7 @@ static float hy_dot_q6_k(const uint8_t *w, long nsb, const int8_t *qa, const flo
             __m256i l0 = _mm256_loadu_si256((const __m256i *)ql);
             __m256i l1 = _mm256_loadu_si256((const __m256i *)(ql + 32));
             __m256i h = _mm256_loadu_si256((const __m256i *)qh);
+            __m256i s16x = _mm256_broadcastsi128_si256(_mm_cvtepi8_epi16(_mm_loadl_epi64((const __m128i *)scn)));
             __m256i v[4];
             v[0] = _mm256_or_si256(_mm256_and_si256(l0, low4),
                                    _mm256_slli_epi16(_mm256_and_si256(h, _mm256_set1_epi8(0x03)), 4));
@@ -497,11 +522,10 @@ static float hy_dot_q6_k(const uint8_t *w, long nsb, const int8_t *qa, const flo
             v[3] = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(l1, 4), low4),
                                    _mm256_srli_epi16(_mm256_and_si256(h, _mm256_set1_epi8((char)0xC0)), 2));
             for (int k = 0; k < 4; k++) {
-                __m256i wv = _mm256_sub_epi8(v[k], m32);
-                __m256i p16 = _mm256_maddubs_epi16(_mm256_abs_epi8(wv), _mm256_sign_epi8(HY_LOADA(a0 + k), wv));
-                __m256i scl = _mm256_set_m128i(_mm_set1_epi16(scn[2 * k + 1]), _mm_set1_epi16(scn[2 * k]));
-                __m256i p32 = _mm256_madd_epi16(p16, scl);
-                acc[k] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(p32), _mm256_set1_ps(d * da[a0 + k]), acc[k]);
+                __m256i p16 = _mm256_maddubs_epi16(v[k], HY_LOADA(a0 + k));
+                __m256i p32 = _mm256_madd_epi16(p16, _mm256_shuffle_epi8(s16x, pick[k]));
+                acc[k] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(p32),
+                                         _mm256_permutevar8x32_ps(cf, _mm256_set1_epi32(4 * n + k)), acc[k]);
             }
 #else
             for (int k = 0; k < 4; k++) {
@@ -519,7 +543,10 @@ static float hy_dot_q6_k(const uint8_t *w, long nsb, const int8_t *qa, const flo
         }
     }
 #ifdef HY_AVX2
-    sum = hy_hsum256(_mm256_add_ps(_mm256_add_ps(acc[0], acc[1]), _mm256_add_ps(acc[2], acc[3])));
+    sum = hy_hsum256(_mm256_add_ps(_mm256_add_ps(acc[0], acc[1]), _mm256_add_ps(acc[2], acc[3])))
+          - 32.0f * hy_hsum256(acco);
+#else
+    (void)s16;
 #endif
     return sum;
 }
@@ -567,7 +594,7 @@ static float hy_dot_half(const uint8_t *w, long n, const float *x, int bf16) {
 /* One weight row of `n` values times one activation row: qa/da/sa for the integer formats,
  * x (float32) for F16/BF16. */
 static inline float hy_q_dot(int type, const uint8_t *w, long n, const int8_t *qa, const float *da,
-                             const float *sa, const float *x) {
+                             const float *sa, const float *s16, const float *x) {
     switch (type) {
     case HY_Q_F16: return hy_dot_half(w, n, x, 0);
     case HY_Q_BF16: return hy_dot_half(w, n, x, 1);
@@ -578,7 +605,7 @@ static inline float hy_q_dot(int type, const uint8_t *w, long n, const int8_t *q
     case HY_Q_Q5_1: return hy_dot_q5(w, n / 32, qa, da, sa, 1);
     case HY_Q_Q4_K: return hy_dot_q45_k(w, n / 256, qa, da, sa, 0);
     case HY_Q_Q5_K: return hy_dot_q45_k(w, n / 256, qa, da, sa, 1);
-    case HY_Q_Q6_K: return hy_dot_q6_k(w, n / 256, qa, da);
+    case HY_Q_Q6_K: return hy_dot_q6_k(w, n / 256, qa, da, s16);
     }
     return NAN;
 }
@@ -587,15 +614,16 @@ static inline float hy_q_dot(int type, const uint8_t *w, long n, const int8_t *q
  * Each weight row is read from memory once and used for every activation row. */
 static inline void hy_q_matvec_range(int type, const uint8_t *w, long row_bytes, long n, long o0,
                                      long o1, int rows, const int8_t *qa, const float *da,
-                                     const float *sa, const float *x, const float *bias,
-                                     float *out, long ldo) {
+                                     const float *sa, const float *s16, const float *x,
+                                     const float *bias, float *out, long ldo) {
     const long nb = n / 32;
     for (long o = o0; o < o1; o++) {
         const uint8_t *wr = w + o * row_bytes;
         float bo = bias ? bias[o] : 0.0f;
         for (int r = 0; r < rows; r++) {
             float v = hy_q_dot(type, wr, n, qa ? qa + r * n : NULL, da ? da + r * nb : NULL,
-                               sa ? sa + r * nb : NULL, x ? x + r * n : NULL);
+                               sa ? sa + r * nb : NULL, s16 ? s16 + 2 * r * nb : NULL,
+                               x ? x + r * n : NULL);
             out[r * ldo + o] = v + bo;
         }
     }
@@ -679,15 +707,6 @@ static inline void hy_q_panel_row(int type, const uint8_t *row, long n, uint8_t 
                 ms[2 * j] = ms[2 * j + 1] = -dmin * (float)mn;
             }
         }
-    }
-}
-
-/* 16-value sums of 8-bit activations, scaled: s16[h] = da[h/2] * sum(qa[16h .. 16h+15]) */
-static inline void hy_q_act_sums16(const int8_t *qa, const float *da, long n, float *s16) {
-    for (long h = 0; h < n / 16; h++) {
-        int sum = 0;
-        for (int j = 0; j < 16; j++) sum += qa[16 * h + j];
-        s16[h] = da[h / 2] * (float)sum;
     }
 }
 

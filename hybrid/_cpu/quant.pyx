@@ -13,12 +13,12 @@ cdef extern from "quant.h" nogil:
     int hy_q_block_values(int type)
     int hy_q_block_bytes(int type)
     void hy_q_decode_row(int type, const uint8_t *row, float *y, long n)
-    void hy_q_act(const float *x, long n, int8_t *qa, float *da, float *sa)
+    void hy_q_act(const float *x, long n, int8_t *qa, float *da, float *sa, float *s16)
     void hy_q_matvec_range(int type, const uint8_t *w, long row_bytes, long n, long o0, long o1,
                            int rows, const int8_t *qa, const float *da, const float *sa,
-                           const float *x, const float *bias, float *out, long ldo)
+                           const float *s16, const float *x, const float *bias, float *out,
+                           long ldo)
     void hy_q_panel_row(int type, const uint8_t *row, long n, uint8_t *v, float *c, float *m)
-    void hy_q_act_sums16(const int8_t *qa, const float *da, long n, float *s16)
     void hy_q_gemm_panel(int is_signed, long rows, long n, const int8_t *qa, const float *da,
                          const float *s16, const uint8_t *v, const float *c, const float *m16,
                          int np, float *out, long ldo)
@@ -99,7 +99,7 @@ def quantize_activations(const float[:, ::1] x,   # IN  [rows, n] float32, n % 3
         raise ValueError("quantize_activations: inconsistent shapes")
     with nogil:
         for r in range(rows):
-            hy_q_act(&x[r, 0], n, &qa[r, 0], &da[r, 0], &sa[r, 0])
+            hy_q_act(&x[r, 0], n, &qa[r, 0], &da[r, 0], &sa[r, 0], NULL)
 
 
 def matvec(int qtype,
@@ -155,8 +155,7 @@ def gemm(int qtype,
     try:
         with nogil:
             for r in prange(rows, num_threads=num_threads, schedule="static"):
-                hy_q_act(&x[r, 0], n_in, qa + r * n_in, da + r * nb, sa + r * nb)
-                hy_q_act_sums16(qa + r * n_in, da + r * nb, n_in, s16 + r * n16)
+                hy_q_act(&x[r, 0], n_in, qa + r * n_in, da + r * nb, sa + r * nb, s16 + r * n16)
             with parallel(num_threads=num_threads):
                 v = <uint8_t *> malloc(GEMM_PANEL * n_in)
                 c = <float *> malloc(sizeof(float) * GEMM_PANEL * n16)
@@ -226,6 +225,7 @@ def matvec_many(list mats,                    # [(code, w [out_i, row_bytes_i] u
     cdef int8_t *qa = NULL
     cdef float *da = NULL
     cdef float *sa = NULL
+    cdef float *s16 = NULL
     cdef Py_ssize_t r, c
     cdef long o0, o1
     cdef int nt = num_threads if total_bytes >= PARALLEL_MIN_BYTES else 1
@@ -233,14 +233,16 @@ def matvec_many(list mats,                    # [(code, w [out_i, row_bytes_i] u
         qa = <int8_t *> malloc(rows * n_in)
         da = <float *> malloc(sizeof(float) * rows * nb)
         sa = <float *> malloc(sizeof(float) * rows * nb)
-        if qa == NULL or da == NULL or sa == NULL:
-            free(qa); free(da); free(sa)
+        s16 = <float *> malloc(sizeof(float) * rows * 2 * nb)
+        if qa == NULL or da == NULL or sa == NULL or s16 == NULL:
+            free(qa); free(da); free(sa); free(s16)
             raise MemoryError()
     try:
         with nogil:
             if integer:
                 for r in range(rows):
-                    hy_q_act(&x[r, 0], n_in, qa + r * n_in, da + r * nb, sa + r * nb)
+                    hy_q_act(&x[r, 0], n_in, qa + r * n_in, da + r * nb, sa + r * nb,
+                             s16 + r * 2 * nb)
             for c in prange(first_chunk[nm], num_threads=nt, schedule="static"):
                 k = 0
                 while c >= first_chunk[k + 1]:
@@ -248,6 +250,6 @@ def matvec_many(list mats,                    # [(code, w [out_i, row_bytes_i] u
                 o0 = (c - first_chunk[k]) * MATVEC_CHUNK
                 o1 = min(o0 + MATVEC_CHUNK, nout[k])
                 hy_q_matvec_range(codes[k], wp[k], rb[k], n_in, o0, o1, <int> rows, qa, da, sa,
-                                  &x[0, 0], bp[k], op[k], nout[k])
+                                  s16, &x[0, 0], bp[k], op[k], nout[k])
     finally:
-        free(qa); free(da); free(sa)
+        free(qa); free(da); free(sa); free(s16)
