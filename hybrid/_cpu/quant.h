@@ -318,23 +318,20 @@ static float hy_dot_q4(const uint8_t *w, long nb, const int8_t *qa, const float 
     long b = 0;
     float sum = 0.0f, msum = 0.0f;
 #ifdef HY_AVX2
+    /* unsigned nibbles in the integer products; Q4_0's -8 joins the offsets: -8*d*sa[b] */
     __m256 acc0 = _mm256_setzero_ps(), acc1 = _mm256_setzero_ps();
-    const __m256i eight = _mm256_set1_epi8(8);
     for (; b + 2 <= nb; b += 2) {
         const uint8_t *b0 = w + bb * b, *b1 = b0 + bb;
         HY_PREFETCH(b0);
-        __m256i n0 = hy_nibbles16(b0 + qoff), n1 = hy_nibbles16(b1 + qoff);
-        __m256i p0, p1;
-        if (with_min) {
-            p0 = hy_dot_u8s8(n0, HY_LOADA(b));
-            p1 = hy_dot_u8s8(n1, HY_LOADA(b + 1));
+        const float d0 = hy_f16(b0), d1 = hy_f16(b1);
+        __m256i p0 = hy_dot_u8s8(hy_nibbles16(b0 + qoff), HY_LOADA(b));
+        __m256i p1 = hy_dot_u8s8(hy_nibbles16(b1 + qoff), HY_LOADA(b + 1));
+        if (with_min)
             msum += hy_f16(b0 + 2) * sa[b] + hy_f16(b1 + 2) * sa[b + 1];
-        } else {
-            p0 = hy_dot_s8s8(_mm256_sub_epi8(n0, eight), HY_LOADA(b));
-            p1 = hy_dot_s8s8(_mm256_sub_epi8(n1, eight), HY_LOADA(b + 1));
-        }
-        acc0 = _mm256_fmadd_ps(_mm256_cvtepi32_ps(p0), _mm256_set1_ps(hy_f16(b0) * da[b]), acc0);
-        acc1 = _mm256_fmadd_ps(_mm256_cvtepi32_ps(p1), _mm256_set1_ps(hy_f16(b1) * da[b + 1]), acc1);
+        else
+            msum -= 8.0f * (d0 * sa[b] + d1 * sa[b + 1]);
+        acc0 = _mm256_fmadd_ps(_mm256_cvtepi32_ps(p0), _mm256_set1_ps(d0 * da[b]), acc0);
+        acc1 = _mm256_fmadd_ps(_mm256_cvtepi32_ps(p1), _mm256_set1_ps(d1 * da[b + 1]), acc1);
     }
     sum = hy_hsum256(_mm256_add_ps(acc0, acc1));
 #endif
@@ -357,22 +354,24 @@ static float hy_dot_q5(const uint8_t *w, long nb, const int8_t *qa, const float 
     long b = 0;
     float sum = 0.0f, msum = 0.0f;
 #ifdef HY_AVX2
-    __m256 acc0 = _mm256_setzero_ps();
-    const __m256i sixteen = _mm256_set1_epi8(16);
+    /* unsigned 5-bit values; Q5_0's -16 joins the offsets: -16*d*sa[b] */
+    __m256 acc0 = _mm256_setzero_ps(), acc1 = _mm256_setzero_ps();
     for (; b < nb; b++) {
         const uint8_t *blk = w + bb * b;
         HY_PREFETCH(blk);
+        const float d = hy_f16(blk);
         __m256i n = _mm256_or_si256(hy_nibbles16(blk + hoff + 4), hy_bit4_from_bits(hy_u32(blk + hoff)));
-        __m256i p;
-        if (with_min) {
-            p = hy_dot_u8s8(n, HY_LOADA(b));
+        __m256i p = hy_dot_u8s8(n, HY_LOADA(b));
+        if (with_min)
             msum += hy_f16(blk + 2) * sa[b];
-        } else {
-            p = hy_dot_s8s8(_mm256_sub_epi8(n, sixteen), HY_LOADA(b));
-        }
-        acc0 = _mm256_fmadd_ps(_mm256_cvtepi32_ps(p), _mm256_set1_ps(hy_f16(blk) * da[b]), acc0);
+        else
+            msum -= 16.0f * d * sa[b];
+        if (b & 1)
+            acc1 = _mm256_fmadd_ps(_mm256_cvtepi32_ps(p), _mm256_set1_ps(d * da[b]), acc1);
+        else
+            acc0 = _mm256_fmadd_ps(_mm256_cvtepi32_ps(p), _mm256_set1_ps(d * da[b]), acc0);
     }
-    sum = hy_hsum256(acc0);
+    sum = hy_hsum256(_mm256_add_ps(acc0, acc1));
 #endif
     for (; b < nb; b++) {
         const uint8_t *blk = w + bb * b, *q = blk + hoff + 4;
