@@ -74,7 +74,7 @@ class DecoderLayer:
         self._many = None
         if not self._gpu and any(isinstance(getattr(self.weights, n), QuantizedTensor)
                                  for n in ("wq", "wk", "wv", "w_gate", "w_up")):
-            self._many = _optional_op("linear_many", self.placement)
+            self._many = _optional_op("bind_linear_many", self.placement)
         self.fused_rope = bool(fused_rope) and self._gpu and self._inv_freq is not None
         self._k = ops.bind(self.placement)  # kernels resolved once; arrays are checked on entry
         self._bufs = (None, None)  # (rows, activation buffers) of the last call
@@ -289,6 +289,12 @@ class DecoderLayer:
                   "x1": (n, cfg.hidden_size), "gate": (n, cfg.intermediate_size),
                   "up": (n, cfg.intermediate_size)}
         bufs = {name: s.get(name, shape, placement=self.placement) for name, shape in shapes.items()}
+        if self._many is not None:  # quantized CPU projections bound to these buffers
+            w = self._w
+            bufs["qkv_proj"] = self._many(((w.wq, w.bq, bufs["q"]), (w.wk, w.bk, bufs["k"]),
+                                           (w.wv, w.bv, bufs["v"])))
+            bufs["gate_up_proj"] = self._many(((w.w_gate, None, bufs["gate"]),
+                                               (w.w_up, None, bufs["up"])))
         self._bufs = (n, bufs)
         return bufs
 
@@ -306,7 +312,7 @@ class DecoderLayer:
         elif self._many is not None:  # CPU, quantized: one call for the three projections
             q, k, v = b["q"], b["k"], b["v"]
             with region("Block/QKVProj"):
-                self._many(h, ((w.wq, w.bq, q), (w.wk, w.bk, k), (w.wv, w.bv, v)))
+                b["qkv_proj"](h)
         else:
             with region("Block/QProj"):
                 q = k_.linear(h, w.wq, w.bq, b["q"])  # [n, H*D]
@@ -347,7 +353,7 @@ class DecoderLayer:
                 self._linear_swiglu(h2, self._stacked.w_gate_up, act, b["up"])
         elif self._many is not None:  # CPU, quantized: gate and up in one call
             with region("Block/GateUpProj"):
-                self._many(h2, ((w.w_gate, None, b["gate"]), (w.w_up, None, b["up"])))
+                b["gate_up_proj"](h2)
             with region("Block/SwiGLU"):
                 act = k_.swiglu(b["gate"], b["up"], b["gate"])  # in place
         else:

@@ -93,6 +93,21 @@ def linear_many(x, triples):
         (linear_quantized if type(w) is QuantizedTensor else linear)(x, w, b, o)
 
 
+def bind_linear_many(triples):
+    """``linear_many`` for fixed (weight, bias, out) triples, as a function of x: the kernel
+    arguments are built once (a layer binds its Q/K/V and gate/up projections per row count)."""
+    if all(type(w) is QuantizedTensor for w, _, _ in triples):
+        args = [(w.format.kernel_code, w.data, b, o) for w, b, o in triples]
+
+        def run(x):
+            if x.shape[0] <= MATVEC_MAX_ROWS:
+                quant.matvec_many(args, x, get_num_threads())
+            else:
+                linear_many(x, triples)
+        return run
+    return lambda x: linear_many(x, triples)
+
+
 def paged_attention(q, start_pos, k_ptrs, v_ptrs, num_heads, num_kv_heads, head_dim,
                     block_size, head_stride, kv_f16, scale, out):
     attention.paged_attention(q, start_pos, k_ptrs, v_ptrs, num_heads, num_kv_heads, head_dim,
@@ -115,7 +130,8 @@ def to_device(array, placement):
 
 
 def register(registrar):
-    for name in ("rmsnorm", "rope", "swiglu", "add", "linear", "linear_many", "paged_attention",
+    for name in ("rmsnorm", "rope", "swiglu", "add", "linear", "linear_many", "bind_linear_many",
+                 "paged_attention",
                  "paged_attention_batch", "to_device"):
         registrar.op(name, globals()[name])
     from ..quant.formats import FORMATS
