@@ -709,93 +709,128 @@ static inline void hy_q_panel_row(int type, const uint8_t *row, long n, uint8_t 
     }
 }
 
-#ifdef HY_AVX2
-/* the 8-lane factor [c0 x4 | c1 x4] of a block from its two half factors */
-static inline __m256 hy_pair8(const float *c2) {
-    __m128 pair = _mm_castpd_ps(_mm_load_sd((const double *)c2));
-    return _mm256_permutevar8x32_ps(_mm256_castps128_ps256(pair), _mm256_set_epi32(1, 1, 1, 1, 0, 0, 0, 0));
+/* Values per int16 partial sum before widening: maddubs gives at most 2*vmax*127 per pair, so
+ * 4-bit and 5-bit values (<= 31) take 4 chunks of 4 values, 6-bit (Q6_K) 2, signed 8-bit 1. */
+static inline int hy_q_gemm_group(int type) {
+    switch (type) {
+    case HY_Q_Q8_0: return 1;
+    case HY_Q_Q6_K: return 2;
+    }
+    return 4;
 }
-#endif
 
-/* out[r*ldo + o] (rows r < RB, panel rows o < OB) = sum_b (c-part) ; RB <= 4, OB <= 2 */
-static inline void hy_q_gemm_tile(int RB, int OB, int is_signed, long nb, const int8_t *qa, long lda,
-                                  const float *da, long ldd, const uint8_t *v, const float *c,
-                                  long ldv, float *out, long ldo) {
+/* Interleave 8 decoded panel rows for the GEMM: vi[(32b + 4j .. ) ] holds, for block b and chunk j
+ * (values 4j..4j+3), the 4 values of row 0, then row 1, ... row 7 (32 bytes); cT[(2b + h)*8 + i]
+ * is row i's factor for half h of block b. */
+static inline void hy_q_interleave8(long n, const uint8_t *v, const float *c, uint8_t *vi,
+                                    float *cT) {
+    for (long b = 0; b < n / 32; b++)
+        for (int j = 0; j < 8; j++)
+            for (int i = 0; i < 8; i++)
+                memcpy(vi + 256 * b + 32 * j + 4 * i, v + i * n + 32 * b + 4 * j, 4);
+    for (long h = 0; h < n / 16; h++)
+        for (int i = 0; i < 8; i++) cT[8 * h + i] = c[i * (n / 16) + h];
+}
+
+/* RB (<= 4) activation rows against the 8 interleaved panel rows: out[r*ldo + i], i < np.
+ * Lanes are panel rows: each block's integer sums for 8 rows come out of one maddubs/madd chain
+ * and are scaled by one FMA per half. */
+static inline void hy_q_gemm8_tile(const int RB, const int G, const int is_signed, long nb,
+                                   const int8_t *qa, long lda, const float *da, long ldd,
+                                   const uint8_t *vi, const float *cT, float *out, long ldo,
+                                   int np) {
 #ifdef HY_AVX2
-    __m256 acc[4][2];
-    for (int r = 0; r < 4; r++) acc[r][0] = acc[r][1] = _mm256_setzero_ps();
+    __m256 acc[4] = {_mm256_setzero_ps(), _mm256_setzero_ps(), _mm256_setzero_ps(), _mm256_setzero_ps()};
     const __m256i ones = _mm256_set1_epi16(1);
     for (long b = 0; b < nb; b++) {
-        __m256i w[2], wa[2];
-        __m256 cf[2];
-        for (int o = 0; o < OB; o++) {
-            w[o] = _mm256_loadu_si256((const __m256i *)(v + o * ldv + 32 * b));
-            wa[o] = is_signed ? _mm256_abs_epi8(w[o]) : w[o];
-            cf[o] = hy_pair8(c + o * (ldv / 16) + 2 * b);
-        }
-        for (int r = 0; r < RB; r++) {
-            __m256i a = _mm256_loadu_si256((const __m256i *)(qa + r * lda + 32 * b));
-            __m256 dr = _mm256_broadcast_ss(da + r * ldd + b);
-            for (int o = 0; o < OB; o++) {
-                __m256i ao = is_signed ? _mm256_sign_epi8(a, w[o]) : a;
-                __m256i p = _mm256_madd_epi16(_mm256_maddubs_epi16(wa[o], ao), ones);
-                acc[r][o] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(p), _mm256_mul_ps(cf[o], dr), acc[r][o]);
+        const uint8_t *vb = vi + 256 * b;
+        for (int h = 0; h < 2; h++) {
+            __m256i s32[4] = {_mm256_setzero_si256(), _mm256_setzero_si256(), _mm256_setzero_si256(), _mm256_setzero_si256()};
+            for (int j0 = 0; j0 < 4; j0 += G) {
+                __m256i s16[4] = {_mm256_setzero_si256(), _mm256_setzero_si256(), _mm256_setzero_si256(), _mm256_setzero_si256()};
+                for (int j = j0; j < j0 + G; j++) {
+                    const int jj = 4 * h + j;
+                    __m256i w = _mm256_loadu_si256((const __m256i *)(vb + 32 * jj));
+                    __m256i wa = is_signed ? _mm256_abs_epi8(w) : w;
+                    for (int r = 0; r < RB; r++) {
+                        int32_t a4;
+                        memcpy(&a4, qa + r * lda + 32 * b + 4 * jj, 4);
+                        __m256i a = _mm256_set1_epi32(a4);
+                        if (is_signed) a = _mm256_sign_epi8(a, w);
+                        s16[r] = _mm256_add_epi16(s16[r], _mm256_maddubs_epi16(wa, a));
+                    }
+                }
+                for (int r = 0; r < RB; r++)
+                    s32[r] = _mm256_add_epi32(s32[r], _mm256_madd_epi16(s16[r], ones));
             }
+            __m256 ch = _mm256_loadu_ps(cT + 8 * (2 * b + h));
+            for (int r = 0; r < RB; r++)
+                acc[r] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(s32[r]),
+                                         _mm256_mul_ps(ch, _mm256_broadcast_ss(da + r * ldd + b)), acc[r]);
         }
     }
-    for (int r = 0; r < RB; r++)
-        for (int o = 0; o < OB; o++) out[r * ldo + o] = hy_hsum256(acc[r][o]);
-#else
     for (int r = 0; r < RB; r++) {
-        for (int o = 0; o < OB; o++) {
+        if (np == 8) {
+            _mm256_storeu_ps(out + r * ldo, acc[r]);
+        } else {
+            float tmp[8];
+            _mm256_storeu_ps(tmp, acc[r]);
+            for (int i = 0; i < np; i++) out[r * ldo + i] = tmp[i];
+        }
+    }
+#else
+    (void)G;
+    for (int r = 0; r < RB; r++) {
+        for (int i = 0; i < np; i++) {
             float sum = 0.0f;
             for (long b = 0; b < nb; b++) {
-                const uint8_t *vb = v + o * ldv + 32 * b;
-                const int8_t *ab = qa + r * lda + 32 * b;
-                int s0 = 0, s1 = 0;
-                for (int j = 0; j < 16; j++) {
-                    s0 += (is_signed ? (int)(int8_t)vb[j] : (int)vb[j]) * ab[j];
-                    s1 += (is_signed ? (int)(int8_t)vb[j + 16] : (int)vb[j + 16]) * ab[j + 16];
-                }
-                const float *cb = c + o * (ldv / 16) + 2 * b;
-                sum += ((float)s0 * cb[0] + (float)s1 * cb[1]) * da[r * ldd + b];
+                int s[2] = {0, 0};
+                for (int j = 0; j < 8; j++)
+                    for (int t = 0; t < 4; t++) {
+                        uint8_t raw = vi[256 * b + 32 * j + 4 * i + t];
+                        int wv = is_signed ? (int)(int8_t)raw : (int)raw;
+                        s[j / 4] += wv * qa[r * lda + 32 * b + 4 * j + t];
+                    }
+                sum += ((float)s[0] * cT[8 * (2 * b) + i] + (float)s[1] * cT[8 * (2 * b + 1) + i])
+                       * da[r * ldd + b];
             }
-            out[r * ldo + o] = sum;
+            out[r * ldo + i] = sum;
         }
     }
 #endif
 }
 
-/* all rows of the activations against panel rows [0, np): out[r*ldo + o], offsets included
- * (s16 [rows, n/16] activation sums, m16 [np, n/16] the rows' offsets; NULL for none) */
-static inline void hy_q_gemm_panel(int is_signed, long rows, long n, const int8_t *qa,
-                                   const float *da, const float *s16, const uint8_t *v,
-                                   const float *c, const float *m16, int np, float *out,
-                                   long ldo) {
+/* Every activation row against one panel of np (<= 8) weight rows decoded into v, c, m (rows
+ * past np zero): out[r*ldo + i], the offsets s16 . m16 included (m NULL: none). vi and cT are
+ * scratch for the interleaved panel (8*n bytes, n/2 floats). */
+static inline void hy_q_gemm_panel8(int type, long rows, long n, const int8_t *qa, const float *da,
+                                    const float *s16, const uint8_t *v, const float *c,
+                                    const float *m, int np, uint8_t *vi, float *cT, float *out,
+                                    long ldo) {
     const long nb = n / 32;
+    const int G = hy_q_gemm_group(type), sgn = type == HY_Q_Q8_0;
+    hy_q_interleave8(n, v, c, vi, cT);
     long r = 0;
     for (; r + 4 <= rows; r += 4) {
-        int o = 0;
-        for (; o + 2 <= np; o += 2)
-            hy_q_gemm_tile(4, 2, is_signed, nb, qa + r * n, n, da + r * nb, nb, v + o * n,
-                           c + o * (n / 16), n, out + r * ldo + o, ldo);
-        for (; o < np; o++)
-            hy_q_gemm_tile(4, 1, is_signed, nb, qa + r * n, n, da + r * nb, nb, v + o * n,
-                           c + o * (n / 16), n, out + r * ldo + o, ldo);
+        if (G == 4)
+            hy_q_gemm8_tile(4, 4, 0, nb, qa + r * n, n, da + r * nb, nb, vi, cT, out + r * ldo, ldo, np);
+        else if (G == 2)
+            hy_q_gemm8_tile(4, 2, 0, nb, qa + r * n, n, da + r * nb, nb, vi, cT, out + r * ldo, ldo, np);
+        else
+            hy_q_gemm8_tile(4, 1, sgn, nb, qa + r * n, n, da + r * nb, nb, vi, cT, out + r * ldo, ldo, np);
     }
     for (; r < rows; r++) {
-        int o = 0;
-        for (; o + 2 <= np; o += 2)
-            hy_q_gemm_tile(1, 2, is_signed, nb, qa + r * n, n, da + r * nb, nb, v + o * n,
-                           c + o * (n / 16), n, out + r * ldo + o, ldo);
-        for (; o < np; o++)
-            hy_q_gemm_tile(1, 1, is_signed, nb, qa + r * n, n, da + r * nb, nb, v + o * n,
-                           c + o * (n / 16), n, out + r * ldo + o, ldo);
+        if (G == 4)
+            hy_q_gemm8_tile(1, 4, 0, nb, qa + r * n, n, da + r * nb, nb, vi, cT, out + r * ldo, ldo, np);
+        else if (G == 2)
+            hy_q_gemm8_tile(1, 2, 0, nb, qa + r * n, n, da + r * nb, nb, vi, cT, out + r * ldo, ldo, np);
+        else
+            hy_q_gemm8_tile(1, 1, sgn, nb, qa + r * n, n, da + r * nb, nb, vi, cT, out + r * ldo, ldo, np);
     }
-    if (m16 != NULL)
+    if (m != NULL)
         for (r = 0; r < rows; r++)
-            for (int o = 0; o < np; o++)
-                out[r * ldo + o] += hy_dot(s16 + r * (n / 16), m16 + o * (n / 16), n / 16);
+            for (int i = 0; i < np; i++)
+                out[r * ldo + i] += hy_dot(s16 + r * (n / 16), m + i * (n / 16), n / 16);
 }
 
 #endif

@@ -8,6 +8,7 @@ kernels themselves).
 from cython.parallel cimport parallel, prange
 from libc.stdint cimport int8_t, int64_t, uint8_t
 from libc.stdlib cimport free, malloc
+from libc.string cimport memset
 
 cdef extern from "quant.h" nogil:
     int hy_q_block_values(int type)
@@ -19,15 +20,15 @@ cdef extern from "quant.h" nogil:
                            const float *s16, const float *x, const float *bias, float *out,
                            long ldo)
     void hy_q_panel_row(int type, const uint8_t *row, long n, uint8_t *v, float *c, float *m)
-    void hy_q_gemm_panel(int is_signed, long rows, long n, const int8_t *qa, const float *da,
-                         const float *s16, const uint8_t *v, const float *c, const float *m16,
-                         int np, float *out, long ldo)
+    void hy_q_gemm_panel8(int type, long rows, long n, const int8_t *qa, const float *da,
+                          const float *s16, const uint8_t *v, const float *c, const float *m,
+                          int np, uint8_t *vi, float *cT, float *out, long ldo)
 
 cdef enum:
     # Output rows per parallel chunk of a mat-vec.
     MATVEC_CHUNK = 16
-    # Weight rows decoded into one thread's panel for the int8 GEMM (stays in L1/L2).
-    GEMM_PANEL = 16
+    # Weight rows decoded into one thread's panel for the int8 GEMM: the 8 lanes of a vector.
+    GEMM_PANEL = 8
     # Below this many weight bytes a mat-vec runs on the calling thread: waking a team costs
     # more than streaming the matrix.
     PARALLEL_MIN_BYTES = 49152
@@ -145,7 +146,9 @@ def gemm(int qtype,
     cdef float *sa = <float *> malloc(sizeof(float) * rows * nb)
     cdef float *s16 = <float *> malloc(sizeof(float) * rows * n16)
     cdef uint8_t *v = NULL
+    cdef uint8_t *vi = NULL
     cdef float *c = NULL
+    cdef float *cT = NULL
     cdef float *m = NULL
     cdef int np_, signed_ = qtype == 3
     cdef long o0
@@ -158,22 +161,29 @@ def gemm(int qtype,
                 hy_q_act(&x[r, 0], n_in, qa + r * n_in, da + r * nb, sa + r * nb, s16 + r * n16)
             with parallel(num_threads=num_threads):
                 v = <uint8_t *> malloc(GEMM_PANEL * n_in)
+                vi = <uint8_t *> malloc(GEMM_PANEL * n_in)
                 c = <float *> malloc(sizeof(float) * GEMM_PANEL * n16)
+                cT = <float *> malloc(sizeof(float) * GEMM_PANEL * n16)
                 m = <float *> malloc(sizeof(float) * GEMM_PANEL * n16)
                 for p in prange(npanels, schedule="static"):
                     o0 = p * GEMM_PANEL
                     np_ = <int> min(GEMM_PANEL, n_out - o0)
+                    if np_ < GEMM_PANEL:  # rows past the matrix: zero values and factors
+                        memset(v, 0, GEMM_PANEL * n_in)
+                        memset(c, 0, sizeof(float) * GEMM_PANEL * n16)
                     for i in range(np_):
                         hy_q_panel_row(qtype, &w[o0 + i, 0], n_in, v + i * n_in, c + i * n16,
                                        m + i * n16)
-                    hy_q_gemm_panel(signed_, rows, n_in, qa, da, s16, v, c,
-                                    NULL if signed_ else m, np_, &out[0, o0], n_out)
+                    hy_q_gemm_panel8(qtype, rows, n_in, qa, da, s16, v, c,
+                                     NULL if signed_ else m, np_, vi, cT, &out[0, o0], n_out)
                     if bp != NULL:
                         for r in range(rows):
                             for j in range(np_):
                                 out[r, o0 + j] += bp[o0 + j]
                 free(v)
+                free(vi)
                 free(c)
+                free(cT)
                 free(m)
     finally:
         free(qa); free(da); free(sa); free(s16)
