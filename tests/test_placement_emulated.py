@@ -224,3 +224,28 @@ def test_gpucheck_model_section_falls_back_to_a_model_of_smollm2s_shape(emulated
     checks = gpucheck.Checks(np.random.default_rng(0))
     checks.model()
     assert len(checks.rows) == 6 and all(ok for *_, ok in checks.rows), checks.rows
+
+
+def test_quantized_weights_are_decoded_for_gpu_layers(emulated, rng):
+    """GPU layers (and a GPU LM head) take quantized weights decoded to float32 on upload: the
+    same numbers as a CPU model holding the decoded weights."""
+    import dataclasses
+
+    from hybrid.config import LINEAR_WEIGHTS
+    from hybrid.quant import dequantize, quantize
+
+    weights = _model(rng)
+    quantized = dataclasses.replace(
+        weights, lm_head=quantize(weights.lm_head, "q8_0"),
+        layers=[dataclasses.replace(lw, **{n: quantize(getattr(lw, n), "q8_0")
+                                          for n in LINEAR_WEIGHTS}) for lw in weights.layers])
+    decoded = dataclasses.replace(
+        quantized, lm_head=dequantize(quantized.lm_head),
+        layers=[dataclasses.replace(lw, **{n: dequantize(getattr(lw, n)) for n in LINEAR_WEIGHTS})
+                for lw in quantized.layers])
+    gpu = Model(quantized, kv_dtype="float32", gpu_layers=len(weights.layers))
+    cpu = Model(decoded, kv_dtype="float32")
+    ids = rng.integers(0, 50, 9)
+    c_gpu, c_cpu = gpu.new_cache(), cpu.new_cache()
+    assert rel_err(gpu.forward(ids, c_gpu), cpu.forward(ids, c_cpu)) < 1e-5
+    assert rel_err(gpu.forward([3], c_gpu), cpu.forward([3], c_cpu)) < 1e-5
