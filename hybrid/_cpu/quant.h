@@ -632,10 +632,12 @@ static inline void hy_q_matvec_range(int type, const uint8_t *w, long row_bytes,
  *
  * For many activation rows, every weight row is first re-expressed as 8-bit integers with one
  * float factor per 16 values and one float offset per 16 (value = c * v + m): a "panel" row.
- * All integer formats fit: v is unsigned (0..63) except Q8_0 (signed).  The GEMM then multiplies
- * 8-bit activations by panel rows in tiles of 4 activation rows x 2 weight rows, each integer
- * product once per block of 32 and scaled by c_half * da (the offsets' share, sum_h m_h * s_h with
- * s_h = da * sum of the activations of half h, is a small float GEMM done by the caller).
+ * All integer formats fit: v is unsigned (0..63) except Q8_0 (signed).  Panels of 8 rows are
+ * interleaved 4 values at a time, so a 32-byte vector holds 4 values of each of the 8 rows and the
+ * vector lanes of every integer sum are weight rows.  The GEMM multiplies 8-bit activations (4 bytes
+ * broadcast) by them in tiles of 4 activation rows x 8 weight rows and scales each half block with
+ * one FMA per 8 rows (c_half * da); the offsets' share, sum_h m_h * s16_h with s16_h = da * (sum of
+ * the activations of half h), is one short dot product per output.
  */
 
 /* one weight row -> v [n] (uint8, or int8 for Q8_0), c [n/16], m [n/16] */
