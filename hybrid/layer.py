@@ -23,6 +23,7 @@ from . import ops, registry
 from .config import DecoderConfig, LayerWeights
 from .kvcache import PagedKVCache, append_batch
 from .placement import Placement, copy_between, is_device_array, to_device
+from .profile import enabled as profiling_enabled
 from .profile import region
 from .quant import QuantizedTensor, dequantize
 from .scratch import Scratch
@@ -71,10 +72,12 @@ class DecoderLayer:
                 self._stacked = None  # a backend without the fused projections
         # CPU layers with quantized projections: Q/K/V and gate/up each in one kernel call that
         # quantizes the activations once (decode)
-        self._many = None
+        self._many = self._bind_decode = None
         if not self._gpu and any(isinstance(getattr(self.weights, n), QuantizedTensor)
                                  for n in ("wq", "wk", "wv", "w_gate", "w_up")):
             self._many = _optional_op("bind_linear_many", self.placement)
+            # a decode row in two native calls around the attention (when not profiling)
+            self._bind_decode = _optional_op("bind_decode_step", self.placement)
         self.fused_rope = bool(fused_rope) and self._gpu and self._inv_freq is not None
         self._k = ops.bind(self.placement)  # kernels resolved once; arrays are checked on entry
         self._bufs = (None, None)  # (rows, activation buffers) of the last call
@@ -295,6 +298,8 @@ class DecoderLayer:
                                            (w.wv, w.bv, bufs["v"])))
             bufs["gate_up_proj"] = self._many(((w.w_gate, None, bufs["gate"]),
                                                (w.w_up, None, bufs["up"])))
+        if n == 1 and self._bind_decode is not None:
+            bufs["decode_step"] = self._bind_decode(cfg, self._w, bufs, self._inv_freq)
         self._bufs = (n, bufs)
         return bufs
 
@@ -302,6 +307,9 @@ class DecoderLayer:
         """Attention-block prologue: norm, projections, QK-norm, RoPE unless fused into
         attention (into scratch buffers on the layer's device)."""
         cfg, w, k_, b = self.config, self._w, self._k, self._buffers(x.shape[0])
+        step = b.get("decode_step")
+        if step is not None and rotate and not profiling_enabled():
+            return step.prologue(x, int(pos[0]))  # the steps below in one native call
         n, H, KVH, D, eps = x.shape[0], cfg.num_heads, cfg.num_kv_heads, cfg.head_dim, cfg.rms_norm_eps
         with region("Block/AttnNorm"):
             h = k_.rmsnorm(x, w.attn_norm, eps, b["h"])  # [n, hidden]
@@ -337,6 +345,9 @@ class DecoderLayer:
     def _finish(self, x, att, result):
         """O projection and residual, then the MLP block and its residual (into ``result``)."""
         cfg, w, k_, b = self.config, self._w, self._k, self._buffers(x.shape[0])
+        step = b.get("decode_step")
+        if step is not None and not profiling_enabled():
+            return step.epilogue(att, x, result)  # the steps below in one native call
         fused = self._stacked is not None  # GPU: residual adds inside the projections
         with region("Block/OProj"):
             if fused:

@@ -108,6 +108,47 @@ def bind_linear_many(triples):
     return lambda x: linear_many(x, triples)
 
 
+class DecodeStep:
+    """A quantized CPU layer's decode row in two calls around the attention (prologue: norm,
+    Q/K/V, QK-norm, RoPE; epilogue: O, residual, norm, gate/up, SwiGLU, down, residual), bound to
+    the layer's weights and scratch buffers once.  Same kernels and order as the op-by-op path."""
+
+    def __init__(self, cfg, w, bufs, inv_freq):
+        def arg(weight, bias, out):
+            return (weight.format.kernel_code, weight.data, bias, out)
+
+        self.cfg, self.w, self.b = cfg, w, bufs
+        self.inv_freq = inv_freq
+        self.neox = cfg.rope_style == "neox"
+        self.qkv = [arg(w.wq, w.bq, bufs["q"]), arg(w.wk, w.bk, bufs["k"]),
+                    arg(w.wv, w.bv, bufs["v"])]
+        self.wo = [arg(w.wo, None, bufs["o"])]
+        self.gate_up = [arg(w.w_gate, None, bufs["gate"]), arg(w.w_up, None, bufs["up"])]
+        self.down = [arg(w.w_down, None, bufs["o"])]
+
+    def prologue(self, x, position: int):
+        cfg, w, b = self.cfg, self.w, self.b
+        quant.decode_prologue(x, w.attn_norm, cfg.rms_norm_eps, self.qkv, b["h"], b["q"], b["k"],
+                              w.q_norm, w.k_norm, self.inv_freq, position, self.neox,
+                              cfg.num_heads, cfg.num_kv_heads, cfg.head_dim, get_num_threads())
+        return b["q"], b["k"], b["v"]
+
+    def epilogue(self, att, x, out):
+        b = self.b
+        quant.decode_epilogue(att, x, self.wo, self.w.mlp_norm, self.cfg.rms_norm_eps,
+                              self.gate_up, self.down, b["o"], b["x1"], b["h"], b["gate"],
+                              b["up"], out, get_num_threads())
+        return out
+
+
+def bind_decode_step(cfg, weights, bufs, inv_freq):
+    """A DecodeStep when every projection is a QuantizedTensor (else None)."""
+    names = ("wq", "wk", "wv", "wo", "w_gate", "w_up", "w_down")
+    if all(type(getattr(weights, n)) is QuantizedTensor for n in names):
+        return DecodeStep(cfg, weights, bufs, inv_freq)
+    return None
+
+
 def paged_attention(q, start_pos, k_ptrs, v_ptrs, num_heads, num_kv_heads, head_dim,
                     block_size, head_stride, kv_f16, scale, out):
     attention.paged_attention(q, start_pos, k_ptrs, v_ptrs, num_heads, num_kv_heads, head_dim,
@@ -131,7 +172,7 @@ def to_device(array, placement):
 
 def register(registrar):
     for name in ("rmsnorm", "rope", "swiglu", "add", "linear", "linear_many", "bind_linear_many",
-                 "paged_attention",
+                 "bind_decode_step", "paged_attention",
                  "paged_attention_batch", "to_device"):
         registrar.op(name, globals()[name])
     from ..quant.formats import FORMATS

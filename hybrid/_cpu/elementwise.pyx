@@ -5,13 +5,16 @@ shapes are checked, then the work runs without the GIL over OpenMP threads.  Cal
 have already converted and validated user input; these wrappers are the last line of defence.
 """
 from cython.parallel cimport parallel, prange
-from libc.math cimport cos, sin, sqrt
 from libc.stdint cimport int64_t
 from libc.stdlib cimport free, malloc
 
 cdef extern from "simd.h" nogil:
-    float hy_dot(const float *a, const float *b, long n)
     void hy_silu_mul(const float *g, const float *u, float *out, long n)
+
+cdef extern from "rowops.h" nogil:
+    void hy_rmsnorm_row(const float *x, const float *weight, float eps, float *out, long dim)
+    void hy_rope_row(float *x, int64_t position, const double *inv_freq, int num_heads,
+                     int head_dim, int neox, float *cs, float *sn)
 
 cdef enum:
     # Elements per parallel chunk of the flat kernels (SwiGLU, add).
@@ -38,13 +41,10 @@ def rmsnorm(const float[:, ::1] x,   # IN  [rows, dim] float32
         raise ValueError(f"rmsnorm: out shape {tuple(out.shape)[:2]} != x shape {(rows, dim)}")
     if rows == 0 or dim == 0:
         return
-    cdef Py_ssize_t r, d
-    cdef float inv
+    cdef Py_ssize_t r
     for r in prange(rows, nogil=True, num_threads=_threads_for(rows * dim, num_threads),
                     schedule="static"):
-        inv = 1.0 / sqrt(hy_dot(&x[r, 0], &x[r, 0], dim) / dim + eps)
-        for d in range(dim):
-            out[r, d] = (x[r, d] * inv) * weight[d]
+        hy_rmsnorm_row(&x[r, 0], &weight[0], eps, &out[r, 0], dim)
 
 
 def rope(float[:, ::1] x,               # IN/OUT [rows, num_heads*head_dim] float32, rotated in place
@@ -68,35 +68,13 @@ def rope(float[:, ::1] x,               # IN/OUT [rows, num_heads*head_dim] floa
     if rows == 0:
         return
     cdef Py_ssize_t r
-    cdef int h, i
     cdef float *cs = NULL
     cdef float *sn = NULL
-    cdef float a, b
-    cdef double ang
-    cdef float *v
     with nogil, parallel(num_threads=_threads_for(rows * x.shape[1], num_threads)):
         cs = <float *> malloc(sizeof(float) * half)
         sn = <float *> malloc(sizeof(float) * half)
         for r in prange(rows, schedule="static"):
-            # cos/sin of this row's angles, shared by every head
-            for i in range(half):
-                ang = <double> positions[r] * inv_freq[i]
-                cs[i] = <float> cos(ang)
-                sn[i] = <float> sin(ang)
-            for h in range(num_heads):
-                v = &x[r, h * head_dim]
-                if neox:
-                    for i in range(half):
-                        a = v[i]
-                        b = v[i + half]
-                        v[i] = a * cs[i] - b * sn[i]
-                        v[i + half] = b * cs[i] + a * sn[i]
-                else:
-                    for i in range(half):
-                        a = v[2 * i]
-                        b = v[2 * i + 1]
-                        v[2 * i] = a * cs[i] - b * sn[i]
-                        v[2 * i + 1] = b * cs[i] + a * sn[i]
+            hy_rope_row(&x[r, 0], positions[r], &inv_freq[0], num_heads, head_dim, neox, cs, sn)
         free(cs)
         free(sn)
 

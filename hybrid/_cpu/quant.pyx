@@ -263,3 +263,87 @@ def matvec_many(list mats,                    # [(code, w [out_i, row_bytes_i] u
                                   s16, &x[0, 0], bp[k], op[k], nout[k])
     finally:
         free(qa); free(da); free(sa); free(s16)
+
+
+# ------------------------------------------------------------------ a quantized layer's decode step
+cdef extern from "rowops.h" nogil:
+    void hy_rmsnorm_row(const float *x, const float *weight, float eps, float *out, long dim)
+    void hy_rope_row(float *x, int64_t position, const double *inv_freq, int num_heads,
+                     int head_dim, int neox, float *cs, float *sn)
+
+cdef extern from "simd.h" nogil:
+    void hy_silu_mul(const float *g, const float *u, float *out, long n)
+
+
+def decode_prologue(const float[:, ::1] x,      # IN  [1, hidden] the layer's input
+                    const float[::1] attn_norm,  # IN  [hidden]
+                    float eps,
+                    list qkv,                    # [(code, w, bias, out)] for Q, K, V (outs [1, *])
+                    float[:, ::1] h,             # scratch [1, hidden]: the normed input
+                    float[:, ::1] q,             # the Q out of ``qkv`` [1, H*D]
+                    float[:, ::1] k,             # the K out of ``qkv`` [1, KVH*D]
+                    q_norm, k_norm,              # [D] float32 or None (Qwen3)
+                    inv_freq,                    # [D/2] float64, or None: no RoPE
+                    int64_t position, bint neox, int num_heads, int num_kv_heads, int head_dim,
+                    int num_threads):
+    """The attention block's prologue for one decode row, in one call: RMSNorm, Q/K/V
+    projections (one parallel region), QK-norm, RoPE.  The same kernels as the op-by-op path."""
+    cdef Py_ssize_t dim = x.shape[1], i
+    cdef const float[::1] qn, kn
+    cdef const double[::1] f
+    cdef float cs[512]
+    cdef float sn[512]
+    if x.shape[0] != 1 or h.shape[1] != dim or attn_norm.shape[0] != dim or head_dim > 1024:
+        raise ValueError("decode_prologue: one row of the layer's width, head_dim <= 1024")
+    if q.shape[1] != num_heads * head_dim or k.shape[1] != num_kv_heads * head_dim:
+        raise ValueError("decode_prologue: q/k widths do not match the heads")
+    with nogil:
+        hy_rmsnorm_row(&x[0, 0], &attn_norm[0], eps, &h[0, 0], dim)
+    matvec_many(qkv, h, num_threads)
+    if q_norm is not None:
+        qn = q_norm
+        kn = k_norm
+        with nogil:
+            for i in range(num_heads):
+                hy_rmsnorm_row(&q[0, i * head_dim], &qn[0], eps, &q[0, i * head_dim], head_dim)
+            for i in range(num_kv_heads):
+                hy_rmsnorm_row(&k[0, i * head_dim], &kn[0], eps, &k[0, i * head_dim], head_dim)
+    if inv_freq is not None:
+        f = inv_freq
+        with nogil:
+            hy_rope_row(&q[0, 0], position, &f[0], num_heads, head_dim, neox, cs, sn)
+            hy_rope_row(&k[0, 0], position, &f[0], num_kv_heads, head_dim, neox, cs, sn)
+
+
+def decode_epilogue(const float[:, ::1] att,    # IN  [1, H*D] attention output
+                    const float[:, ::1] x,      # IN  [1, hidden] the layer's input
+                    list wo,                    # [(code, w, None, o)]: o [1, hidden] scratch
+                    const float[::1] mlp_norm,  # IN  [hidden]
+                    float eps,
+                    list gate_up,               # [(code, w_gate, None, gate), (code, w_up, None, up)]
+                    list down,                  # [(code, w_down, None, o)]: the same o
+                    float[:, ::1] o,            # the scratch named in ``wo`` and ``down``
+                    float[:, ::1] x1,           # scratch [1, hidden]: x + attention
+                    float[:, ::1] h2,           # scratch [1, hidden]: normed x1
+                    float[:, ::1] gate,         # the gate out of ``gate_up`` (SwiGLU in place)
+                    float[:, ::1] up,           # the up out of ``gate_up``
+                    float[:, ::1] out,          # OUT [1, hidden] (may be x)
+                    int num_threads):
+    """O projection, residual, RMSNorm, gate/up (one parallel region), SwiGLU, down projection,
+    residual: the rest of a decode row's layer step in one call."""
+    cdef Py_ssize_t dim = x.shape[1], d, inter = gate.shape[1]
+    if x.shape[0] != 1 or out.shape[1] != dim or x1.shape[1] != dim or h2.shape[1] != dim \
+            or o.shape[1] != dim or up.shape[1] != inter or mlp_norm.shape[0] != dim:
+        raise ValueError("decode_epilogue: inconsistent shapes")
+    matvec_many(wo, att, num_threads)
+    with nogil:
+        for d in range(dim):
+            x1[0, d] = x[0, d] + o[0, d]
+        hy_rmsnorm_row(&x1[0, 0], &mlp_norm[0], eps, &h2[0, 0], dim)
+    matvec_many(gate_up, h2, num_threads)
+    with nogil:
+        hy_silu_mul(&gate[0, 0], &up[0, 0], &gate[0, 0], inter)
+    matvec_many(down, gate, num_threads)
+    with nogil:
+        for d in range(dim):
+            out[0, d] = x1[0, d] + o[0, d]
