@@ -24,8 +24,11 @@ CPU_MODULES = ["elementwise", "attention", "runtime", "quant"]
 HEADERS = ["hybrid/_cpu/simd.h", "hybrid/_cpu/attention_core.h", "hybrid/_cpu/omp_compat.h",
            "hybrid/_cpu/quant.h", "hybrid/_cpu/rowops.h"]
 # Row decoding must reproduce gguf.quants bit for bit: no fused multiply-adds from contraction
-# (the dot products use explicit FMA intrinsics and are unaffected).
-MODULE_FLAGS = {"quant": ["-ffp-contract=off"]}
+# (the dot products use explicit FMA intrinsics and are unaffected).  The row kernels of
+# rowops.h are compiled the same way in both modules that use them, so a quantized layer's fused
+# decode step and its op-by-op path give the same bits (8-bit activations would turn a last-bit
+# difference into a whole quantization step).
+MODULE_FLAGS = {"quant": ["-ffp-contract=off"], "elementwise": ["-ffp-contract=off"]}
 
 _OMP_PROBE = textwrap.dedent(
     """
