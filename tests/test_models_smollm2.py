@@ -36,12 +36,17 @@ def quantized(ours):
     return hybrid.load_model(GGUF, kv_dtype="float32")
 
 
-# llama.cpp (llama-cpp-python 0.3.36, 2 threads, this file) against the float32 model of the same
-# dequantized weights, relative L2 error of the last-position logits: 0.029 ("Why is the sky
-# blue?"), 0.029 (the fox), 0.112 (the chat prompt, where the top two tokens nearly tie).  Its
-# error comes from the 8-bit activations of its integer dot products, as ours does; we allow 2x
-# its typical figure.
-LLAMA_CPP_REL_L2 = 0.029
+# llama.cpp (llama-cpp-python 0.3.36, 2 threads, this file, every position's logits of TEXT)
+# against the float32 model of the same dequantized weights: mean KL divergence 0.00307 (max
+# 0.019), top-1 agreement 0.919.  Its error comes from the 8-bit activations of its integer dot
+# products, as ours does (measured here: mean KL 0.0026, top-1 0.919).  One position's logits are
+# a noisy measure (a last-bit change elsewhere can flip an activation's rounding): the test
+# averages over the text.
+LLAMA_CPP_MEAN_KLD, LLAMA_CPP_TOP1 = 0.00307, 0.919
+TEXT = ("The history of astronomy is a long story of careful observation. Early astronomers "
+        "tracked the motions of the planets and the phases of the moon, and they built "
+        "calendars from what they saw. Later, telescopes revealed moons around Jupiter and "
+        "the rings of Saturn, and the idea that the Earth moves around the Sun slowly won.")
 
 
 @pytest.fixture(scope="module")
@@ -87,10 +92,6 @@ def test_greedy_and_logits_match_transformers(ours, theirs, prompt):
     assert got == cur[len(ids):]
 
 
-def _rel_l2(a, b) -> float:
-    return float(np.linalg.norm(np.asarray(a, np.float64) - b) / np.linalg.norm(b))
-
-
 def test_weights_stay_in_their_encoding(quantized):
     from hybrid.models import weight_formats
 
@@ -102,11 +103,24 @@ def test_weights_stay_in_their_encoding(quantized):
     assert total < os.path.getsize(GGUF)
 
 
-@pytest.mark.parametrize("prompt", PROMPTS)
-def test_quantized_logits_within_llama_cpp_error(ours, quantized, prompt):
-    ids = _ids(ours, prompt)
-    err = _rel_l2(quantized.logits(ids), ours.logits(ids))
-    assert err < 2 * LLAMA_CPP_REL_L2 + (0.1 if prompt is None else 0.0), err
+def _every_position(model, ids) -> np.ndarray:
+    cache = model.new_cache()
+    return np.array([model.forward([t], cache) for t in ids], dtype=np.float64)
+
+
+def test_quantized_logits_within_llama_cpp_error(ours, quantized):
+    ids = ours.tokenizer.encode(TEXT)
+    ref, got = _every_position(ours, ids), _every_position(quantized, ids)
+
+    def log_softmax(x):
+        x = x - x.max(axis=1, keepdims=True)
+        return x - np.log(np.exp(x).sum(axis=1, keepdims=True))
+
+    lr, lg = log_softmax(ref), log_softmax(got)
+    kld = (np.exp(lr) * (lr - lg)).sum(axis=1)
+    top1 = float((got.argmax(axis=1) == ref.argmax(axis=1)).mean())
+    assert kld.mean() < 1.25 * LLAMA_CPP_MEAN_KLD, kld.mean()
+    assert top1 >= LLAMA_CPP_TOP1 - 0.05, top1
 
 
 def test_quantized_greedy_tokens_equal_float32_first_tokens(ours, quantized):
