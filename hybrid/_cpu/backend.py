@@ -82,30 +82,21 @@ def linear_quantized(x, weight, bias, out):
         out += bias
 
 
-def linear_many(x, triples):
-    """Several projections of the same x [rows, in]: triples of (weight, bias, out).  Quantized
-    weights at decode share one quantization of x and one parallel region (Q/K/V, gate/up)."""
-    if x.shape[0] <= MATVEC_MAX_ROWS and all(type(w) is QuantizedTensor for w, _, _ in triples):
-        quant.matvec_many([(w.format.kernel_code, w.data, b, o) for w, b, o in triples], x,
-                          get_num_threads())
-        return
-    for w, b, o in triples:
-        (linear_quantized if type(w) is QuantizedTensor else linear)(x, w, b, o)
-
-
 def bind_linear_many(triples):
-    """``linear_many`` for fixed (weight, bias, out) triples, as a function of x: the kernel
-    arguments are built once (a layer binds its Q/K/V and gate/up projections per row count)."""
+    """Several projections of the same x (Q/K/V, gate/up) for fixed (weight, bias, out) triples,
+    as a function of x.  Quantized weights at decode share one quantization of x and one parallel
+    region, with the kernel arguments built here once (a layer binds them per row count)."""
+    args = None
     if all(type(w) is QuantizedTensor for w, _, _ in triples):
         args = [(w.format.kernel_code, w.data, b, o) for w, b, o in triples]
 
-        def run(x):
-            if x.shape[0] <= MATVEC_MAX_ROWS:
-                quant.matvec_many(args, x, get_num_threads())
-            else:
-                linear_many(x, triples)
-        return run
-    return lambda x: linear_many(x, triples)
+    def run(x):
+        if args is not None and x.shape[0] <= MATVEC_MAX_ROWS:
+            quant.matvec_many(args, x, get_num_threads())
+            return
+        for w, b, o in triples:
+            (linear_quantized if type(w) is QuantizedTensor else linear)(x, w, b, o)
+    return run
 
 
 class DecodeStep:
@@ -171,7 +162,7 @@ def to_device(array, placement):
 
 
 def register(registrar):
-    for name in ("rmsnorm", "rope", "swiglu", "add", "linear", "linear_many", "bind_linear_many",
+    for name in ("rmsnorm", "rope", "swiglu", "add", "linear", "bind_linear_many",
                  "bind_decode_step", "paged_attention",
                  "paged_attention_batch", "to_device"):
         registrar.op(name, globals()[name])

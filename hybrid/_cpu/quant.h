@@ -311,62 +311,28 @@ static float hy_dot_q8_0(const uint8_t *w, long nb, const int8_t *qa, const floa
     return sum;
 }
 
-/* Q4_0 / Q4_1: `offset` formats add m*sa[b]; Q4_0 is centred (n - 8) */
-static float hy_dot_q4(const uint8_t *w, long nb, const int8_t *qa, const float *da,
-                       const float *sa, int with_min) {
-    const int bb = with_min ? 20 : 18, qoff = with_min ? 4 : 2;
+/* Q4_0 / Q4_1 / Q5_0 / Q5_1: unsigned 4- or 5-bit values n in the integer products; the offset of
+ * each block joins through the activation block sums: + m*sa[b] (Q4_1, Q5_1) or -8*d*sa[b] /
+ * -16*d*sa[b] (Q4_0, Q5_0, whose values are n - 8 / n - 16). */
+static float hy_dot_q4q5(const uint8_t *w, long nb, const int8_t *qa, const float *da,
+                         const float *sa, int five, int with_min) {
+    const int hoff = with_min ? 4 : 2;                   /* qh (Q5) or qs (Q4) after d [, m] */
+    const int qoff = hoff + (five ? 4 : 0);
+    const int bb = qoff + 16;
+    const float centre = five ? 16.0f : 8.0f;
     long b = 0;
     float sum = 0.0f, msum = 0.0f;
 #ifdef HY_AVX2
-    /* unsigned nibbles in the integer products; Q4_0's -8 joins the offsets: -8*d*sa[b] */
-    __m256 acc0 = _mm256_setzero_ps(), acc1 = _mm256_setzero_ps();
-    for (; b + 2 <= nb; b += 2) {
-        const uint8_t *b0 = w + bb * b, *b1 = b0 + bb;
-        HY_PREFETCH(b0);
-        const float d0 = hy_f16(b0), d1 = hy_f16(b1);
-        __m256i p0 = hy_dot_u8s8(hy_nibbles16(b0 + qoff), HY_LOADA(b));
-        __m256i p1 = hy_dot_u8s8(hy_nibbles16(b1 + qoff), HY_LOADA(b + 1));
-        if (with_min)
-            msum += hy_f16(b0 + 2) * sa[b] + hy_f16(b1 + 2) * sa[b + 1];
-        else
-            msum -= 8.0f * (d0 * sa[b] + d1 * sa[b + 1]);
-        acc0 = _mm256_fmadd_ps(_mm256_cvtepi32_ps(p0), _mm256_set1_ps(d0 * da[b]), acc0);
-        acc1 = _mm256_fmadd_ps(_mm256_cvtepi32_ps(p1), _mm256_set1_ps(d1 * da[b + 1]), acc1);
-    }
-    sum = hy_hsum256(_mm256_add_ps(acc0, acc1));
-#endif
-    for (; b < nb; b++) {
-        const uint8_t *blk = w + bb * b, *q = blk + qoff;
-        const int8_t *a = qa + 32 * b;
-        int s = 0, off = with_min ? 0 : 8;
-        for (int j = 0; j < 16; j++)
-            s += ((q[j] & 0x0F) - off) * a[j] + ((q[j] >> 4) - off) * a[j + 16];
-        sum += (float)s * (hy_f16(blk) * da[b]);
-        if (with_min) msum += hy_f16(blk + 2) * sa[b];
-    }
-    return sum + msum;
-}
-
-/* Q5_0 / Q5_1 */
-static float hy_dot_q5(const uint8_t *w, long nb, const int8_t *qa, const float *da,
-                       const float *sa, int with_min) {
-    const int bb = with_min ? 24 : 22, hoff = with_min ? 4 : 2;
-    long b = 0;
-    float sum = 0.0f, msum = 0.0f;
-#ifdef HY_AVX2
-    /* unsigned 5-bit values; Q5_0's -16 joins the offsets: -16*d*sa[b] */
     __m256 acc0 = _mm256_setzero_ps(), acc1 = _mm256_setzero_ps();
     for (; b < nb; b++) {
         const uint8_t *blk = w + bb * b;
         HY_PREFETCH(blk);
         const float d = hy_f16(blk);
-        __m256i n = _mm256_or_si256(hy_nibbles16(blk + hoff + 4), hy_bit4_from_bits(hy_u32(blk + hoff)));
+        __m256i n = hy_nibbles16(blk + qoff);
+        if (five) n = _mm256_or_si256(n, hy_bit4_from_bits(hy_u32(blk + hoff)));
         __m256i p = hy_dot_u8s8(n, HY_LOADA(b));
-        if (with_min)
-            msum += hy_f16(blk + 2) * sa[b];
-        else
-            msum -= 16.0f * d * sa[b];
-        if (b & 1)
+        msum += (with_min ? hy_f16(blk + 2) : -centre * d) * sa[b];
+        if (b & 1)  /* two accumulators hide the FMA latency */
             acc1 = _mm256_fmadd_ps(_mm256_cvtepi32_ps(p), _mm256_set1_ps(d * da[b]), acc1);
         else
             acc0 = _mm256_fmadd_ps(_mm256_cvtepi32_ps(p), _mm256_set1_ps(d * da[b]), acc0);
@@ -374,17 +340,18 @@ static float hy_dot_q5(const uint8_t *w, long nb, const int8_t *qa, const float 
     sum = hy_hsum256(_mm256_add_ps(acc0, acc1));
 #endif
     for (; b < nb; b++) {
-        const uint8_t *blk = w + bb * b, *q = blk + hoff + 4;
-        uint32_t qh = hy_u32(blk + hoff);
+        const uint8_t *blk = w + bb * b, *q = blk + qoff;
+        const uint32_t qh = five ? hy_u32(blk + hoff) : 0;
         const int8_t *a = qa + 32 * b;
-        int s = 0, off = with_min ? 0 : 16;
+        const float d = hy_f16(blk);
+        int s = 0;
         for (int j = 0; j < 16; j++) {
             int lo = (q[j] & 0x0F) | (((qh >> j) & 1) << 4);
             int hi = (q[j] >> 4) | (((qh >> (j + 16)) & 1) << 4);
-            s += (lo - off) * a[j] + (hi - off) * a[j + 16];
+            s += lo * a[j] + hi * a[j + 16];
         }
-        sum += (float)s * (hy_f16(blk) * da[b]);
-        if (with_min) msum += hy_f16(blk + 2) * sa[b];
+        sum += (float)s * (d * da[b]);
+        msum += (with_min ? hy_f16(blk + 2) : -centre * d) * sa[b];
     }
     return sum + msum;
 }
@@ -598,10 +565,10 @@ static inline float hy_q_dot(int type, const uint8_t *w, long n, const int8_t *q
     case HY_Q_F16: return hy_dot_half(w, n, x, 0);
     case HY_Q_BF16: return hy_dot_half(w, n, x, 1);
     case HY_Q_Q8_0: return hy_dot_q8_0(w, n / 32, qa, da);
-    case HY_Q_Q4_0: return hy_dot_q4(w, n / 32, qa, da, sa, 0);
-    case HY_Q_Q4_1: return hy_dot_q4(w, n / 32, qa, da, sa, 1);
-    case HY_Q_Q5_0: return hy_dot_q5(w, n / 32, qa, da, sa, 0);
-    case HY_Q_Q5_1: return hy_dot_q5(w, n / 32, qa, da, sa, 1);
+    case HY_Q_Q4_0: return hy_dot_q4q5(w, n / 32, qa, da, sa, 0, 0);
+    case HY_Q_Q4_1: return hy_dot_q4q5(w, n / 32, qa, da, sa, 0, 1);
+    case HY_Q_Q5_0: return hy_dot_q4q5(w, n / 32, qa, da, sa, 1, 0);
+    case HY_Q_Q5_1: return hy_dot_q4q5(w, n / 32, qa, da, sa, 1, 1);
     case HY_Q_Q4_K: return hy_dot_q45_k(w, n / 256, qa, da, sa, 0);
     case HY_Q_Q5_K: return hy_dot_q45_k(w, n / 256, qa, da, sa, 1);
     case HY_Q_Q6_K: return hy_dot_q6_k(w, n / 256, qa, da, s16);

@@ -49,6 +49,7 @@ class _Shards:
         self.folder = folder
         self.where = {}
         self.handles = {}
+        self.headers = {}  # file -> (header length, parsed JSON header), for the raw reads
         for f in files:
             try:
                 h = safe_open(f, framework="numpy")
@@ -79,11 +80,17 @@ class _Shards:
             raise ModelLoadError(f, f"tensor {name} cannot be read ({exc})") from None
         return np.ascontiguousarray(arr, dtype=np.float32)
 
-    @staticmethod
-    def _raw(f, name, dtype):
-        with open(f, "rb") as fh:
-            n = int.from_bytes(fh.read(8), "little")
-            header = json.loads(fh.read(n))
+    def _header(self, f) -> tuple:
+        """(header length, parsed header) of file f, read once."""
+        cached = self.headers.get(f)
+        if cached is None:
+            with open(f, "rb") as fh:
+                n = int.from_bytes(fh.read(8), "little")
+                cached = self.headers[f] = (n, json.loads(fh.read(n)))
+        return cached
+
+    def _raw(self, f, name, dtype):
+        n, header = self._header(f)
         begin, end = header[name]["data_offsets"]
         shape = header[name]["shape"]
         size = os.path.getsize(f)
