@@ -769,6 +769,18 @@ static inline void hy_q_gemm8_tile(const int RB, const int G, const int is_signe
 #endif
 }
 
+/* hy_q_gemm8_tile with its group size G as a compile-time constant (4, 2 or 1) */
+static inline void hy_q_gemm8_rows(const int RB, int G, int sgn, long nb, const int8_t *qa,
+                                   long lda, const float *da, const uint8_t *vi, const float *cT,
+                                   float *out, long ldo, int np) {
+    if (G == 4)
+        hy_q_gemm8_tile(RB, 4, 0, nb, qa, lda, da, nb, vi, cT, out, ldo, np);
+    else if (G == 2)
+        hy_q_gemm8_tile(RB, 2, 0, nb, qa, lda, da, nb, vi, cT, out, ldo, np);
+    else
+        hy_q_gemm8_tile(RB, 1, sgn, nb, qa, lda, da, nb, vi, cT, out, ldo, np);
+}
+
 /* Every activation row against one panel of np (<= 8) weight rows decoded into v, c, m (rows
  * past np zero): out[r*ldo + i], the offsets s16 . m16 included (m NULL: none). vi and cT are
  * scratch for the interleaved panel (8*n bytes, n/2 floats). */
@@ -780,22 +792,10 @@ static inline void hy_q_gemm_panel8(int type, long rows, long n, const int8_t *q
     const int G = hy_q_gemm_group(type), sgn = type == HY_Q_Q8_0;
     hy_q_interleave8(n, v, c, vi, cT);
     long r = 0;
-    for (; r + 4 <= rows; r += 4) {
-        if (G == 4)
-            hy_q_gemm8_tile(4, 4, 0, nb, qa + r * n, n, da + r * nb, nb, vi, cT, out + r * ldo, ldo, np);
-        else if (G == 2)
-            hy_q_gemm8_tile(4, 2, 0, nb, qa + r * n, n, da + r * nb, nb, vi, cT, out + r * ldo, ldo, np);
-        else
-            hy_q_gemm8_tile(4, 1, sgn, nb, qa + r * n, n, da + r * nb, nb, vi, cT, out + r * ldo, ldo, np);
-    }
-    for (; r < rows; r++) {
-        if (G == 4)
-            hy_q_gemm8_tile(1, 4, 0, nb, qa + r * n, n, da + r * nb, nb, vi, cT, out + r * ldo, ldo, np);
-        else if (G == 2)
-            hy_q_gemm8_tile(1, 2, 0, nb, qa + r * n, n, da + r * nb, nb, vi, cT, out + r * ldo, ldo, np);
-        else
-            hy_q_gemm8_tile(1, 1, sgn, nb, qa + r * n, n, da + r * nb, nb, vi, cT, out + r * ldo, ldo, np);
-    }
+    for (; r + 4 <= rows; r += 4)
+        hy_q_gemm8_rows(4, G, sgn, nb, qa + r * n, n, da + r * nb, vi, cT, out + r * ldo, ldo, np);
+    for (; r < rows; r++)
+        hy_q_gemm8_rows(1, G, sgn, nb, qa + r * n, n, da + r * nb, vi, cT, out + r * ldo, ldo, np);
     if (m != NULL)
         for (r = 0; r < rows; r++)
             for (int i = 0; i < np; i++)
