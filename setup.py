@@ -5,6 +5,8 @@ Environment switches (read at build time):
                        when the compiler has no usable OpenMP.
   HYBRID_PORTABLE=1    do not tune for the build machine (no -march=native): the wheel runs
                        on any x86-64 / aarch64 CPU, with the scalar fallbacks of simd.h.
+  HYBRID_NO_VNNI=1     build the quantized kernels without AVX-512 VNNI / AVX-VNNI (vpdpbusd),
+                       to test the plain AVX2 path on a machine that has them.
   HYBRID_DEBUG=1       turn Cython's bounds and wraparound checks back on, build with -O0 -g.
 """
 
@@ -93,6 +95,8 @@ def _arch_flags():
     if _flag("HYBRID_PORTABLE"):
         return []
     if _probe(["-march=native"], [], "int main(void){return 0;}\n"):
+        if _flag("HYBRID_NO_VNNI"):  # the AVX2 integer kernels on a VNNI machine (CI tests both)
+            return ["-march=native", "-mno-avx512vnni", "-mno-avxvnni"]
         return ["-march=native"]
     if _probe(["-mcpu=native"], [], "int main(void){return 0;}\n"):
         return ["-mcpu=native"]

@@ -136,6 +136,9 @@ def _info(args) -> int:
 
         print(f"CPU kernels: simd={runtime.simd_level()} openmp={runtime.have_openmp()} "
               f"(omp max threads {runtime.omp_max_threads()})")
+        from ._cpu import quant
+
+        print(f"quantized-weight kernels: {quant.simd()}")
     except ImportError as exc:
         print(f"CPU kernels: not built ({exc})")
     print(f"threads: {get_num_threads()}")

@@ -41,6 +41,29 @@
 
 #include "simd.h"
 
+/* 8-bit dot products in one instruction (vpdpbusd) where the build targets AVX-512 VNNI (with VL)
+ * or AVX-VNNI: u8 x s8 products summed in 4s into int32, exactly what maddubs + madd give for our
+ * value ranges (no int16 saturation can occur), so results are identical to the AVX2 path.
+ * HYBRID_NO_VNNI=1 builds without it (CI tests both). */
+#if defined(HY_AVX2) && defined(__AVX512VNNI__) && defined(__AVX512VL__)
+#define HY_VNNI 1
+#define HY_DPBUSD(acc, u, s) _mm256_dpbusd_epi32((acc), (u), (s))
+#elif defined(HY_AVX2) && defined(__AVXVNNI__)
+#define HY_VNNI 1
+#define HY_DPBUSD(acc, u, s) _mm256_dpbusd_avx_epi32((acc), (u), (s))
+#endif
+
+/* the instruction set the quantized kernels were built for */
+static inline const char *hy_q_simd(void) {
+#if defined(HY_VNNI)
+    return "avx2+vnni";
+#elif defined(HY_AVX2)
+    return "avx2";
+#else
+    return "portable";
+#endif
+}
+
 enum {
     HY_Q_F16 = 1, HY_Q_BF16 = 2, HY_Q_Q8_0 = 3, HY_Q_Q4_0 = 4, HY_Q_Q4_1 = 5, HY_Q_Q5_0 = 6,
     HY_Q_Q5_1 = 7, HY_Q_Q4_K = 8, HY_Q_Q5_K = 9, HY_Q_Q6_K = 10
@@ -254,7 +277,11 @@ static inline void hy_q_act(const float *x, long n, int8_t *qa, float *da, float
 #ifdef HY_AVX2
 /* 8 int32 partial sums of w[i]*a[i] for 32 unsigned w (0..63) and signed a */
 static inline __m256i hy_dot_u8s8(__m256i w, __m256i a) {
+#ifdef HY_VNNI
+    return HY_DPBUSD(_mm256_setzero_si256(), w, a);
+#else
     return _mm256_madd_epi16(_mm256_maddubs_epi16(w, a), _mm256_set1_epi16(1));
+#endif
 }
 
 /* the same for signed w (-128..127): |w| times a with w's sign */
@@ -710,11 +737,28 @@ static inline void hy_q_gemm8_tile(const int RB, const int G, const int is_signe
                                    int np) {
 #ifdef HY_AVX2
     __m256 acc[4] = {_mm256_setzero_ps(), _mm256_setzero_ps(), _mm256_setzero_ps(), _mm256_setzero_ps()};
+#ifndef HY_VNNI
     const __m256i ones = _mm256_set1_epi16(1);
+#endif
     for (long b = 0; b < nb; b++) {
         const uint8_t *vb = vi + 256 * b;
         for (int h = 0; h < 2; h++) {
             __m256i s32[4] = {_mm256_setzero_si256(), _mm256_setzero_si256(), _mm256_setzero_si256(), _mm256_setzero_si256()};
+#ifdef HY_VNNI
+            (void)G;
+            for (int j = 0; j < 4; j++) {  /* vpdpbusd accumulates in int32 directly */
+                const int jj = 4 * h + j;
+                __m256i w = _mm256_loadu_si256((const __m256i *)(vb + 32 * jj));
+                __m256i wa = is_signed ? _mm256_abs_epi8(w) : w;
+                for (int r = 0; r < RB; r++) {
+                    int32_t a4;
+                    memcpy(&a4, qa + r * lda + 32 * b + 4 * jj, 4);
+                    __m256i a = _mm256_set1_epi32(a4);
+                    if (is_signed) a = _mm256_sign_epi8(a, w);
+                    s32[r] = HY_DPBUSD(s32[r], wa, a);
+                }
+            }
+#else
             for (int j0 = 0; j0 < 4; j0 += G) {
                 __m256i s16[4] = {_mm256_setzero_si256(), _mm256_setzero_si256(), _mm256_setzero_si256(), _mm256_setzero_si256()};
                 for (int j = j0; j < j0 + G; j++) {
@@ -732,6 +776,7 @@ static inline void hy_q_gemm8_tile(const int RB, const int G, const int is_signe
                 for (int r = 0; r < RB; r++)
                     s32[r] = _mm256_add_epi32(s32[r], _mm256_madd_epi16(s16[r], ones));
             }
+#endif
             __m256 ch = _mm256_loadu_ps(cT + 8 * (2 * b + h));
             for (int r = 0; r < RB; r++)
                 acc[r] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(s32[r]),

@@ -11,6 +11,7 @@ from libc.stdlib cimport free, malloc
 from libc.string cimport memset
 
 cdef extern from "quant.h" nogil:
+    const char *hy_q_simd()
     int hy_q_block_values(int type)
     int hy_q_block_bytes(int type)
     void hy_q_decode_row(int type, const uint8_t *row, float *y, long n)
@@ -46,6 +47,11 @@ cdef long _check(int qtype, const uint8_t[:, ::1] w, Py_ssize_t n_in) except -1:
     if w.shape[1] != row_bytes:
         raise ValueError(f"weight rows hold {w.shape[1]} bytes; {n_in} values need {row_bytes}")
     return row_bytes
+
+
+def simd():
+    """'avx2+vnni', 'avx2' or 'portable': the instructions the quantized-weight kernels use."""
+    return hy_q_simd().decode()
 
 
 def block_shape(int qtype):
