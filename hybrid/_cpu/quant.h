@@ -53,9 +53,20 @@
 #define HY_DPBUSD(acc, u, s) _mm256_dpbusd_avx_epi32((acc), (u), (s))
 #endif
 
+/* The prefill GEMM runs 16 weight rows per 512-bit vector where the build targets AVX-512 (F, BW)
+ * with VNNI, else 8 per 256-bit vector. */
+#if defined(HY_VNNI) && defined(__AVX512VNNI__) && defined(__AVX512F__) && defined(__AVX512BW__)
+#define HY_Q512 1
+#define HY_GEMM_P 16
+#else
+#define HY_GEMM_P 8
+#endif
+
 /* the instruction set the quantized kernels were built for */
 static inline const char *hy_q_simd(void) {
-#if defined(HY_VNNI)
+#if defined(HY_Q512)
+    return "avx512+vnni";
+#elif defined(HY_VNNI)
     return "avx2+vnni";
 #elif defined(HY_AVX2)
     return "avx2";
@@ -652,10 +663,16 @@ static inline void hy_q_panel_row(int type, const uint8_t *row, long n, uint8_t 
                 const int five = (type == HY_Q_Q5_0 || type == HY_Q_Q5_1);
                 const uint8_t *q = blk + (with_min ? 4 : 2) + (five ? 4 : 0);
                 uint32_t qh = five ? hy_u32(blk + (with_min ? 4 : 2)) : 0;
+#ifdef HY_AVX2
+                __m256i vv = hy_nibbles16(q);
+                if (five) vv = _mm256_or_si256(vv, hy_bit4_from_bits(qh));
+                _mm256_storeu_si256((__m256i *)vb, vv);
+#else
                 for (int j = 0; j < 16; j++) {
                     vb[j] = (uint8_t)((q[j] & 0x0F) | (((qh >> j) & 1) << 4));
                     vb[j + 16] = (uint8_t)((q[j] >> 4) | (((qh >> (j + 16)) & 1) << 4));
                 }
+#endif
                 mn = with_min ? hy_f16(blk + 2) : -(five ? 16.0f : 8.0f) * d;
             }
             c[2 * b] = c[2 * b + 1] = d;
@@ -715,39 +732,112 @@ static inline int hy_q_gemm_group(int type) {
     return 4;
 }
 
-/* Interleave 8 decoded panel rows for the GEMM: vi[(32b + 4j .. ) ] holds, for block b and chunk j
- * (values 4j..4j+3), the 4 values of row 0, then row 1, ... row 7 (32 bytes); cT[(2b + h)*8 + i]
- * is row i's factor for half h of block b. */
-static inline void hy_q_interleave8(long n, const uint8_t *v, const float *c, uint8_t *vi,
-                                    float *cT) {
+/* weight rows per GEMM panel (the lanes of one vector) */
+static inline int hy_q_gemm_panel_rows(void) { return HY_GEMM_P; }
+
+/* Interleave P = HY_GEMM_P decoded panel rows for the GEMM: vi[32*P*b + 4*P*j + 4*i ..] holds,
+ * for block b and chunk j (values 4j..4j+3), the 4 values of row i; cT[P*(2b + h) + i] is row
+ * i's factor for half h of block b. */
+static inline void hy_q_interleave(long n, const uint8_t *v, const float *c, uint8_t *vi,
+                                   float *cT) {
+    const int P = HY_GEMM_P;
     for (long b = 0; b < n / 32; b++)
         for (int j = 0; j < 8; j++)
-            for (int i = 0; i < 8; i++)
-                memcpy(vi + 256 * b + 32 * j + 4 * i, v + i * n + 32 * b + 4 * j, 4);
+            for (int i = 0; i < P; i++)
+                memcpy(vi + 32 * P * b + 4 * P * j + 4 * i, v + i * n + 32 * b + 4 * j, 4);
     for (long h = 0; h < n / 16; h++)
-        for (int i = 0; i < 8; i++) cT[8 * h + i] = c[i * (n / 16) + h];
+        for (int i = 0; i < P; i++) cT[P * h + i] = c[i * (n / 16) + h];
 }
 
-/* RB (<= 4) activation rows against the 8 interleaved panel rows: out[r*ldo + i], i < np.
- * Lanes are panel rows: each block's integer sums for 8 rows come out of one maddubs/madd chain
- * and are scaled by one FMA per half. */
-static inline void hy_q_gemm8_tile(const int RB, const int G, const int is_signed, long nb,
-                                   const int8_t *qa, long lda, const float *da, long ldd,
-                                   const uint8_t *vi, const float *cT, float *out, long ldo,
-                                   int np) {
-#ifdef HY_AVX2
-    __m256 acc[4] = {_mm256_setzero_ps(), _mm256_setzero_ps(), _mm256_setzero_ps(), _mm256_setzero_ps()};
+/* asum16[h] = integer sum of the 8-bit activations over values 16h..16h+15, for n values */
+static inline void hy_q_half_sums(const int8_t *qa, long n, int32_t *asum16) {
+    for (long h = 0; h < n / 16; h++) {
+        int32_t s = 0;
+        for (int j = 0; j < 16; j++) s += qa[16 * h + j];
+        asum16[h] = s;
+    }
+}
+
+/* Activation rows per GEMM tile: 8 where AVX-512VL gives 32 vector registers, else 4 */
+#if defined(HY_AVX2) && defined(__AVX512VL__)  /* also HY_Q512 */
+#define HY_GEMM_RB 8
+#else
+#define HY_GEMM_RB 4
+#endif
+
+/* RB (<= HY_GEMM_RB) activation rows against the P interleaved panel rows: out[r*ldo + i], i < np.
+ * Lanes are panel rows.  A segment is a whole 32-value block when the format has one factor per
+ * block (per32; all but Q6_K), else half a block.  Per segment and activation row: the integer
+ * sum (maddubs/madd or vpdpbusd), minus ioff times the activations' integer sum when the format's
+ * offset is a whole multiple of its factor (Q4_0: 8, Q5_0: 16, Q6_K: 32), then one FMA with
+ * factor * activation scale; with float offsets (fmin: Q4_1, Q5_1, Q4_K, Q5_K) one more FMA adds
+ * the block's offset times the activations' scaled block sum sa.  Every path (AVX-512, AVX2,
+ * portable) performs the same float operations in the same order: identical results. */
+static inline void hy_q_gemm_tile(const int RB, const int G, const int is_signed, const int per32,
+                                  const int ioff, const int fmin, long nb, const int8_t *qa,
+                                  long lda, const float *da, const float *sa, const int32_t *a16,
+                                  const uint8_t *vi, const float *cT, const float *mT, float *out,
+                                  long ldo, int np) {
+    const int nseg = per32 ? 1 : 2, cps = 8 / nseg;  /* segments per block, chunks per segment */
+#define HY_IOFF(r, b, h) (ioff * (per32 ? a16[(r) * 2 * nb + 2 * (b)] + a16[(r) * 2 * nb + 2 * (b) + 1] \
+                                         : a16[(r) * 2 * nb + 2 * (b) + (h)]))
+#if defined(HY_Q512)
+    (void)G;
+    __m512 acc[HY_GEMM_RB];
+    for (int r = 0; r < RB; r++) acc[r] = _mm512_setzero_ps();
+    for (long b = 0; b < nb; b++) {
+        const uint8_t *vb = vi + 512 * b;
+        for (int h = 0; h < nseg; h++) {
+            __m512i s32[HY_GEMM_RB];
+            for (int r = 0; r < RB; r++) s32[r] = _mm512_setzero_si512();
+            for (int j = 0; j < cps; j++) {
+                const int jj = cps * h + j;
+                __m512i w = _mm512_loadu_si512((const void *)(vb + 64 * jj));
+                __m512i wa = w;
+                __mmask64 neg = 0;
+                if (is_signed) {  /* |w| times a with w's sign */
+                    wa = _mm512_abs_epi8(w);
+                    neg = _mm512_movepi8_mask(w);
+                }
+                for (int r = 0; r < RB; r++) {
+                    int32_t a4;
+                    memcpy(&a4, qa + r * lda + 32 * b + 4 * jj, 4);
+                    __m512i a = _mm512_set1_epi32(a4);
+                    if (is_signed) a = _mm512_mask_sub_epi8(a, neg, _mm512_setzero_si512(), a);
+                    s32[r] = _mm512_dpbusd_epi32(s32[r], wa, a);
+                }
+            }
+            if (ioff)
+                for (int r = 0; r < RB; r++)
+                    s32[r] = _mm512_sub_epi32(s32[r], _mm512_set1_epi32(HY_IOFF(r, b, h)));
+            __m512 ch = _mm512_loadu_ps(cT + 16 * (2 * b + h));
+            for (int r = 0; r < RB; r++)
+                acc[r] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(s32[r]),
+                                         _mm512_mul_ps(ch, _mm512_set1_ps(da[r * nb + b])), acc[r]);
+        }
+        if (fmin) {
+            __m512 mb = _mm512_loadu_ps(mT + 16 * b);
+            for (int r = 0; r < RB; r++)
+                acc[r] = _mm512_fmadd_ps(mb, _mm512_set1_ps(sa[r * nb + b]), acc[r]);
+        }
+    }
+    for (int r = 0; r < RB; r++)
+        _mm512_mask_storeu_ps(out + r * ldo, (__mmask16)((1u << np) - 1u), acc[r]);
+#elif defined(HY_AVX2)
+    __m256 acc[HY_GEMM_RB];
+    for (int r = 0; r < RB; r++) acc[r] = _mm256_setzero_ps();
 #ifndef HY_VNNI
     const __m256i ones = _mm256_set1_epi16(1);
 #endif
     for (long b = 0; b < nb; b++) {
         const uint8_t *vb = vi + 256 * b;
-        for (int h = 0; h < 2; h++) {
-            __m256i s32[4] = {_mm256_setzero_si256(), _mm256_setzero_si256(), _mm256_setzero_si256(), _mm256_setzero_si256()};
+        for (int h = 0; h < nseg; h++) {
+            __m256i s32[HY_GEMM_RB];
+            for (int r = 0; r < RB; r++) s32[r] = _mm256_setzero_si256();
 #ifdef HY_VNNI
             (void)G;
-            for (int j = 0; j < 4; j++) {  /* vpdpbusd accumulates in int32 directly */
-                const int jj = 4 * h + j;
+            for (int j = 0; j < cps; j++) {  /* vpdpbusd accumulates in int32 directly */
+                const int jj = cps * h + j;
                 __m256i w = _mm256_loadu_si256((const __m256i *)(vb + 32 * jj));
                 __m256i wa = is_signed ? _mm256_abs_epi8(w) : w;
                 for (int r = 0; r < RB; r++) {
@@ -759,10 +849,11 @@ static inline void hy_q_gemm8_tile(const int RB, const int G, const int is_signe
                 }
             }
 #else
-            for (int j0 = 0; j0 < 4; j0 += G) {
-                __m256i s16[4] = {_mm256_setzero_si256(), _mm256_setzero_si256(), _mm256_setzero_si256(), _mm256_setzero_si256()};
+            for (int j0 = 0; j0 < cps; j0 += G) {  /* int16 partial sums of G chunks, then widen */
+                __m256i s16[HY_GEMM_RB];
+                for (int r = 0; r < RB; r++) s16[r] = _mm256_setzero_si256();
                 for (int j = j0; j < j0 + G; j++) {
-                    const int jj = 4 * h + j;
+                    const int jj = cps * h + j;
                     __m256i w = _mm256_loadu_si256((const __m256i *)(vb + 32 * jj));
                     __m256i wa = is_signed ? _mm256_abs_epi8(w) : w;
                     for (int r = 0; r < RB; r++) {
@@ -777,10 +868,18 @@ static inline void hy_q_gemm8_tile(const int RB, const int G, const int is_signe
                     s32[r] = _mm256_add_epi32(s32[r], _mm256_madd_epi16(s16[r], ones));
             }
 #endif
+            if (ioff)
+                for (int r = 0; r < RB; r++)
+                    s32[r] = _mm256_sub_epi32(s32[r], _mm256_set1_epi32(HY_IOFF(r, b, h)));
             __m256 ch = _mm256_loadu_ps(cT + 8 * (2 * b + h));
             for (int r = 0; r < RB; r++)
                 acc[r] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(s32[r]),
-                                         _mm256_mul_ps(ch, _mm256_broadcast_ss(da + r * ldd + b)), acc[r]);
+                                         _mm256_mul_ps(ch, _mm256_broadcast_ss(da + r * nb + b)), acc[r]);
+        }
+        if (fmin) {
+            __m256 mb = _mm256_loadu_ps(mT + 8 * b);
+            for (int r = 0; r < RB; r++)
+                acc[r] = _mm256_fmadd_ps(mb, _mm256_broadcast_ss(sa + r * nb + b), acc[r]);
         }
     }
     for (int r = 0; r < RB; r++) {
@@ -794,57 +893,71 @@ static inline void hy_q_gemm8_tile(const int RB, const int G, const int is_signe
     }
 #else
     (void)G;
+    const int P = HY_GEMM_P;
     for (int r = 0; r < RB; r++) {
         for (int i = 0; i < np; i++) {
             float sum = 0.0f;
             for (long b = 0; b < nb; b++) {
-                int s[2] = {0, 0};
-                for (int j = 0; j < 8; j++)
-                    for (int t = 0; t < 4; t++) {
-                        uint8_t raw = vi[256 * b + 32 * j + 4 * i + t];
-                        int wv = is_signed ? (int)(int8_t)raw : (int)raw;
-                        s[j / 4] += wv * qa[r * lda + 32 * b + 4 * j + t];
-                    }
-                sum += ((float)s[0] * cT[8 * (2 * b) + i] + (float)s[1] * cT[8 * (2 * b + 1) + i])
-                       * da[r * ldd + b];
+                for (int h = 0; h < nseg; h++) {
+                    int s = 0;
+                    for (int j = cps * h; j < cps * (h + 1); j++)
+                        for (int t = 0; t < 4; t++) {
+                            uint8_t raw = vi[32 * P * b + 4 * P * j + 4 * i + t];
+                            int wv = is_signed ? (int)(int8_t)raw : (int)raw;
+                            s += wv * qa[r * lda + 32 * b + 4 * j + t];
+                        }
+                    if (ioff) s -= HY_IOFF(r, b, h);
+                    sum = fmaf((float)s, cT[P * (2 * b + h) + i] * da[r * nb + b], sum);
+                }
+                if (fmin) sum = fmaf(mT[P * b + i], sa[r * nb + b], sum);
             }
             out[r * ldo + i] = sum;
         }
     }
 #endif
+#undef HY_IOFF
 }
 
-/* hy_q_gemm8_tile with its group size G as a compile-time constant (4, 2 or 1) */
-static inline void hy_q_gemm8_rows(const int RB, int G, int sgn, long nb, const int8_t *qa,
-                                   long lda, const float *da, const uint8_t *vi, const float *cT,
-                                   float *out, long ldo, int np) {
-    if (G == 4)
-        hy_q_gemm8_tile(RB, 4, 0, nb, qa, lda, da, nb, vi, cT, out, ldo, np);
-    else if (G == 2)
-        hy_q_gemm8_tile(RB, 2, 0, nb, qa, lda, da, nb, vi, cT, out, ldo, np);
-    else
-        hy_q_gemm8_tile(RB, 1, sgn, nb, qa, lda, da, nb, vi, cT, out, ldo, np);
+/* hy_q_gemm_tile with the format's constants as compile-time constants */
+static inline void hy_q_gemm_rows(const int RB, int type, long nb, const int8_t *qa,
+                                  const float *da, const float *sa, const int32_t *a16,
+                                  const uint8_t *vi, const float *cT, const float *mT, float *out,
+                                  long ldo, int np) {
+    const long n = 32 * nb;
+#define HY_TILE(G, SGN, PER32, IOFF, FMIN) \
+    hy_q_gemm_tile(RB, G, SGN, PER32, IOFF, FMIN, nb, qa, n, da, sa, a16, vi, cT, mT, out, ldo, np)
+    switch (type) {
+    case HY_Q_Q8_0: HY_TILE(1, 1, 1, 0, 0); break;
+    case HY_Q_Q4_0: HY_TILE(4, 0, 1, 8, 0); break;
+    case HY_Q_Q5_0: HY_TILE(4, 0, 1, 16, 0); break;
+    case HY_Q_Q6_K: HY_TILE(2, 0, 0, 32, 0); break;
+    default: HY_TILE(4, 0, 1, 0, 1); break;  /* Q4_1, Q5_1, Q4_K, Q5_K */
+    }
+#undef HY_TILE
 }
 
-/* Every activation row against one panel of np (<= 8) weight rows decoded into v, c, m (rows
- * past np zero): out[r*ldo + i], the offsets s16 . m16 included (m NULL: none). vi and cT are
- * scratch for the interleaved panel (8*n bytes, n/2 floats). */
-static inline void hy_q_gemm_panel8(int type, long rows, long n, const int8_t *qa, const float *da,
-                                    const float *s16, const uint8_t *v, const float *c,
-                                    const float *m, int np, uint8_t *vi, float *cT, float *out,
-                                    long ldo) {
+/* Every activation row against one panel of np (<= P) weight rows decoded into v, c, m (rows
+ * past np zero): out[r*ldo + i].  qa, da, sa: the 8-bit activations, their scales and scaled
+ * block sums; a16: their integer sums per 16 values.  vi, cT, mT: scratch for the interleaved
+ * panel (P*n bytes, P*n/16 and P*n/32 floats). */
+static inline void hy_q_gemm_panel(int type, long rows, long n, const int8_t *qa, const float *da,
+                                   const float *sa, const int32_t *a16, const uint8_t *v,
+                                   const float *c, const float *m, int np, uint8_t *vi,
+                                   float *cT, float *mT, float *out, long ldo) {
     const long nb = n / 32;
-    const int G = hy_q_gemm_group(type), sgn = type == HY_Q_Q8_0;
-    hy_q_interleave8(n, v, c, vi, cT);
+    const int P = HY_GEMM_P;
+    hy_q_interleave(n, v, c, vi, cT);
+    for (long b = 0; b < nb; b++)  /* float offsets, one per block (m holds two equal per block) */
+        for (int i = 0; i < P; i++) mT[P * b + i] = m[i * (n / 16) + 2 * b];
     long r = 0;
-    for (; r + 4 <= rows; r += 4)
-        hy_q_gemm8_rows(4, G, sgn, nb, qa + r * n, n, da + r * nb, vi, cT, out + r * ldo, ldo, np);
-    for (; r < rows; r++)
-        hy_q_gemm8_rows(1, G, sgn, nb, qa + r * n, n, da + r * nb, vi, cT, out + r * ldo, ldo, np);
-    if (m != NULL)
-        for (r = 0; r < rows; r++)
-            for (int i = 0; i < np; i++)
-                out[r * ldo + i] += hy_dot(s16 + r * (n / 16), m + i * (n / 16), n / 16);
+#define HY_ROWS(RB) hy_q_gemm_rows(RB, type, nb, qa + r * n, da + r * nb, sa + r * nb, \
+                                   a16 + r * 2 * nb, vi, cT, mT, out + r * ldo, ldo, np)
+#if HY_GEMM_RB == 8
+    for (; r + 8 <= rows; r += 8) HY_ROWS(8);
+#endif
+    for (; r + 4 <= rows; r += 4) HY_ROWS(4);
+    for (; r < rows; r++) HY_ROWS(1);
+#undef HY_ROWS
 }
 
 #endif

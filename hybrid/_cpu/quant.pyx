@@ -5,8 +5,8 @@ file); the format code is one of quant.h's HY_Q_* values, checked against the ro
 Thin `def` wrappers validate, then `nogil` loops run over OpenMP threads (see quant.h for the
 kernels themselves).
 """
-from cython.parallel cimport parallel, prange
-from libc.stdint cimport int8_t, int64_t, uint8_t
+from cython.parallel cimport parallel, prange, threadid
+from libc.stdint cimport int8_t, int32_t, int64_t, uint8_t
 from libc.stdlib cimport free, malloc
 from libc.string cimport memset
 
@@ -21,18 +21,23 @@ cdef extern from "quant.h" nogil:
                            const float *s16, const float *x, const float *bias, float *out,
                            long ldo)
     void hy_q_panel_row(int type, const uint8_t *row, long n, uint8_t *v, float *c, float *m)
-    void hy_q_gemm_panel8(int type, long rows, long n, const int8_t *qa, const float *da,
-                          const float *s16, const uint8_t *v, const float *c, const float *m,
-                          int np, uint8_t *vi, float *cT, float *out, long ldo)
+    int hy_q_gemm_panel_rows()
+    void hy_q_half_sums(const int8_t *qa, long n, int32_t *asum16)
+    void hy_q_gemm_panel(int type, long rows, long n, const int8_t *qa, const float *da,
+                         const float *sa, const int32_t *a16, const uint8_t *v, const float *c,
+                         const float *m, int np, uint8_t *vi, float *cT, float *mT, float *out,
+                         long ldo)
 
 cdef enum:
     # Output rows per parallel chunk of a mat-vec.
     MATVEC_CHUNK = 16
-    # Weight rows decoded into one thread's panel for the int8 GEMM: the 8 lanes of a vector.
-    GEMM_PANEL = 8
     # Below this many weight bytes a mat-vec runs on the calling thread: waking a team costs
     # more than streaming the matrix.
     PARALLEL_MIN_BYTES = 49152
+
+# Weight rows decoded into one thread's panel for the int8 GEMM: the lanes of one vector
+# (16 with AVX-512, else 8).
+cdef int GEMM_PANEL = hy_q_gemm_panel_rows()
 
 INTEGER_FORMATS = frozenset([3, 4, 5, 6, 7, 8, 9, 10])  # quantized with 8-bit activations
 
@@ -150,49 +155,48 @@ def gemm(int qtype,
     cdef int8_t *qa = <int8_t *> malloc(rows * n_in)
     cdef float *da = <float *> malloc(sizeof(float) * rows * nb)
     cdef float *sa = <float *> malloc(sizeof(float) * rows * nb)
-    cdef float *s16 = <float *> malloc(sizeof(float) * rows * n16)
-    cdef uint8_t *v = NULL
-    cdef uint8_t *vi = NULL
-    cdef float *c = NULL
-    cdef float *cT = NULL
-    cdef float *m = NULL
-    cdef int np_, signed_ = qtype == 3
+    cdef int32_t *a16 = <int32_t *> malloc(sizeof(int32_t) * rows * n16)
+    # per thread: one panel of weight rows decoded (v, c, m), then interleaved (vi, cT, mT)
+    cdef Py_ssize_t nt = max(1, num_threads)
+    cdef Py_ssize_t f_c = 0, f_ct = f_c + GEMM_PANEL * n16, f_m = f_ct + GEMM_PANEL * n16
+    cdef Py_ssize_t f_mt = f_m + GEMM_PANEL * n16, nfloats = f_mt + GEMM_PANEL * nb
+    cdef Py_ssize_t per_thread = 2 * GEMM_PANEL * n_in + sizeof(float) * nfloats
+    cdef uint8_t *scratch = <uint8_t *> malloc(nt * per_thread)
+    cdef uint8_t *v
+    cdef uint8_t *vi
+    cdef float *fl
+    cdef int np_, tid
     cdef long o0
-    if qa == NULL or da == NULL or sa == NULL or s16 == NULL:
-        free(qa); free(da); free(sa); free(s16)
+    if qa == NULL or da == NULL or sa == NULL or a16 == NULL or scratch == NULL:
+        free(qa); free(da); free(sa); free(a16); free(scratch)
         raise MemoryError()
     try:
         with nogil:
+            # 8-bit activations: values, scales, scaled block sums, integer sums per 16
             for r in prange(rows, num_threads=num_threads, schedule="static"):
-                hy_q_act(&x[r, 0], n_in, qa + r * n_in, da + r * nb, sa + r * nb, s16 + r * n16)
-            with parallel(num_threads=num_threads):
-                v = <uint8_t *> malloc(GEMM_PANEL * n_in)
-                vi = <uint8_t *> malloc(GEMM_PANEL * n_in)
-                c = <float *> malloc(sizeof(float) * GEMM_PANEL * n16)
-                cT = <float *> malloc(sizeof(float) * GEMM_PANEL * n16)
-                m = <float *> malloc(sizeof(float) * GEMM_PANEL * n16)
-                for p in prange(npanels, schedule="static"):
-                    o0 = p * GEMM_PANEL
-                    np_ = <int> min(GEMM_PANEL, n_out - o0)
-                    if np_ < GEMM_PANEL:  # rows past the matrix: zero values and factors
-                        memset(v, 0, GEMM_PANEL * n_in)
-                        memset(c, 0, sizeof(float) * GEMM_PANEL * n16)
-                    for i in range(np_):
-                        hy_q_panel_row(qtype, &w[o0 + i, 0], n_in, v + i * n_in, c + i * n16,
-                                       m + i * n16)
-                    hy_q_gemm_panel8(qtype, rows, n_in, qa, da, s16, v, c,
-                                     NULL if signed_ else m, np_, vi, cT, &out[0, o0], n_out)
-                    if bp != NULL:
-                        for r in range(rows):
-                            for j in range(np_):
-                                out[r, o0 + j] += bp[o0 + j]
-                free(v)
-                free(vi)
-                free(c)
-                free(cT)
-                free(m)
+                hy_q_act(&x[r, 0], n_in, qa + r * n_in, da + r * nb, sa + r * nb, NULL)
+                hy_q_half_sums(qa + r * n_in, n_in, a16 + r * n16)
+            for p in prange(npanels, num_threads=num_threads, schedule="static"):
+                tid = threadid()
+                fl = <float *> (scratch + tid * per_thread + 2 * GEMM_PANEL * n_in)
+                v = scratch + tid * per_thread
+                vi = v + GEMM_PANEL * n_in
+                o0 = p * GEMM_PANEL
+                np_ = <int> min(GEMM_PANEL, n_out - o0)
+                if np_ < GEMM_PANEL:  # rows past the matrix: zero values, factors and offsets
+                    memset(v, 0, GEMM_PANEL * n_in)
+                    memset(fl, 0, sizeof(float) * nfloats)
+                for i in range(np_):
+                    hy_q_panel_row(qtype, &w[o0 + i, 0], n_in, v + i * n_in, fl + f_c + i * n16,
+                                   fl + f_m + i * n16)
+                hy_q_gemm_panel(qtype, rows, n_in, qa, da, sa, a16, v, fl + f_c, fl + f_m, np_,
+                                vi, fl + f_ct, fl + f_mt, &out[0, o0], n_out)
+                if bp != NULL:
+                    for r in range(rows):
+                        for j in range(np_):
+                            out[r, o0 + j] += bp[o0 + j]
     finally:
-        free(qa); free(da); free(sa); free(s16)
+        free(qa); free(da); free(sa); free(a16); free(scratch)
 
 
 def matvec_many(list mats,                    # [(code, w [out_i, row_bytes_i] uint8, bias or None,
