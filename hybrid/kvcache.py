@@ -2,7 +2,10 @@
 
 Layout (the contract with the attention kernels)
 ------------------------------------------------
-Each layer owns a pool of blocks.  One block holds ``block_size`` consecutive token positions of
+Blocks come from a ``KVBlockPool`` (hybrid/kvpool.py): a private one per cache by default, or one
+pool shared by many sequences (``pool=``, the serving engine's case).  A block id names the same
+slot in every layer, and a sequence holds one list of block ids for all its layers.  One block
+holds ``block_size`` consecutive token positions of
 both K and V, interleaved per KV head::
 
     block: [num_kv_heads, 2, block_size, head_dim]   float32 or float16, C order
@@ -24,6 +27,12 @@ Lengths
 appends at, and attends from, the same start position.  A layer's ``layer_len`` counts what was
 appended to it (committed plus not yet committed); appended tokens are visible to attention at
 once.  ``truncate(n)`` and ``reset()`` roll back and return blocks to the pool for reuse.
+
+Sharing
+-------
+Blocks taken from the pool's prefix cache (``adopt_prefix``) are shared read-only.  A write into
+a block that is shared or registered in the prefix cache copies it first (copy-on-write), so a
+sequence never changes what another one reads.  ``close()`` returns every block to the pool.
 """
 
 from __future__ import annotations
@@ -32,9 +41,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from .kvpool import KV_DTYPES, KVBlockPool, PoolExhaustedError
 from .placement import Placement, is_device_array
-
-KV_DTYPES = {"float32": np.dtype(np.float32), "float16": np.dtype(np.float16)}
 
 
 class CacheCapacityError(ValueError):
@@ -50,120 +58,7 @@ class AppendResult:
     kv_len: int  # tokens now held by the layer
     k_ptrs: np.ndarray  # [n_blocks] int64 K block addresses (valid until the next append)
     v_ptrs: np.ndarray  # [n_blocks] int64 V block addresses
-    block_table: np.ndarray  # [n_blocks] int32 block ids in the layer's pool
-
-
-class _LayerBlocks:
-    """The block pool, block table and address tables of one layer."""
-
-    def __init__(self, num_kv_heads, head_dim, block_size, dtype, poison):
-        self.shape = (num_kv_heads, block_size, head_dim)
-        self.block_size = block_size
-        self.dtype = dtype
-        self.poison = poison
-        self.chunks: list = []  # each [n, KVH, 2, bs, D]
-        self.where: list = []  # block id -> (chunk index, index in chunk)
-        self.k_addr = np.zeros(0, dtype=np.int64)  # block id -> K address
-        self.v_addr = np.zeros(0, dtype=np.int64)
-        self.free: list = []  # block ids ready for reuse
-        self.table: list = []  # this sequence's block ids, in position order
-        self.k_ptrs = np.zeros(8, dtype=np.int64)  # persistent address tables, capacity-doubled
-        self.v_ptrs = np.zeros(8, dtype=np.int64)
-        self.ids = np.zeros(8, dtype=np.int32)
-        self.length = 0
-
-    # -- pool -------------------------------------------------------------------------------
-    def _grow_pool(self, at_least: int, max_blocks: "int | None") -> None:
-        n = max(at_least, 4, len(self.where))  # chunks double the pool, at least 4 blocks
-        n = min(n, 4096)
-        if max_blocks is not None:
-            n = max(at_least, min(n, max_blocks - len(self.where)))
-        kvh, bs, d = self.shape
-        chunk = np.empty((n, kvh, 2, bs, d), dtype=self.dtype)
-        c = len(self.chunks)
-        self.chunks.append(chunk)
-        first = len(self.where)
-        self.where.extend((c, i) for i in range(n))
-        base = chunk.__array_interface__["data"][0] + chunk[0].nbytes * np.arange(n, dtype=np.int64)
-        v_offset = bs * d * self.dtype.itemsize  # V rows of head 0 follow its K rows
-        self.k_addr = np.concatenate([self.k_addr, base])
-        self.v_addr = np.concatenate([self.v_addr, base + v_offset])
-        self.free.extend(range(first + n - 1, first - 1, -1))
-
-    def block_arrays(self, block_id: int):
-        """(K, V) views [num_kv_heads, block_size, head_dim] of one block."""
-        c, i = self.where[block_id]
-        block = self.chunks[c][i]
-        return block[:, 0], block[:, 1]
-
-    def ensure_blocks(self, n_blocks: int, max_blocks: "int | None") -> None:
-        """Grow the table to ``n_blocks`` blocks (taking from the pool)."""
-        need = n_blocks - len(self.table)
-        if need <= 0:
-            return
-        if len(self.free) < need:
-            self._grow_pool(need - len(self.free), max_blocks)
-        new = [self.free.pop() for _ in range(need)]
-        if self.poison:
-            self._poison(new)
-        start = len(self.table)
-        self.table.extend(new)
-        if len(self.table) > self.k_ptrs.shape[0]:
-            cap = max(2 * self.k_ptrs.shape[0], len(self.table))
-            for name in ("k_ptrs", "v_ptrs", "ids"):
-                old = getattr(self, name)
-                grown = np.zeros(cap, dtype=old.dtype)
-                grown[:start] = old[:start]
-                setattr(self, name, grown)
-        ids = np.asarray(new, dtype=np.int64)
-        self.ids[start:len(self.table)] = ids
-        self.k_ptrs[start:len(self.table)] = self.k_addr[ids]
-        self.v_ptrs[start:len(self.table)] = self.v_addr[ids]
-
-    def _poison(self, block_ids) -> None:
-        for b in block_ids:
-            c, i = self.where[b]
-            self.chunks[c][i].fill(np.nan)
-
-    def release_after(self, n_tokens: int) -> None:
-        """Keep the blocks holding the first ``n_tokens`` tokens; return the rest to the pool."""
-        keep = -(-n_tokens // self.block_size)
-        while len(self.table) > keep:
-            self.free.append(self.table.pop())
-        self.length = min(self.length, n_tokens)
-
-    # -- data -------------------------------------------------------------------------------
-    def write(self, start: int, k: np.ndarray, v: np.ndarray) -> None:
-        """Store rows k, v [n, KVH*D] at positions start..start+n-1 (blocks must exist)."""
-        kvh, bs, d = self.shape
-        n = k.shape[0]
-        k3 = k.reshape(n, kvh, d)
-        v3 = v.reshape(n, kvh, d)
-        p = start
-        while p < start + n:
-            b, slot = divmod(p, bs)
-            take = min(bs - slot, start + n - p)
-            kb, vb = self.block_arrays(self.table[b])
-            rows = slice(p - start, p - start + take)
-            kb[:, slot:slot + take, :] = k3[rows].transpose(1, 0, 2)
-            vb[:, slot:slot + take, :] = v3[rows].transpose(1, 0, 2)
-            p += take
-
-    def dense(self, n_tokens: int):
-        """K, V of the first n_tokens as [n_tokens, KVH*D] copies in the cache's dtype."""
-        kvh, bs, d = self.shape
-        nb = -(-n_tokens // bs)
-        ks = [self.block_arrays(b)[0] for b in self.table[:nb]]
-        vs = [self.block_arrays(b)[1] for b in self.table[:nb]]
-        if not ks:
-            empty = np.zeros((0, kvh * d), dtype=self.dtype)
-            return empty, empty.copy()
-        k = np.concatenate([x.transpose(1, 0, 2) for x in ks])[:n_tokens].reshape(n_tokens, kvh * d)
-        v = np.concatenate([x.transpose(1, 0, 2) for x in vs])[:n_tokens].reshape(n_tokens, kvh * d)
-        return k, v
-
-    def nbytes(self) -> int:
-        return sum(c.nbytes for c in self.chunks)
+    block_table: np.ndarray  # [n_blocks] int32 block ids in the pool
 
 
 class PagedKVCache:
@@ -180,6 +75,9 @@ class PagedKVCache:
     max_tokens : optional capacity; an append past it raises CacheCapacityError, writing nothing
     poison_unused : fill every newly handed-out block with NaN (debugging and tests: a kernel that
         reads a slot it should not turns the result into NaN)
+    pool : a shared KVBlockPool to take blocks from (its geometry must match; ``PagedKVCache.on
+        (pool)`` takes it from the pool).  Default: a private pool.  When a shared pool runs dry an
+        append raises PoolExhaustedError (a MemoryError), writing nothing.
 
     Example
     -------
@@ -193,50 +91,41 @@ class PagedKVCache:
 
     def __init__(self, num_layers: int, num_kv_heads: int, head_dim: int, block_size: int = 16,
                  dtype="float16", placement="cpu", max_tokens: "int | None" = None,
-                 poison_unused: bool = False):
-        for name, val in (("num_layers", num_layers), ("num_kv_heads", num_kv_heads),
-                          ("head_dim", head_dim), ("block_size", block_size)):
-            if isinstance(val, bool) or not isinstance(val, (int, np.integer)) or val <= 0:
-                raise ValueError(f"{name} must be a positive integer, got {val!r}")
-        key = np.dtype(dtype).name if not isinstance(dtype, str) else dtype
-        if key not in KV_DTYPES:
-            raise ValueError(f"KV dtype must be one of {sorted(KV_DTYPES)}, got {dtype!r}")
-        if max_tokens is not None and (not isinstance(max_tokens, (int, np.integer))
+                 poison_unused: bool = False, pool: "KVBlockPool | None" = None):
+        if max_tokens is not None and (isinstance(max_tokens, bool)
+                                       or not isinstance(max_tokens, (int, np.integer))
                                        or max_tokens <= 0):
             raise ValueError(f"max_tokens must be a positive integer or None, got {max_tokens!r}")
-        self.num_layers = int(num_layers)
-        self.num_kv_heads = int(num_kv_heads)
-        self.head_dim = int(head_dim)
-        self.block_size = int(block_size)
-        self.dtype = KV_DTYPES[key]
+        if pool is None:  # a private pool, as large as max_tokens needs
+            nb = None
+            if max_tokens is not None and isinstance(block_size, (int, np.integer)) \
+                    and block_size > 0:
+                nb = -(-int(max_tokens) // int(block_size))
+            pool = KVBlockPool(num_layers, num_kv_heads, head_dim, block_size, dtype, placement,
+                               num_blocks=nb, prefix_cache=False, poison_unused=poison_unused)
+        elif not isinstance(pool, KVBlockPool):
+            raise TypeError(f"pool must be a KVBlockPool, got {type(pool).__name__}")
+        else:
+            want = (num_layers, num_kv_heads, head_dim, block_size)
+            have = (pool.num_layers, pool.num_kv_heads, pool.head_dim, pool.block_size)
+            if want != have:
+                raise ValueError(f"the pool holds (layers, kv heads, head_dim, block size) "
+                                 f"{have}, the cache asks for {want}")
+        self.pool = pool
+        self.num_layers, self.num_kv_heads = pool.num_layers, pool.num_kv_heads
+        self.head_dim, self.block_size = pool.head_dim, pool.block_size
+        self.dtype = pool.dtype
         self.max_tokens = None if max_tokens is None else int(max_tokens)
-        self._placements = self._parse_placements(placement)
-        self._layers = [self._new_layer(p, poison_unused) for p in self._placements]
+        self._placements = pool.placements
+        self._blocks: list = []  # block ids in position order, shared by every layer
+        self._tables = [st.new_table() for st in pool.storages]  # per layer: lengths, addresses
         self._seq_len = 0
 
-    def _parse_placements(self, placement) -> list:
-        if isinstance(placement, (list, tuple)):
-            if len(placement) != self.num_layers:
-                raise ValueError(f"placement list has {len(placement)} entries for "
-                                 f"{self.num_layers} layers")
-            places = [Placement.parse(p) for p in placement]
-        else:
-            places = [Placement.parse(placement)] * self.num_layers
-        for p in places:
-            if not p.is_cpu:
-                from . import registry
-
-                registry.require(p)  # raises with the backend's reason
-        return places
-
-    def _new_layer(self, placement: Placement, poison: bool):
-        if placement.is_cpu:
-            return _LayerBlocks(self.num_kv_heads, self.head_dim, self.block_size, self.dtype,
-                                poison)
-        from . import registry
-
-        return registry.lookup("kv_layer_blocks", placement)(
-            placement, self.num_kv_heads, self.head_dim, self.block_size, self.dtype, poison)
+    @classmethod
+    def on(cls, pool: KVBlockPool, max_tokens: "int | None" = None) -> "PagedKVCache":
+        """A sequence's cache over a shared pool."""
+        return cls(pool.num_layers, pool.num_kv_heads, pool.head_dim, pool.block_size,
+                   pool.dtype.name, pool.placements, max_tokens, pool=pool)
 
     # -- shape and state --------------------------------------------------------------------
     @property
@@ -253,15 +142,21 @@ class PagedKVCache:
         """Elements from one KV head's rows to the next head's inside a K (or V) block."""
         return 2 * self.block_size * self.head_dim
 
+    @property
+    def block_ids(self) -> list:
+        """The sequence's block ids in position order (the same for every layer)."""
+        return list(self._blocks)
+
     def placement(self, layer: int) -> Placement:
         return self._placements[self._check_layer(layer)]
 
     def layer_len(self, layer: int) -> int:
         """Tokens stored in ``layer``: committed plus appended but not yet committed."""
-        return self._layers[self._check_layer(layer)].length
+        return self._tables[self._check_layer(layer)].length
 
     def num_blocks(self, layer: int) -> int:
-        return len(self._layers[self._check_layer(layer)].table)
+        """Blocks holding the layer's tokens."""
+        return -(-self._tables[self._check_layer(layer)].length // self.block_size)
 
     def _check_layer(self, layer) -> int:
         if type(layer) is int and 0 <= layer < self.num_layers:
@@ -288,6 +183,55 @@ class PagedKVCache:
                              f"{self.kv_dim}], got {arr.shape}")
         return arr
 
+    # -- blocks -----------------------------------------------------------------------------
+    def _refresh(self, layer: int) -> None:
+        """Point the layer's address tables at the current block list."""
+        self._tables[layer].set_blocks(self._blocks, self.pool.k_addr[layer],
+                                       self.pool.v_addr[layer])
+
+    def _held(self) -> int:
+        """Tokens some layer holds (blocks past them can go back to the pool)."""
+        return max([self._seq_len] + [t.length for t in self._tables])
+
+    def _trim(self) -> None:
+        """Give back the blocks past what any layer holds."""
+        keep = -(-self._held() // self.block_size)
+        if len(self._blocks) > keep:
+            extra = self._blocks[keep:]
+            del self._blocks[keep:]
+            self.pool.release(extra)
+
+    def _make_writable(self, index: int) -> None:
+        """Block ``index`` is about to be written: copy it first if another sequence shares it
+        or the prefix cache holds it (copy-on-write)."""
+        b = self._blocks[index]
+        if self.pool.writable(b):
+            return
+        if self.pool.refs[b] == 1:  # ours alone, but registered: forget its hash
+            self.pool.unregister(b)
+            return
+        (fresh,) = self.pool.allocate(1)
+        self.pool.copy_block(b, fresh)
+        self._blocks[index] = fresh
+        self.pool.release([b])
+
+    def adopt_prefix(self, block_ids) -> None:
+        """Start this empty sequence with full blocks taken from the pool's prefix cache (each
+        already referenced for this sequence by ``pool.match_prefix``): they count as committed
+        tokens of every layer."""
+        if self._blocks or self._seq_len:
+            raise ValueError("adopt_prefix needs an empty cache")
+        self._blocks = [int(b) for b in block_ids]
+        n = len(self._blocks) * self.block_size
+        if self.max_tokens is not None and n > self.max_tokens:
+            self.pool.release(self._blocks)
+            self._blocks = []
+            raise CacheCapacityError(f"a prefix of {n} tokens exceeds max_tokens={self.max_tokens}")
+        for layer, t in enumerate(self._tables):
+            t.length = n
+            self._refresh(layer)
+        self._seq_len = n
+
     # -- writing ----------------------------------------------------------------------------
     def append(self, layer: int, k, v) -> AppendResult:
         """Store k, v [n_tokens, num_kv_heads*head_dim] after the tokens ``layer`` already holds.
@@ -300,35 +244,40 @@ class PagedKVCache:
         v = self._as_rows("v", v, layer)
         if k.shape[0] != v.shape[0]:
             raise ValueError(f"k has {k.shape[0]} rows but v has {v.shape[0]}")
-        lb = self._layers[layer]
+        t = self._tables[layer]
         n = k.shape[0]
         start = self._reserve(layer, n)
         if n:
             try:
-                lb.write(start, k, v)
+                self.pool.storages[layer].write(t, start, k, v)
             except BaseException:
-                lb.release_after(start)  # give back the blocks this append took
+                self._trim()  # give back the blocks this append took
                 raise
-            lb.length = start + n
-        nb = len(lb.table)
-        return AppendResult(start, n, lb.length, lb.k_ptrs[:nb], lb.v_ptrs[:nb], lb.ids[:nb])
+            t.length = start + n
+        nb = t.n
+        return AppendResult(start, n, t.length, t.k_ptrs[:nb], t.v_ptrs[:nb], t.ids[:nb])
 
     def _reserve(self, layer: int, n: int) -> int:
-        """Check capacity and take the blocks for n more tokens of ``layer``; returns where they
+        """Check capacity, take the blocks for n more tokens of ``layer`` (copying a shared block
+        about to be written) and point the layer's tables at them; returns where the tokens
         start.  Raises with nothing taken."""
-        lb = self._layers[layer]
-        start = lb.length
+        t = self._tables[layer]
+        start = t.length
         if self.max_tokens is not None and start + n > self.max_tokens:
             raise CacheCapacityError(
                 f"KV cache capacity exceeded on layer {layer}: it holds {start} tokens, appending "
                 f"{n} would make {start + n} > max_tokens={self.max_tokens}")
         if n:
-            max_blocks = None if self.max_tokens is None else -(-self.max_tokens // self.block_size)
+            need = -(-(start + n) // self.block_size)
             try:
-                lb.ensure_blocks(-(-(start + n) // self.block_size), max_blocks)
+                if need > len(self._blocks):
+                    self._blocks.extend(self.pool.allocate(need - len(self._blocks)))
+                if start % self.block_size:
+                    self._make_writable(start // self.block_size)
             except BaseException:
-                lb.release_after(start)
+                self._trim()
                 raise
+            self._refresh(layer)
         return start
 
     def commit(self, n: int) -> None:
@@ -336,9 +285,9 @@ class PagedKVCache:
         if isinstance(n, bool) or not isinstance(n, (int, np.integer)) or n < 0:
             raise ValueError(f"commit(n) needs an integer n >= 0, got {n!r}")
         target = self._seq_len + int(n)
-        for i, lb in enumerate(self._layers):
-            if lb.length < target:
-                raise ValueError(f"commit({n}): layer {i} holds {lb.length} tokens, fewer than "
+        for i, t in enumerate(self._tables):
+            if t.length < target:
+                raise ValueError(f"commit({n}): layer {i} holds {t.length} tokens, fewer than "
                                  f"seq_len {self._seq_len} + {n}; append to every layer first")
         self._seq_len = target
 
@@ -346,31 +295,36 @@ class PagedKVCache:
         """Keep the first ``n`` committed tokens (0 <= n <= seq_len); drop the rest everywhere."""
         if isinstance(n, bool) or not isinstance(n, (int, np.integer)) or not 0 <= n <= self._seq_len:
             raise ValueError(f"truncate(n) needs 0 <= n <= seq_len={self._seq_len}, got {n!r}")
-        for lb in self._layers:
-            lb.release_after(int(n))
+        for t in self._tables:
+            t.length = min(t.length, int(n))
         self._seq_len = int(n)
+        self._trim()
 
     def discard_uncommitted(self) -> None:
         """Drop every appended but uncommitted token of every layer."""
         self.truncate(self._seq_len)
 
     def reset(self) -> None:
-        """Empty the cache; every block returns to its layer's pool."""
-        for lb in self._layers:
-            lb.release_after(0)
+        """Empty the cache; every block returns to the pool."""
+        for t in self._tables:
+            t.length = 0
         self._seq_len = 0
+        self._trim()
+
+    close = reset  # a finished sequence gives its blocks back
 
     def _rollback_layer(self, layer: int, length: int) -> None:
         """Undo appends to one layer back to ``length`` tokens (used when a step fails)."""
-        lb = self._layers[layer]
-        if length < lb.length:
-            lb.release_after(length)
+        t = self._tables[layer]
+        if length < t.length:
+            t.length = length
+            self._trim()
 
     # -- reading (kernels, tests) -----------------------------------------------------------
     def block_table(self, layer: int) -> np.ndarray:
         """[n_blocks] int32 ids of the layer's blocks in position order."""
-        lb = self._layers[self._check_layer(layer)]
-        return lb.ids[:len(lb.table)].copy()
+        layer = self._check_layer(layer)
+        return self._tables[layer].ids[:self.num_blocks(layer)].copy()
 
     def block_pointers(self, layer: int):
         """(k_ptrs, v_ptrs): [n_blocks] base addresses of the layer's K and V blocks, int64 host
@@ -378,11 +332,10 @@ class PagedKVCache:
 
         Views of persistent tables: valid until the layer's next append, truncate or reset.
         """
-        lb = self._layers[self._check_layer(layer)]
-        nb = len(lb.table)
+        t = self._tables[self._check_layer(layer)]
         if not self._placements[layer].is_cpu:
-            return lb.device_tables()
-        return lb.k_ptrs[:nb], lb.v_ptrs[:nb]
+            return t.device_tables()
+        return t.k_ptrs[:t.n], t.v_ptrs[:t.n]
 
     def table_addresses(self, layer: int) -> tuple:
         """Device addresses of a ``cuda:N`` layer's K and V block tables (batched attention)."""
@@ -390,23 +343,26 @@ class PagedKVCache:
         if self._placements[layer].is_cpu:
             raise ValueError(f"cache layer {layer} is on the cpu; its block tables are "
                              f"block_pointers({layer})")
-        return self._layers[layer].table_addresses()
+        return self._tables[layer].table_addresses()
 
     def blocks(self, layer: int):
         """(k_blocks, v_blocks): lists of the layer's K and V views [num_kv_heads, block_size,
         head_dim], in position order (views into the pool, for reference checks and debugging)."""
-        lb = self._layers[self._check_layer(layer)]
-        pairs = [lb.block_arrays(b) for b in lb.table]
+        layer = self._check_layer(layer)
+        st = self.pool.storages[layer]
+        pairs = [st.block_arrays(b) for b in self._blocks[:self.num_blocks(layer)]]
         return [p[0] for p in pairs], [p[1] for p in pairs]
 
     def dense(self, layer: int, n_tokens: "int | None" = None):
         """Copies of K and V [n_tokens, kv_dim] (default: all the layer holds).  Debug only."""
-        lb = self._layers[self._check_layer(layer)]
-        return lb.dense(lb.length if n_tokens is None else n_tokens)
+        layer = self._check_layer(layer)
+        t = self._tables[layer]
+        self._refresh(layer)
+        return t.dense(t.length if n_tokens is None else n_tokens)
 
     def nbytes(self) -> int:
-        """Bytes of block memory allocated by the pools (in use or free)."""
-        return sum(lb.nbytes() for lb in self._layers)
+        """Bytes of block memory allocated by the pool (in use, cached or free)."""
+        return self.pool.nbytes()
 
     def __repr__(self) -> str:
         return (f"PagedKVCache(layers={self.num_layers}, kv_heads={self.num_kv_heads}, "
@@ -442,12 +398,16 @@ def append_batch(caches, layer: int, k, v) -> None:
             k, v = c0._as_rows("k", k, layer), c0._as_rows("v", v, layer)
             for c in caches:
                 c._reserve(layer, 1)
-            batched(k, v, [c._layers[layer] for c in caches], np.asarray(starts, dtype=np.int64),
+            batched(k, v, [c._tables[layer] for c in caches], np.asarray(starts, dtype=np.int64),
                     c0.num_kv_heads, c0.head_dim, c0.block_size, c0.head_stride,
                     c0.dtype == np.float16)
             for c, start in zip(caches, starts):
-                c._layers[layer].length = start + 1
+                c._tables[layer].length = start + 1
     except BaseException:
         for c, start in zip(caches, starts):
-            c._layers[layer].release_after(start)  # blocks taken and rows appended go back
+            c._rollback_layer(layer, start)  # blocks taken and rows appended go back
         raise
+
+
+__all__ = ["PagedKVCache", "AppendResult", "CacheCapacityError", "PoolExhaustedError",
+           "KVBlockPool", "KV_DTYPES", "append_batch"]

@@ -19,7 +19,7 @@ import dataclasses
 
 import numpy as np
 
-from . import ops, registry
+from . import kernel_role, ops, registry
 from .config import DecoderConfig, LayerWeights
 from .kvcache import PagedKVCache, append_batch
 from .placement import Placement, copy_between, is_device_array, to_device
@@ -308,7 +308,8 @@ class DecoderLayer:
         attention (into scratch buffers on the layer's device)."""
         cfg, w, k_, b = self.config, self._w, self._k, self._buffers(x.shape[0])
         step = b.get("decode_step")
-        if step is not None and rotate and not profiling_enabled():
+        if step is not None and rotate and not profiling_enabled() \
+                and kernel_role.current() != kernel_role.PROMPT:
             return step.prologue(x, int(pos[0]))  # the steps below in one native call
         n, H, KVH, D, eps = x.shape[0], cfg.num_heads, cfg.num_kv_heads, cfg.head_dim, cfg.rms_norm_eps
         with region("Block/AttnNorm"):
@@ -346,7 +347,8 @@ class DecoderLayer:
         """O projection and residual, then the MLP block and its residual (into ``result``)."""
         cfg, w, k_, b = self.config, self._w, self._k, self._buffers(x.shape[0])
         step = b.get("decode_step")
-        if step is not None and not profiling_enabled():
+        if step is not None and not profiling_enabled() \
+                and kernel_role.current() != kernel_role.PROMPT:
             return step.epilogue(att, x, result)  # the steps below in one native call
         fused = self._stacked is not None  # GPU: residual adds inside the projections
         with region("Block/OProj"):

@@ -18,7 +18,7 @@ import numpy as np
 from hybrid import reference as ref
 from hybrid._cpu import backend as cpu
 from hybrid._cuda import variants
-from hybrid.kvcache import _LayerBlocks
+from hybrid.kvpool import HostLayerStorage, LayerTable
 from hybrid.placement import Placement
 
 STATS = {"h2d": 0, "d2h": 0}
@@ -106,21 +106,23 @@ def linear(x, w, b, out):
     cpu.linear(*_dev(x, w, b, out))
 
 
-class EmuLayerBlocks(_LayerBlocks):
-    """A cache layer 'on' the emulated GPU: the CPU pool plus the device-table interface."""
+class EmuLayerStorage(HostLayerStorage):
+    """A cache layer's blocks 'on' the emulated GPU: host storage plus the device-table
+    interface of its tables."""
 
-    def __init__(self, placement, kvh, d, bs, dtype, poison):
-        super().__init__(kvh, d, bs, dtype, poison)
-        self.index = placement.index
+    def new_table(self):
+        return EmuLayerTable(self)
 
-    def write(self, start, k, v):
+    def write(self, table, start, k, v):
         k = k.data if isinstance(k, EmuArray) else np.asarray(k)
         v = v.data if isinstance(v, EmuArray) else np.asarray(v)
-        super().write(start, k, v)
+        super().write(table, start, k, v)
 
+
+class EmuLayerTable(LayerTable):
     def device_tables(self):
-        nb = len(self.table)
-        kt, vt = EmuArray(self.k_ptrs[:nb], self.index), EmuArray(self.v_ptrs[:nb], self.index)
+        nb, index = self.n, self.storage.placement.index
+        kt, vt = EmuArray(self.k_ptrs[:nb], index), EmuArray(self.v_ptrs[:nb], index)
         kt.blocks = vt.blocks = self
         return kt, vt
 
@@ -129,8 +131,8 @@ class EmuLayerBlocks(_LayerBlocks):
         return self.k_ptrs.ctypes.data, self.v_ptrs.ctypes.data
 
 
-def kv_layer_blocks(placement, kvh, d, bs, dtype, poison):
-    return EmuLayerBlocks(placement, kvh, d, bs, dtype, poison)
+def kv_layer_storage(placement, kvh, d, bs, dtype):
+    return EmuLayerStorage(placement, kvh, d, bs, dtype)
 
 
 def _fused(q, blocks, positions, n_keys, rope_arg, heads, kvh, d, scale):
@@ -190,6 +192,6 @@ def check_attention(head_dim, group):
 
 def register(registrar):
     for name in ("rmsnorm", "rope", "swiglu", "add", "copy", "linear", "paged_attention",
-                 "paged_attention_batch", "to_device", "empty", "kv_layer_blocks",
+                 "paged_attention_batch", "to_device", "empty", "kv_layer_storage",
                  "check_attention"):
         registrar.op(name, globals()[name])

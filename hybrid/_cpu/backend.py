@@ -9,6 +9,7 @@ import threading
 
 import numpy as np
 
+from .. import kernel_role
 from ..quant.tensor import QuantizedTensor
 from ..threads import get_num_threads
 
@@ -56,6 +57,13 @@ PANEL_FLOATS = 1 << 22
 _panels = threading.local()
 
 
+def _matvec_rows(rows: int) -> bool:
+    """Whether quantized rows take the mat-vec kernel: by their role when one is set
+    (hybrid/kernel_role.py), else by their count."""
+    role = kernel_role.current()
+    return role == kernel_role.DECODE or (role == kernel_role.AUTO and rows <= MATVEC_MAX_ROWS)
+
+
 def _panel(rows: int, cols: int) -> np.ndarray:
     buf = getattr(_panels, "buf", None)
     if buf is None or buf.size < rows * cols:
@@ -66,7 +74,7 @@ def _panel(rows: int, cols: int) -> np.ndarray:
 def linear_quantized(x, weight, bias, out):
     """x [rows, in] @ W.T (+ bias) for a QuantizedTensor W, read in its encoding."""
     code, n_out, n_in = weight.format.kernel_code, weight.shape[0], weight.shape[1]
-    if x.shape[0] <= MATVEC_MAX_ROWS:
+    if _matvec_rows(x.shape[0]):
         quant.matvec(code, weight.data, x, bias, out, get_num_threads())
         return
     if weight.format.integer and INT8_GEMM:  # our int8 GEMM, no BLAS
@@ -91,7 +99,7 @@ def bind_linear_many(triples):
         args = [(w.format.kernel_code, w.data, b, o) for w, b, o in triples]
 
     def run(x):
-        if args is not None and x.shape[0] <= MATVEC_MAX_ROWS:
+        if args is not None and _matvec_rows(x.shape[0]):
             quant.matvec_many(args, x, get_num_threads())
             return
         for w, b, o in triples:

@@ -18,10 +18,10 @@ def availability() -> "tuple[bool, str]":
     return device_availability()
 
 
-def kv_layer_blocks(placement, num_kv_heads, head_dim, block_size, dtype, poison):
-    from .kv_blocks import DeviceLayerBlocks
+def kv_layer_storage(placement, num_kv_heads, head_dim, block_size, dtype):
+    from .kv_blocks import DeviceLayerStorage
 
-    return DeviceLayerBlocks(placement, num_kv_heads, head_dim, block_size, dtype, poison)
+    return DeviceLayerStorage(placement, num_kv_heads, head_dim, block_size, dtype)
 
 
 def is_device_array(obj) -> bool:
@@ -48,5 +48,5 @@ def register(registrar) -> None:
                  "paged_attention_batch", "to_device"):
         registrar.op(name, getattr(launch, name))
     registrar.op("empty", launch.empty_array)
-    registrar.op("kv_layer_blocks", kv_layer_blocks)
+    registrar.op("kv_layer_storage", kv_layer_storage)
     registrar.op("check_attention", check_attention)

@@ -17,7 +17,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from .. import ops
+from .. import kernel_role, ops
 from ..kvcache import PagedKVCache
 from ..layer import DecoderLayer
 from ..placement import (CPU, Placement, copy_between, is_device_array, placement_of,
@@ -126,18 +126,25 @@ class Model:
             raise ValueError(f"{total} tokens exceed the KV cache capacity {cache.max_tokens}")
 
     def _head(self, h) -> np.ndarray:
-        """Final norm and LM head: h [rows, hidden] -> logits [rows, vocab] float32."""
+        """Final norm and LM head: h [rows, hidden] -> logits [rows, vocab] float32.  Every row
+        takes the mat-vec kernel (one row per prompt, a few per decode step)."""
         norm, head = self._head_weights
         if self._head_at.is_cpu:
-            return ops.linear(ops.rmsnorm(h, norm, self.config.rms_norm_eps), head)
+            with kernel_role.rows_are(kernel_role.DECODE):
+                return ops.linear(ops.rmsnorm(h, norm, self.config.rms_norm_eps), head)
         s, at, rows = self._scratch, self._head_at, h.shape[0]  # on the last layer's GPU
         hn = ops.rmsnorm(h, norm, self.config.rms_norm_eps,
                          out=s.get("head_norm", h.shape, placement=at))
         logits = ops.linear(hn, head, out=s.get("logits", (rows, head.shape[0]), placement=at))
         return logits.to_host()  # [rows, vocab] float32
 
-    def forward(self, ids, cache: PagedKVCache) -> np.ndarray:
-        """Run ``ids`` (continuing ``cache``), commit them, return the last position's logits."""
+    def forward(self, ids, cache: PagedKVCache, role: str = kernel_role.AUTO) -> np.ndarray:
+        """Run ``ids`` (continuing ``cache``), commit them, return the last position's logits.
+        ``role``: "prompt" or "decode" picks the projection kernels by what the rows are
+        (hybrid/kernel_role.py; what makes results batch-invariant), "auto" by their count."""
+        if role != kernel_role.AUTO:
+            with kernel_role.rows_are(role):
+                return self.forward(ids, cache)
         ids = self._ids(ids)
         if ids.size == 0:
             raise ValueError("forward needs at least one token")
@@ -224,7 +231,7 @@ class Model:
         if max_new_tokens == 0:
             return
         t0 = time.perf_counter()
-        logits = self.forward(ids, cache)
+        logits = self.forward(ids, cache, role=kernel_role.PROMPT)
         stats.prefill_s = time.perf_counter() - t0
         history = list(ids)
         new: list = []
@@ -241,7 +248,7 @@ class Model:
                 text = self.tokenizer.decode(new)
                 if any(s in text for s in stop_strings):
                     break
-            logits = self.forward([tok], cache)
+            logits = self.forward([tok], cache, role=kernel_role.DECODE)
             stats.decode_s = time.perf_counter() - t1
 
     def generate(self, ids, max_new_tokens: int = 32, **kw) -> list:
@@ -264,37 +271,21 @@ class Model:
 
     def generate_batch(self, prompts, max_new_tokens: int = 32, *, temperature: float = 0.0,
                        top_k: int = 0, top_p: float = 1.0, repetition_penalty: float = 1.0,
-                       seed=None, stop_tokens=None, stop_strings=()) -> list:
-        """Generate for several prompts: each is prefilled alone, then all unfinished sequences
-        decode together one token per step.  Returns the new ids of each prompt."""
+                       seed=None, stop_tokens=None, stop_strings=(), max_batch: int = 64,
+                       kv_memory=None) -> list:
+        """Generate for several prompts through the serving engine (hybrid.Engine: a shared KV
+        pool, continuous batching, prefix caching).  Prompt i samples with ``seed + i``.
+        Returns the new ids of each prompt."""
+        from ..engine import Engine
+
         prompts = [list(self._ids(p)) for p in prompts]
         if any(not p for p in prompts):
             raise ValueError("every prompt needs at least one token")
-        stops = self._stop_ids(stop_tokens)
-        caches = [self.new_cache() for _ in prompts]
-        for p, c in zip(prompts, caches):
-            self._check_room(c, len(p) + max_new_tokens)
-        samplers = [Sampler(self._params(temperature, top_k, top_p, repetition_penalty,
-                                         None if seed is None else seed + i))
-                    for i in range(len(prompts))]
-        outs = [[] for _ in prompts]
-        if max_new_tokens == 0:
-            return outs
-        logits = [self.forward(p, c) for p, c in zip(prompts, caches)]
-        active = list(range(len(prompts)))
-        while active:
-            next_tokens, still = [], []
-            for j, b in enumerate(active):
-                tok = samplers[b](logits[j], prompts[b] + outs[b])
-                outs[b].append(tok)
-                done = tok in stops or len(outs[b]) >= max_new_tokens
-                if not done and stop_strings and self.tokenizer is not None:
-                    done = any(s in self.tokenizer.decode(outs[b]) for s in stop_strings)
-                if not done:
-                    still.append(b)
-                    next_tokens.append(tok)
-            active = still
-            if active:
-                batch_logits = self.forward_batch(next_tokens, [caches[b] for b in active])
-                logits = list(batch_logits)
-        return outs
+        if max_new_tokens < 0:
+            raise ValueError(f"max_new_tokens must be >= 0, got {max_new_tokens}")
+        for p in prompts:
+            self._check_room(self.new_cache(), len(p) + max_new_tokens)
+        engine = Engine(self, max_batch=max_batch, kv_memory=kv_memory)
+        return engine.generate(prompts, max_new_tokens, temperature=temperature, top_k=top_k,
+                               top_p=top_p, repetition_penalty=repetition_penalty, seed=seed,
+                               stop_tokens=stop_tokens, stop_strings=stop_strings)

@@ -1,0 +1,241 @@
+"""Engine: many requests over one model and one shared KV block pool, a step at a time.
+
+    engine = hybrid.Engine(model, max_batch=16, max_batched_tokens=512, kv_memory="2GiB")
+    outs = engine.generate([ids_a, ids_b], max_new_tokens=32)          # offline
+    rid = engine.add_request(ids, GenerationParams(max_new_tokens=64))  # incremental
+    while engine.has_unfinished(): for out in engine.step(): ...
+
+A step runs what the scheduler planned (hybrid/engine/scheduler.py): prompt chunks through
+``Model.forward`` with the prompt kernels, every decoding request's token together through
+``Model.forward_batch`` with the decode kernels, then samples for each request whose pending
+tokens are all in, and retires finished ones (their blocks go back at once).  A failure inside
+a step fails only the requests it concerns: a batched decode that raises is retried request by
+request, and the request that still fails is finished with ``finish_reason="error"``.
+
+With temperature 0 a request's tokens do not depend on what else runs (batch invariance): every
+row's kernels are fixed by its role, and attention reduces each row in a fixed order.  This holds
+for integer-quantized weights on the CPU; float weights served by BLAS may differ in the last bit.
+"""
+
+from __future__ import annotations
+
+import itertools
+
+import numpy as np
+
+from .. import kernel_role
+from ..kvpool import KVBlockPool, default_kv_memory, parse_bytes
+from .request import GenerationParams, Request, RequestOutput
+from .scheduler import Scheduler, _TooLarge
+
+
+class Engine:
+    """Continuous batching over a ``Model`` (see the module docstring).
+
+    Parameters
+    ----------
+    model : hybrid Model (its layers' placements and KV dtype are used)
+    max_batch : requests running at once
+    max_batched_tokens : tokens computed per step (decode tokens plus prompt chunks); bounds
+        the time of a step, so long prompts are prefilled in chunks between decode steps
+    kv_memory : bytes or "4GiB" for the shared KV pool; default: half of the available memory
+        (num_blocks: the same in blocks)
+    prefix_cache : reuse the K/V of prompt prefixes computed before
+    """
+
+    def __init__(self, model, *, max_batch: int = 16, max_batched_tokens: int = 512,
+                 kv_memory=None, num_blocks: "int | None" = None, prefix_cache: bool = True,
+                 poison_unused: bool = False):
+        for name, v in (("max_batch", max_batch), ("max_batched_tokens", max_batched_tokens)):
+            if isinstance(v, bool) or not isinstance(v, int) or v < 1:
+                raise ValueError(f"{name} must be an integer >= 1, got {v!r}")
+        if kv_memory is None and num_blocks is None:
+            kv_memory = default_kv_memory()
+        elif kv_memory is not None:
+            kv_memory = parse_bytes(kv_memory)
+        self.model = model
+        cfg = model.config
+        self.pool = KVBlockPool(len(model.layers), cfg.num_kv_heads, cfg.head_dim,
+                                model.block_size, model.kv_dtype, model.cache_placements,
+                                num_blocks=num_blocks, kv_memory=kv_memory,
+                                prefix_cache=prefix_cache, poison_unused=poison_unused)
+        self.max_tokens = model.max_tokens or (1 << 30)
+        salt = f"{id(model.weights)}:{model.kv_dtype}:{model.block_size}".encode()
+        self.scheduler = Scheduler(self.pool, max_batch, max_batched_tokens, self.max_tokens,
+                                   salt)
+        self._requests: dict = {}
+        self._arrivals = itertools.count()
+        self.prompt_tokens = 0  # counters for monitoring
+        self.generation_tokens = 0
+        self.steps = 0
+
+    # -- requests ---------------------------------------------------------------------------
+    def add_request(self, ids, params: "GenerationParams | None" = None,
+                    request_id: "str | None" = None) -> str:
+        """Queue a request (token ids + parameters); returns its id.  Raises ValueError for a bad
+        request, which changes nothing."""
+        params = params if params is not None else GenerationParams()
+        if not isinstance(params, GenerationParams):
+            raise TypeError(f"params must be GenerationParams, got {type(params).__name__}")
+        prompt = [int(t) for t in self.model._ids(ids)]
+        if not prompt:
+            raise ValueError("the prompt has no tokens")
+        if len(prompt) >= self.max_tokens:
+            raise ValueError(f"the prompt has {len(prompt)} tokens; the model's context holds "
+                             f"{self.max_tokens} (at least one must be left to generate)")
+        if self.pool.max_blocks is not None:
+            need = -(-(len(prompt) + 1) // self.pool.block_size)
+            if need > self.pool.max_blocks:
+                raise ValueError(f"the prompt needs {need} KV blocks; the whole pool has "
+                                 f"{self.pool.max_blocks}")
+        if request_id is not None and request_id in self._requests:
+            raise ValueError(f"request id {request_id!r} is already in use")
+        stops = self.model._stop_ids(params.stop_tokens)
+        req = Request(prompt, params, stops, arrival=next(self._arrivals))
+        if request_id is not None:
+            req.request_id = str(request_id)
+        self._requests[req.request_id] = req
+        self.scheduler.add(req)
+        self.prompt_tokens += len(prompt)
+        return req.request_id
+
+    def abort(self, request_id: str) -> RequestOutput:
+        """Stop a request now; its blocks go back to the pool.  KeyError for an unknown id."""
+        req = self._requests.get(request_id)
+        if req is None:
+            raise KeyError(f"no request {request_id!r} (unknown or already finished)")
+        return self._finish(req, "abort")
+
+    def has_unfinished(self) -> bool:
+        return bool(self._requests)
+
+    def _finish(self, req: Request, reason: str, error: "str | None" = None) -> RequestOutput:
+        self.scheduler.remove(req)
+        self._requests.pop(req.request_id, None)
+        req.finish_reason = reason
+        return RequestOutput(req.request_id, [], list(req.generated), True, reason, error,
+                             len(req.prompt), req.cached_tokens)
+
+    # -- the step ---------------------------------------------------------------------------
+    def step(self) -> list:
+        """Run one step; returns a RequestOutput for every request that sampled a token,
+        finished or failed in it."""
+        outputs = []
+        while True:
+            try:
+                plan = self.scheduler.plan()
+                break
+            except _TooLarge as exc:  # cannot fit even alone: fail it, plan again
+                outputs.append(self._finish(exc.request, "error",
+                                            "the request does not fit in the KV pool"))
+        if plan.empty:
+            return outputs
+        self.steps += 1
+        ready = []  # (request, logits row) ready to sample
+        for req, n, role in plan.prefills:
+            chunk = req.tokens[req.computed:req.computed + n]
+            try:
+                logits = self.model.forward(chunk, req.cache, role=role)
+            except Exception as exc:  # noqa: BLE001 - fail this request only
+                outputs.append(self._finish(req, "error", f"{type(exc).__name__}: {exc}"))
+                continue
+            req.computed += n
+            self.scheduler.register_prompt_blocks(req)
+            if req.pending == 0:
+                ready.append((req, logits))
+        if plan.decodes:
+            ready.extend(self._decode(plan.decodes, outputs))
+        for req, logits in ready:
+            outputs.append(self._sample(req, logits))
+        return outputs
+
+    def _decode(self, reqs: list, outputs: list) -> list:
+        """One token for each request together; on failure, each alone."""
+        tokens = [r.tokens[-1] for r in reqs]
+        try:
+            with kernel_role.rows_are(kernel_role.DECODE):
+                logits = self.model.forward_batch(tokens, [r.cache for r in reqs])
+        except Exception:  # noqa: BLE001 - find the request(s) at fault
+            done = []
+            for r in reqs:
+                try:
+                    row = self.model.forward([r.tokens[-1]], r.cache, role=kernel_role.DECODE)
+                except Exception as exc:  # noqa: BLE001
+                    outputs.append(self._finish(r, "error", f"{type(exc).__name__}: {exc}"))
+                    continue
+                r.computed += 1
+                done.append((r, row))
+            return done
+        for r in reqs:
+            r.computed += 1
+        return list(zip(reqs, logits))
+
+    def _sample(self, req: Request, logits: np.ndarray) -> RequestOutput:
+        tok = req.sampler(logits, req.tokens)
+        req.generated.append(tok)
+        self.generation_tokens += 1
+        p = req.params
+        reason = None
+        if tok in req.stops:
+            reason = "stop"
+        elif p.stop_strings and self.model.tokenizer is not None and any(
+                s in self.model.tokenizer.decode(req.generated) for s in p.stop_strings):
+            reason = "stop"
+        elif len(req.generated) >= p.max_new_tokens or len(req.tokens) >= self.max_tokens:
+            reason = "length"
+        if reason is not None:
+            out = self._finish(req, reason)
+            out.new_tokens = [tok]
+            return out
+        return RequestOutput(req.request_id, [tok], list(req.generated), False, None, None,
+                             len(req.prompt), req.cached_tokens)
+
+    # -- offline ----------------------------------------------------------------------------
+    def generate(self, prompts, max_new_tokens: int = 32, *, temperature: float = 0.0,
+                 top_k: int = 0, top_p: float = 1.0, repetition_penalty: float = 1.0,
+                 seed=None, stop_tokens=None, stop_strings=()) -> list:
+        """The new ids of each prompt (the keywords of ``Model.generate_batch``; prompt i
+        samples with seed + i)."""
+        prompts = list(prompts)
+        if max_new_tokens == 0:
+            for p in prompts:
+                self.model._ids(p)
+            return [[] for _ in prompts]
+        params = [GenerationParams(max_new_tokens, temperature, top_k, top_p, repetition_penalty,
+                                   None if seed is None else seed + i,
+                                   None if stop_tokens is None else list(stop_tokens),
+                                   tuple(stop_strings)) for i in range(len(prompts))]
+        ids = []
+        try:
+            for p, gp in zip(prompts, params):
+                ids.append(self.add_request(p, gp))
+        except BaseException:
+            for rid in ids:
+                self.abort(rid)
+            raise
+        results = {}
+        while any(rid not in results for rid in ids):
+            for out in self.step():
+                if out.finished and out.request_id in ids:
+                    if out.finish_reason == "error":
+                        for rid in ids:
+                            if rid in self._requests:
+                                self.abort(rid)
+                        raise RuntimeError(f"request {out.request_id} failed: {out.error}")
+                    results[out.request_id] = out.tokens
+        return [results[rid] for rid in ids]
+
+    # -- monitoring -------------------------------------------------------------------------
+    def stats(self) -> dict:
+        """Counters: requests running/waiting, KV blocks used/cached/total, prefix-cache hit
+        tokens, prompt and generated tokens, preemptions, steps."""
+        return {"requests_running": len(self.scheduler.running),
+                "requests_waiting": len(self.scheduler.waiting),
+                "kv_blocks_used": self.pool.num_used,
+                "kv_blocks_cached": self.pool.num_cached,
+                "kv_blocks_total": self.pool.num_total,
+                "prefix_cache_hit_tokens": self.pool.hit_tokens,
+                "prompt_tokens": self.prompt_tokens,
+                "generation_tokens": self.generation_tokens,
+                "preemptions": self.scheduler.preemptions,
+                "steps": self.steps}

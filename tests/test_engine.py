@@ -1,0 +1,189 @@
+"""The serving engine: the same tokens alone or in a crowd (prefix caching on and off, chunked
+prefills, preemption), agreement with Model.generate, aborts, bad requests, failures inside a
+step, and a soak that ends with every block back in the pool."""
+
+import os
+import sys
+
+import numpy as np
+import pytest
+
+import hybrid
+from hybrid import Engine, GenerationParams
+from hybrid.models import load_model
+
+sys.path.insert(0, os.path.dirname(__file__))
+from test_models_tiny import VOCAB, _make  # noqa: E402
+
+pytest.importorskip("torch", reason="torch builds the tiny reference models")
+
+
+@pytest.fixture(scope="module")
+def tiny_q8(tmp_path_factory):
+    folder = str(tmp_path_factory.mktemp("llama"))
+    _make("llama", folder, seed=99)
+    return load_model(folder, weights="q8_0")
+
+
+def _prompts(rng, n, shared=20, vocab=VOCAB):
+    """n prompts of random lengths, half of them starting with one shared prefix."""
+    head = [int(t) for t in rng.integers(3, vocab, shared)]
+    out = []
+    for i in range(n):
+        tail = [int(t) for t in rng.integers(3, vocab, int(rng.integers(1, 40)))]
+        out.append(head + tail if i % 2 else tail)
+    return out
+
+
+@pytest.mark.parametrize("setting", ["prefix cache", "no prefix cache", "preemption"])
+def test_same_tokens_alone_and_in_a_crowd(tiny_q8, rng, setting):
+    model = tiny_q8
+    prompts = _prompts(rng, 24)
+    alone = [model.generate(p, 10, stop_tokens=[]) for p in prompts]
+    kw = dict(max_batch=8, max_batched_tokens=int(rng.integers(7, 40)), poison_unused=True)
+    if setting == "no prefix cache":
+        kw["prefix_cache"] = False
+    if setting == "preemption":  # a tiny pool of small blocks: requests are preempted
+        kw["num_blocks"] = 24
+        model = hybrid.models.Model(model.weights, model.tokenizer, block_size=4)
+    else:
+        kw["num_blocks"] = 400
+    engine = Engine(model, **kw)
+    got = engine.generate(prompts, 10, stop_tokens=[])
+    assert got == alone
+    st = engine.stats()
+    assert st["kv_blocks_used"] == 0 and st["requests_running"] == st["requests_waiting"] == 0
+    if setting == "prefix cache":
+        assert st["prefix_cache_hit_tokens"] > 0
+        again = engine.generate(prompts, 10, stop_tokens=[])  # now mostly from the cache
+        assert again == alone and engine.stats()["prefix_cache_hit_tokens"] > st["prefix_cache_hit_tokens"]
+    if setting == "preemption":
+        assert st["preemptions"] > 0
+
+
+def test_engine_on_smollm2_matches_generate(rng):
+    try:
+        model = load_model()
+    except hybrid.models.ModelLoadError as exc:
+        pytest.skip(str(exc))
+    prompts = _prompts(rng, 20, shared=40, vocab=20000)
+    alone = [model.generate(p, 6, stop_tokens=[]) for p in prompts]
+    engine = Engine(model, max_batch=6, max_batched_tokens=48, num_blocks=200)
+    assert engine.generate(prompts, 6, stop_tokens=[]) == alone
+    assert model.generate_batch(prompts[:5], 6, stop_tokens=[]) == alone[:5]
+
+
+def test_chunked_prefill_equals_one_shot(tmp_path, rng):
+    folder = str(tmp_path / "m")
+    _make("qwen3", folder, seed=5)
+    model = load_model(folder, kv_dtype="float32")
+    ids = [int(t) for t in rng.integers(3, VOCAB, 70)]
+    one = model.forward(ids, model.new_cache())
+    cache = model.new_cache()
+    for a, b in ((0, 1), (1, 17), (17, 50), (50, 70)):
+        chunked = model.forward(ids[a:b], cache)
+    assert np.max(np.abs(chunked - one)) <= 1e-5 * np.max(np.abs(one))
+
+
+def test_abort_frees_blocks_and_others_continue(tiny_q8, rng):
+    prompts = _prompts(rng, 3)
+    alone = [tiny_q8.generate(p, 8, stop_tokens=[]) for p in prompts]
+    engine = Engine(tiny_q8, num_blocks=100, prefix_cache=False)
+    ids = [engine.add_request(p, GenerationParams(max_new_tokens=8, stop_tokens=[]))
+           for p in prompts]
+    for _ in range(3):
+        engine.step()
+    used = engine.pool.num_used
+    out = engine.abort(ids[1])
+    assert out.finished and out.finish_reason == "abort"
+    assert engine.pool.num_used < used
+    with pytest.raises(KeyError, match="no request"):
+        engine.abort(ids[1])
+    results = {}
+    while engine.has_unfinished():
+        for o in engine.step():
+            if o.finished:
+                results[o.request_id] = o.tokens
+    assert results[ids[0]] == alone[0] and results[ids[2]] == alone[2]
+    assert engine.pool.num_used == 0
+
+
+def test_bad_requests_fail_alone(tiny_q8, rng):
+    engine = Engine(tiny_q8, num_blocks=5)
+    good = engine.add_request([5, 6, 7], GenerationParams(max_new_tokens=5, stop_tokens=[]))
+    with pytest.raises(ValueError, match="no tokens"):
+        engine.add_request([])
+    with pytest.raises(ValueError, match="context holds 256"):
+        engine.add_request([4] * 256)
+    with pytest.raises(ValueError, match="whole pool has 5"):
+        engine.add_request([4] * 200)
+    with pytest.raises(ValueError, match=r"token ids must be in \[0, 96\)"):
+        engine.add_request([4, 500])
+    for bad in (dict(temperature=-1), dict(top_p=0), dict(top_k=-2), dict(max_new_tokens=0),
+                dict(repetition_penalty=0), dict(temperature=float("nan"))):
+        with pytest.raises(ValueError):
+            GenerationParams(**bad)
+    with pytest.raises(ValueError, match="already in use"):
+        engine.add_request([3], request_id=good)
+    outs = []
+    while engine.has_unfinished():
+        outs += engine.step()
+    assert [o.tokens for o in outs if o.finished] == [tiny_q8.generate([5, 6, 7], 5,
+                                                                       stop_tokens=[])]
+
+
+def test_a_failure_inside_a_step_fails_only_its_request(tiny_q8, rng, monkeypatch):
+    prompts = _prompts(rng, 4)
+    alone = [tiny_q8.generate(p, 6, stop_tokens=[]) for p in prompts]
+    engine = Engine(tiny_q8, num_blocks=100)
+    ids = [engine.add_request(p, GenerationParams(max_new_tokens=6, stop_tokens=[]))
+           for p in prompts]
+    victim = engine._requests[ids[2]]
+    real = type(tiny_q8).forward_batch
+
+    def flaky(self, tokens, caches):
+        if victim.cache in caches and len(victim.generated) == 3:
+            raise RuntimeError("injected fault")
+        return real(self, tokens, caches)
+    real_forward = type(tiny_q8).forward
+
+    def flaky_one(self, ids_, cache, role="auto"):
+        if cache is victim.cache and len(victim.generated) == 3:
+            raise RuntimeError("injected fault")
+        return real_forward(self, ids_, cache, role)
+    monkeypatch.setattr(type(tiny_q8), "forward_batch", flaky)
+    monkeypatch.setattr(type(tiny_q8), "forward", flaky_one)
+    results = {}
+    while engine.has_unfinished():
+        for o in engine.step():
+            if o.finished:
+                results[o.request_id] = o
+    assert results[ids[2]].finish_reason == "error" and "injected" in results[ids[2]].error
+    for i in (0, 1, 3):
+        assert results[ids[i]].tokens == alone[i]
+    assert engine.pool.num_used == 0
+
+
+def test_soak_returns_every_block(tiny_q8, rng):
+    model = hybrid.models.Model(tiny_q8.weights, tiny_q8.tokenizer, block_size=4)
+    engine = Engine(model, max_batch=12, max_batched_tokens=64, num_blocks=30)
+    live = []
+    for i in range(300):
+        if rng.random() < 0.6:
+            n = int(rng.integers(1, 60))
+            live.append(engine.add_request(
+                [int(t) for t in rng.integers(3, VOCAB, n)],
+                GenerationParams(max_new_tokens=int(rng.integers(1, 12)),
+                                 temperature=float(rng.choice([0.0, 0.8])), seed=i)))
+        if live and rng.random() < 0.1:
+            rid = live.pop(int(rng.integers(0, len(live))))
+            if rid in engine._requests:
+                engine.abort(rid)
+        for o in engine.step():
+            if o.finished and o.request_id in live:
+                live.remove(o.request_id)
+    while engine.has_unfinished():
+        engine.step()
+    st = engine.stats()
+    assert st["kv_blocks_used"] == 0 and st["preemptions"] > 0
+    assert engine.pool.num_allocated <= 30
