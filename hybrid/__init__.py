@@ -20,7 +20,7 @@ from . import ops, reference  # noqa: E402
 from .config import DecoderConfig, LayerWeights
 from .kvcache import AppendResult, CacheCapacityError, PagedKVCache
 from .kvpool import KVBlockPool, PoolExhaustedError
-from .engine import Engine, GenerationParams, RequestOutput
+from .engine import AsyncEngine, Engine, GenerationParams, RequestOutput
 from .layer import DecoderLayer
 from .placement import Placement, placement_of, to_device
 from .profile import profiling
@@ -40,7 +40,7 @@ def load_model(path=None, **kwargs):
 
 
 __all__ = [
-    "KVBlockPool", "PoolExhaustedError", "Engine", "GenerationParams", "RequestOutput",
+    "KVBlockPool", "PoolExhaustedError", "Engine", "AsyncEngine", "GenerationParams", "RequestOutput",
     "AppendResult", "BackendUnavailable", "FORMATS", "QuantizedTensor", "WeightFormat",
     "dequantize", "quantize", "CacheCapacityError", "DecoderConfig", "DecoderLayer",
     "LayerWeights", "NoBackendError", "PagedKVCache", "Placement", "Scratch", "backend_status",

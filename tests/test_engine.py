@@ -187,3 +187,34 @@ def test_soak_returns_every_block(tiny_q8, rng):
     st = engine.stats()
     assert st["kv_blocks_used"] == 0 and st["preemptions"] > 0
     assert engine.pool.num_allocated <= 30
+
+
+def test_async_engine_streams_and_cancels(tiny_q8, rng):
+    import asyncio
+
+    prompts = _prompts(rng, 6)
+    alone = [tiny_q8.generate(p, 8, stop_tokens=[]) for p in prompts]
+    params = GenerationParams(max_new_tokens=8, stop_tokens=[])
+
+    async def consume(engine, p):
+        toks = []
+        async for out in engine.stream(p, params):
+            toks += out.new_tokens
+        return toks
+
+    async def leave_early(engine, p):
+        async for out in engine.stream(p, GenerationParams(max_new_tokens=50, stop_tokens=[])):
+            if len(out.tokens) >= 2:
+                break  # the request is aborted here
+
+    async def main(engine):
+        results = await asyncio.gather(*[consume(engine, p) for p in prompts],
+                                       leave_early(engine, prompts[0]))
+        with pytest.raises(ValueError, match="no tokens"):
+            await consume(engine, [])
+        return results[:-1]
+
+    with hybrid.AsyncEngine(tiny_q8, max_batch=4, max_batched_tokens=32, num_blocks=100) as engine:
+        assert asyncio.run(main(engine)) == alone
+        st = engine.stats()
+        assert st["kv_blocks_used"] == 0 and st["requests_running"] == 0
