@@ -242,3 +242,21 @@ def test_fused_decode_step_equals_the_op_by_op_path(variant, rng):
         assert "Block/QKVProj" in str(prof)  # the op-by-op path ran
         assert np.array_equal(yf, yp), (i, np.abs(yf - yp).max())  # the same kernels, bit for bit
     assert "decode_step" in fused._bufs[1]
+
+
+@pytest.mark.parametrize("name", ["q8_0", "q4_0", "q4_1", "q5_0", "q5_1", "q4_k", "q5_k", "q6_k"])
+def test_each_row_is_independent_of_the_batch(rng, name):
+    """Batch invariance: a row's result from the mat-vec or the GEMM is the same bits whatever
+    other rows share the call (how many, and where the row falls in the tiles)."""
+    from hybrid._cpu import quant as kernels
+
+    w = hybrid.quantize(rng.standard_normal((37, 512)).astype(np.float32), name)
+    x = rng.standard_normal((29, 512)).astype(np.float32)
+    code = w.format.kernel_code
+    for kernel in (kernels.matvec, kernels.gemm):
+        full = np.empty((29, 37), np.float32)
+        kernel(code, w.data, x, None, full, 2)
+        for rows in (slice(0, 1), slice(3, 4), slice(5, 12), slice(20, 29)):
+            part = np.empty((rows.stop - rows.start, 37), np.float32)
+            kernel(code, w.data, np.ascontiguousarray(x[rows]), None, part, 2)
+            assert np.array_equal(part, full[rows]), (kernel.__name__, rows)

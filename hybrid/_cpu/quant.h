@@ -324,74 +324,117 @@ static inline __m256i hy_bit4_from_bits(uint32_t bits) {
 #define HY_LOADA(i) _mm256_loadu_si256((const __m256i *)(qa + 32 * (i)))
 #endif
 
-static float hy_dot_q8_0(const uint8_t *w, long nb, const int8_t *qa, const float *da) {
+/* Activation rows one weight row serves per pass in the multi-row dot products: the weights of a
+ * block are loaded (and unpacked) once for all of them. */
+#define HY_MR 4
+
+/* Q8_0 for R (<= HY_MR) activation rows: out[r] = w . activation row r (qa + r*n, da + r*nb).
+ * Every row goes through exactly the operations of a single row (R = 1), so a row's result does
+ * not depend on how many rows share the pass. */
+static inline __attribute__((always_inline)) void
+hy_dot_q8_0_rows(const uint8_t *w, long nb, const int R, const int8_t *qa, const float *da,
+                 float *out) {
+    const long n = 32 * nb;
     long b = 0;
-    float sum = 0.0f;
+    float sum[HY_MR] = {0.0f, 0.0f, 0.0f, 0.0f};
 #ifdef HY_AVX2
-    __m256 acc0 = _mm256_setzero_ps(), acc1 = _mm256_setzero_ps();
+#define HY_QA(r, i) _mm256_loadu_si256((const __m256i *)(qa + (r) * n + 32 * (i)))
+    __m256 acc0[HY_MR], acc1[HY_MR];
+    for (int r = 0; r < R; r++) acc0[r] = acc1[r] = _mm256_setzero_ps();
     for (; b + 2 <= nb; b += 2) {
         const uint8_t *b0 = w + 34 * b, *b1 = b0 + 34;
         HY_PREFETCH(b0);
-        __m256i p0 = hy_dot_s8s8(_mm256_loadu_si256((const __m256i *)(b0 + 2)), HY_LOADA(b));
-        __m256i p1 = hy_dot_s8s8(_mm256_loadu_si256((const __m256i *)(b1 + 2)), HY_LOADA(b + 1));
-        acc0 = _mm256_fmadd_ps(_mm256_cvtepi32_ps(p0), _mm256_set1_ps(hy_f16(b0) * da[b]), acc0);
-        acc1 = _mm256_fmadd_ps(_mm256_cvtepi32_ps(p1), _mm256_set1_ps(hy_f16(b1) * da[b + 1]), acc1);
+        const __m256i w0 = _mm256_loadu_si256((const __m256i *)(b0 + 2));
+        const __m256i w1 = _mm256_loadu_si256((const __m256i *)(b1 + 2));
+        const __m256i a0 = _mm256_abs_epi8(w0), a1 = _mm256_abs_epi8(w1);
+        const float d0 = hy_f16(b0), d1 = hy_f16(b1);
+        for (int r = 0; r < R; r++) {
+            __m256i p0 = hy_dot_u8s8(a0, _mm256_sign_epi8(HY_QA(r, b), w0));
+            __m256i p1 = hy_dot_u8s8(a1, _mm256_sign_epi8(HY_QA(r, b + 1), w1));
+            acc0[r] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(p0), _mm256_set1_ps(d0 * da[r * nb + b]), acc0[r]);
+            acc1[r] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(p1), _mm256_set1_ps(d1 * da[r * nb + b + 1]), acc1[r]);
+        }
     }
-    sum = hy_hsum256(_mm256_add_ps(acc0, acc1));
+    for (int r = 0; r < R; r++) sum[r] = hy_hsum256(_mm256_add_ps(acc0[r], acc1[r]));
+#undef HY_QA
 #endif
     for (; b < nb; b++) {
         const uint8_t *blk = w + 34 * b;
         const int8_t *q = (const int8_t *)(blk + 2);
-        int s = 0;
-        for (int j = 0; j < 32; j++) s += q[j] * qa[32 * b + j];
-        sum += (float)s * (hy_f16(blk) * da[b]);
+        for (int r = 0; r < R; r++) {
+            int s = 0;
+            for (int j = 0; j < 32; j++) s += q[j] * qa[r * n + 32 * b + j];
+            sum[r] += (float)s * (hy_f16(blk) * da[r * nb + b]);
+        }
     }
-    return sum;
+    for (int r = 0; r < R; r++) out[r] = sum[r];
 }
 
-/* Q4_0 / Q4_1 / Q5_0 / Q5_1: unsigned 4- or 5-bit values n in the integer products; the offset of
- * each block joins through the activation block sums: + m*sa[b] (Q4_1, Q5_1) or -8*d*sa[b] /
- * -16*d*sa[b] (Q4_0, Q5_0, whose values are n - 8 / n - 16). */
-static float hy_dot_q4q5(const uint8_t *w, long nb, const int8_t *qa, const float *da,
-                         const float *sa, int five, int with_min) {
+static float hy_dot_q8_0(const uint8_t *w, long nb, const int8_t *qa, const float *da) {
+    float out;
+    hy_dot_q8_0_rows(w, nb, 1, qa, da, &out);
+    return out;
+}
+
+/* Q4_0 / Q4_1 / Q5_0 / Q5_1 for R (<= HY_MR) activation rows: unsigned 4- or 5-bit values n in
+ * the integer products; the offset of each block joins through the activation block sums:
+ * + m*sa[b] (Q4_1, Q5_1) or -8*d*sa[b] / -16*d*sa[b] (Q4_0, Q5_0, whose values are n - 8 /
+ * n - 16).  Each row takes exactly the operations of a single row. */
+static inline __attribute__((always_inline)) void
+hy_dot_q4q5_rows(const uint8_t *w, long nb, const int R, const int8_t *qa, const float *da,
+                 const float *sa, int five, int with_min, float *out) {
+    const long n = 32 * nb;
     const int hoff = with_min ? 4 : 2;                   /* qh (Q5) or qs (Q4) after d [, m] */
     const int qoff = hoff + (five ? 4 : 0);
     const int bb = qoff + 16;
     const float centre = five ? 16.0f : 8.0f;
     long b = 0;
-    float sum = 0.0f, msum = 0.0f;
+    float sum[HY_MR] = {0.0f, 0.0f, 0.0f, 0.0f}, msum[HY_MR] = {0.0f, 0.0f, 0.0f, 0.0f};
 #ifdef HY_AVX2
-    __m256 acc0 = _mm256_setzero_ps(), acc1 = _mm256_setzero_ps();
+    __m256 acc0[HY_MR], acc1[HY_MR];
+    for (int r = 0; r < R; r++) acc0[r] = acc1[r] = _mm256_setzero_ps();
     for (; b < nb; b++) {
         const uint8_t *blk = w + bb * b;
         HY_PREFETCH(blk);
         const float d = hy_f16(blk);
-        __m256i n = hy_nibbles16(blk + qoff);
-        if (five) n = _mm256_or_si256(n, hy_bit4_from_bits(hy_u32(blk + hoff)));
-        __m256i p = hy_dot_u8s8(n, HY_LOADA(b));
-        msum += (with_min ? hy_f16(blk + 2) : -centre * d) * sa[b];
-        if (b & 1)  /* two accumulators hide the FMA latency */
-            acc1 = _mm256_fmadd_ps(_mm256_cvtepi32_ps(p), _mm256_set1_ps(d * da[b]), acc1);
-        else
-            acc0 = _mm256_fmadd_ps(_mm256_cvtepi32_ps(p), _mm256_set1_ps(d * da[b]), acc0);
+        const float mb = with_min ? hy_f16(blk + 2) : -centre * d;
+        __m256i nv = hy_nibbles16(blk + qoff);
+        if (five) nv = _mm256_or_si256(nv, hy_bit4_from_bits(hy_u32(blk + hoff)));
+        for (int r = 0; r < R; r++) {
+            __m256i p = hy_dot_u8s8(nv, _mm256_loadu_si256((const __m256i *)(qa + r * n + 32 * b)));
+            msum[r] += mb * sa[r * nb + b];
+            if (b & 1)  /* two accumulators hide the FMA latency */
+                acc1[r] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(p), _mm256_set1_ps(d * da[r * nb + b]), acc1[r]);
+            else
+                acc0[r] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(p), _mm256_set1_ps(d * da[r * nb + b]), acc0[r]);
+        }
     }
-    sum = hy_hsum256(_mm256_add_ps(acc0, acc1));
+    for (int r = 0; r < R; r++) sum[r] = hy_hsum256(_mm256_add_ps(acc0[r], acc1[r]));
 #endif
     for (; b < nb; b++) {
         const uint8_t *blk = w + bb * b, *q = blk + qoff;
         const uint32_t qh = five ? hy_u32(blk + hoff) : 0;
-        const int8_t *a = qa + 32 * b;
         const float d = hy_f16(blk);
-        int s = 0;
-        for (int j = 0; j < 16; j++) {
-            int lo = (q[j] & 0x0F) | (((qh >> j) & 1) << 4);
-            int hi = (q[j] >> 4) | (((qh >> (j + 16)) & 1) << 4);
-            s += lo * a[j] + hi * a[j + 16];
+        for (int r = 0; r < R; r++) {
+            const int8_t *a = qa + r * n + 32 * b;
+            int s = 0;
+            for (int j = 0; j < 16; j++) {
+                int lo = (q[j] & 0x0F) | (((qh >> j) & 1) << 4);
+                int hi = (q[j] >> 4) | (((qh >> (j + 16)) & 1) << 4);
+                s += lo * a[j] + hi * a[j + 16];
+            }
+            sum[r] += (float)s * (d * da[r * nb + b]);
+            msum[r] += (with_min ? hy_f16(blk + 2) : -centre * d) * sa[r * nb + b];
         }
-        sum += (float)s * (d * da[b]);
-        msum += (with_min ? hy_f16(blk + 2) : -centre * d) * sa[b];
     }
-    return sum + msum;
+    for (int r = 0; r < R; r++) out[r] = sum[r] + msum[r];
+}
+
+static float hy_dot_q4q5(const uint8_t *w, long nb, const int8_t *qa, const float *da,
+                         const float *sa, int five, int with_min) {
+    float out;
+    hy_dot_q4q5_rows(w, nb, 1, qa, da, sa, five, with_min, &out);
+    return out;
 }
 
 /* Q4_K / Q5_K: nsb super-blocks of 256; activation block 8*s+j is sub-block j of super-block s.
@@ -621,10 +664,28 @@ static inline void hy_q_matvec_range(int type, const uint8_t *w, long row_bytes,
                                      const float *sa, const float *s16, const float *x,
                                      const float *bias, float *out, long ldo) {
     const long nb = n / 32;
+    const int multi = type == HY_Q_Q8_0 || type == HY_Q_Q4_0 || type == HY_Q_Q4_1 ||
+                      type == HY_Q_Q5_0 || type == HY_Q_Q5_1;
     for (long o = o0; o < o1; o++) {
         const uint8_t *wr = w + o * row_bytes;
         float bo = bias ? bias[o] : 0.0f;
-        for (int r = 0; r < rows; r++) {
+        int r = 0;
+        if (multi) {  /* HY_MR activation rows per pass over the weight row */
+            for (; r + HY_MR <= rows; r += HY_MR) {
+                float v[HY_MR];
+                const int8_t *q = qa + r * n;
+                const float *d = da + r * nb, *sb = sa + r * nb;
+                switch (type) {
+                case HY_Q_Q8_0: hy_dot_q8_0_rows(wr, nb, HY_MR, q, d, v); break;
+                case HY_Q_Q4_0: hy_dot_q4q5_rows(wr, nb, HY_MR, q, d, sb, 0, 0, v); break;
+                case HY_Q_Q4_1: hy_dot_q4q5_rows(wr, nb, HY_MR, q, d, sb, 0, 1, v); break;
+                case HY_Q_Q5_0: hy_dot_q4q5_rows(wr, nb, HY_MR, q, d, sb, 1, 0, v); break;
+                default: hy_dot_q4q5_rows(wr, nb, HY_MR, q, d, sb, 1, 1, v); break;
+                }
+                for (int i = 0; i < HY_MR; i++) out[(r + i) * ldo + o] = v[i] + bo;
+            }
+        }
+        for (; r < rows; r++) {
             float v = hy_q_dot(type, wr, n, qa ? qa + r * n : NULL, da ? da + r * nb : NULL,
                                sa ? sa + r * nb : NULL, s16 ? s16 + 2 * r * nb : NULL,
                                x ? x + r * n : NULL);
