@@ -119,6 +119,7 @@ class PagedKVCache:
         self._placements = pool.placements
         self._blocks: list = []  # block ids in position order, shared by every layer
         self._tables = [st.new_table() for st in pool.storages]  # per layer: lengths, addresses
+        self._version = 0  # bumped when _blocks changes; a table at another version is stale
         self._seq_len = 0
 
     @classmethod
@@ -185,9 +186,30 @@ class PagedKVCache:
 
     # -- blocks -----------------------------------------------------------------------------
     def _refresh(self, layer: int) -> None:
-        """Point the layer's address tables at the current block list."""
-        self._tables[layer].set_blocks(self._blocks, self.pool.k_addr[layer],
-                                       self.pool.v_addr[layer])
+        """Point the layer's address tables at the current block list (if they are stale)."""
+        t = self._tables[layer]
+        if getattr(t, "version", -1) != self._version:
+            t.set_blocks(self._blocks, self.pool.k_addr[layer], self.pool.v_addr[layer])
+            t.version = self._version
+
+    def _take_blocks(self, n: int) -> None:
+        """Take the blocks for n tokens after seq_len (copying a shared block about to be
+        written); the layers' tables follow lazily.  Raises with nothing taken."""
+        start = self._seq_len
+        if self.max_tokens is not None and start + n > self.max_tokens:
+            raise CacheCapacityError(
+                f"KV cache capacity exceeded: it holds {start} tokens, appending {n} would make "
+                f"{start + n} > max_tokens={self.max_tokens}")
+        need = -(-(start + n) // self.block_size)
+        try:
+            if need > len(self._blocks):
+                self._blocks.extend(self.pool.allocate(need - len(self._blocks)))
+                self._version += 1
+            if start % self.block_size:
+                self._make_writable(start // self.block_size)
+        except BaseException:
+            self._trim()
+            raise
 
     def _held(self) -> int:
         """Tokens some layer holds (blocks past them can go back to the pool)."""
@@ -199,6 +221,7 @@ class PagedKVCache:
         if len(self._blocks) > keep:
             extra = self._blocks[keep:]
             del self._blocks[keep:]
+            self._version += 1
             self.pool.release(extra)
 
     def _make_writable(self, index: int) -> None:
@@ -213,6 +236,7 @@ class PagedKVCache:
         (fresh,) = self.pool.allocate(1)
         self.pool.copy_block(b, fresh)
         self._blocks[index] = fresh
+        self._version += 1
         self.pool.release([b])
 
     def adopt_prefix(self, block_ids) -> None:
@@ -222,6 +246,7 @@ class PagedKVCache:
         if self._blocks or self._seq_len:
             raise ValueError("adopt_prefix needs an empty cache")
         self._blocks = [int(b) for b in block_ids]
+        self._version += 1
         n = len(self._blocks) * self.block_size
         if self.max_tokens is not None and n > self.max_tokens:
             self.pool.release(self._blocks)
@@ -272,12 +297,13 @@ class PagedKVCache:
             try:
                 if need > len(self._blocks):
                     self._blocks.extend(self.pool.allocate(need - len(self._blocks)))
+                    self._version += 1
                 if start % self.block_size:
                     self._make_writable(start // self.block_size)
             except BaseException:
                 self._trim()
                 raise
-            self._refresh(layer)
+        self._refresh(layer)
         return start
 
     def commit(self, n: int) -> None:
@@ -324,6 +350,7 @@ class PagedKVCache:
     def block_table(self, layer: int) -> np.ndarray:
         """[n_blocks] int32 ids of the layer's blocks in position order."""
         layer = self._check_layer(layer)
+        self._refresh(layer)
         return self._tables[layer].ids[:self.num_blocks(layer)].copy()
 
     def block_pointers(self, layer: int):
@@ -332,7 +359,9 @@ class PagedKVCache:
 
         Views of persistent tables: valid until the layer's next append, truncate or reset.
         """
-        t = self._tables[self._check_layer(layer)]
+        layer = self._check_layer(layer)
+        self._refresh(layer)
+        t = self._tables[layer]
         if not self._placements[layer].is_cpu:
             return t.device_tables()
         return t.k_ptrs[:t.n], t.v_ptrs[:t.n]
@@ -343,6 +372,7 @@ class PagedKVCache:
         if self._placements[layer].is_cpu:
             raise ValueError(f"cache layer {layer} is on the cpu; its block tables are "
                              f"block_pointers({layer})")
+        self._refresh(layer)
         return self._tables[layer].table_addresses()
 
     def blocks(self, layer: int):

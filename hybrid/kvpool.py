@@ -133,9 +133,11 @@ class LayerTable:
                 grown = np.zeros(cap, dtype=old.dtype)
                 grown[:self.n] = old[:self.n]
                 setattr(self, name, grown)
-        first = 0
-        while first < min(nb, self.n) and self.ids[first] == blocks[first]:
-            first += 1
+        m = min(nb, self.n)
+        first = m
+        if m:
+            diff = np.flatnonzero(self.ids[:m] != np.asarray(blocks[:m], dtype=np.int64))
+            first = int(diff[0]) if diff.size else m
         if first < nb:
             ids = np.asarray(blocks[first:], dtype=np.int64)
             self.ids[first:nb] = ids

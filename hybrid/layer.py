@@ -222,6 +222,33 @@ class DecoderLayer:
             self._rollback_all(caches, starts)
             raise
 
+    def forward_step(self, hidden, batch, *, out=None):
+        """Run the layer on one ragged step: the rows of many sequences (prefill chunks, decode
+        rows, any mix) described once by ``batch`` (a hybrid.step.StepBatch, CPU layers and
+        caches).  hidden [T, hidden_size] in the batch's row order.  Writes each row's K/V into
+        its slot and attends over each sequence's blocks in one call; the caller commits the
+        batch after the last layer, or rolls it back on error.  Returns [T, hidden_size]."""
+        if not self.placement.is_cpu:
+            raise ValueError(f"layer {self.index} is on {self.placement}; a ragged step runs "
+                             f"on the cpu (use forward / forward_batch)")
+        x, host_out = self._enter(hidden, out)  # [T, hidden]
+        T = x.shape[0]
+        if T != batch.num_rows:
+            raise ValueError(f"hidden has {T} rows, the step describes {batch.num_rows}")
+        cfg, k_ = self.config, self._k
+        q, k, v = self._qkv(x, batch.positions)  # [T, H*D], [T, KVH*D] x 2, rotated
+        with region("Block/Attention"):
+            att = self._buffers(T)["att"]  # [T, H*D]
+            k_dst, v_dst, k_ptrs, v_ptrs = batch.layer_tables(self.index)
+            k_.kv_write_rows(k, v, k_dst, v_dst, cfg.num_kv_heads, cfg.head_dim,
+                             batch.head_stride, batch.dtype)
+            batch.wrote_layer(self.index)
+            k_.paged_attention_ragged(q, batch.positions, batch.seg_rows, batch.seg_table, k_ptrs,
+                                      v_ptrs, cfg.num_heads, cfg.num_kv_heads, cfg.head_dim,
+                                      batch.block_size, batch.head_stride,
+                                      batch.dtype == np.float16, cfg.softmax_scale, att)
+        return self._leave(self._finish(x, att, self._result(x, out, host_out)), host_out)
+
     def _rollback_all(self, caches, starts) -> None:
         for c, s in zip(caches, starts):
             c._rollback_layer(self.index, s)

@@ -339,6 +339,14 @@ class BoundOps:
             setattr(self, "_" + name, registry.lookup(name, self.device))
         self._quantized = {}  # format name -> that format's linear kernel
 
+    def __getattr__(self, name):
+        """Kernels only some devices have (the ragged step's), resolved on first use."""
+        if name in ("paged_attention_ragged", "kv_write_rows"):
+            fn = registry.lookup(name, self.device)
+            setattr(self, name, fn)
+            return fn
+        raise AttributeError(name)
+
     def rmsnorm(self, x, weight, eps, out):  # x, out [rows, dim]
         self._rmsnorm(x, weight, eps, out)
         return out

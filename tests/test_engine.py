@@ -38,16 +38,16 @@ def _prompts(rng, n, shared=20, vocab=VOCAB):
 @pytest.mark.parametrize("setting", ["prefix cache", "no prefix cache", "preemption"])
 def test_same_tokens_alone_and_in_a_crowd(tiny_q8, rng, setting):
     model = tiny_q8
-    prompts = _prompts(rng, 24)
-    alone = [model.generate(p, 10, stop_tokens=[]) for p in prompts]
     kw = dict(max_batch=8, max_batched_tokens=int(rng.integers(7, 40)), poison_unused=True)
     if setting == "no prefix cache":
         kw["prefix_cache"] = False
     if setting == "preemption":  # a tiny pool of small blocks: requests are preempted
-        kw["num_blocks"] = 24
+        kw["num_blocks"] = 24  # (attention sums per block: alone runs with the same block size)
         model = hybrid.models.Model(model.weights, model.tokenizer, block_size=4)
     else:
         kw["num_blocks"] = 400
+    prompts = _prompts(rng, 24)
+    alone = [model.generate(p, 10, stop_tokens=[]) for p in prompts]
     engine = Engine(model, **kw)
     got = engine.generate(prompts, 10, stop_tokens=[])
     assert got == alone
@@ -139,20 +139,13 @@ def test_a_failure_inside_a_step_fails_only_its_request(tiny_q8, rng, monkeypatc
     ids = [engine.add_request(p, GenerationParams(max_new_tokens=6, stop_tokens=[]))
            for p in prompts]
     victim = engine._requests[ids[2]]
-    real = type(tiny_q8).forward_batch
+    real = type(tiny_q8).forward_step
 
-    def flaky(self, tokens, caches):
-        if victim.cache in caches and len(victim.generated) == 3:
+    def flaky(self, items, role="auto"):
+        if any(c is victim.cache for c, _ in items) and len(victim.generated) == 3:
             raise RuntimeError("injected fault")
-        return real(self, tokens, caches)
-    real_forward = type(tiny_q8).forward
-
-    def flaky_one(self, ids_, cache, role="auto"):
-        if cache is victim.cache and len(victim.generated) == 3:
-            raise RuntimeError("injected fault")
-        return real_forward(self, ids_, cache, role)
-    monkeypatch.setattr(type(tiny_q8), "forward_batch", flaky)
-    monkeypatch.setattr(type(tiny_q8), "forward", flaky_one)
+        return real(self, items, role)
+    monkeypatch.setattr(type(tiny_q8), "forward_step", flaky)
     results = {}
     while engine.has_unfinished():
         for o in engine.step():
@@ -218,3 +211,55 @@ def test_async_engine_streams_and_cancels(tiny_q8, rng):
         assert asyncio.run(main(engine)) == alone
         st = engine.stats()
         assert st["kv_blocks_used"] == 0 and st["requests_running"] == 0
+
+
+def _pool_for(model, blocks=200):
+    cfg = model.config
+    return hybrid.KVBlockPool(len(model.layers), cfg.num_kv_heads, cfg.head_dim,
+                              model.block_size, model.kv_dtype, num_blocks=blocks,
+                              poison_unused=True)
+
+
+def test_ragged_step_equals_each_sequence_alone(tiny_q8, rng):
+    """One ragged step (prefill chunks of several sequences, then decode rows and a multi-row
+    segment together) gives each sequence the bits it gets alone."""
+    model = tiny_q8
+    prompts = [[int(t) for t in rng.integers(3, VOCAB, n)] for n in (1, 9, 23, 40)]
+    nxt = [[int(t) for t in rng.integers(3, VOCAB, n)] for n in (1, 3, 1, 2)]
+    pool = _pool_for(model)
+    crowd = [hybrid.PagedKVCache.on(pool) for _ in prompts]
+    got1 = model.forward_step(list(zip(crowd, prompts)), role="prompt")
+    got2 = model.forward_step(list(zip(crowd, nxt)), role="decode")
+    for i, (p, n) in enumerate(zip(prompts, nxt)):
+        alone = hybrid.PagedKVCache.on(_pool_for(model))
+        assert np.array_equal(model.forward_step([(alone, p)], role="prompt")[0], got1[i])
+        assert np.array_equal(model.forward_step([(alone, n)], role="decode")[0], got2[i])
+        assert crowd[i].seq_len == alone.seq_len == len(p) + len(n)
+
+
+def test_a_failed_step_leaves_every_cache_as_it_was(tiny_q8, rng, monkeypatch):
+    model = tiny_q8
+    pool = _pool_for(model, blocks=12)
+    caches = [hybrid.PagedKVCache.on(pool) for _ in range(3)]
+    model.forward_step([(c, [5, 6, 7, 8, 9]) for c in caches], role="prompt")
+    before = [(c.seq_len, c.block_ids, [c.layer_len(i) for i in range(c.num_layers)])
+              for c in caches]
+    used = pool.num_used
+    real = type(model.layers[2]).forward_step
+    calls = []
+
+    def broken(self, h, batch, out=None):
+        calls.append(self.index)
+        if self.index == 2:
+            raise RuntimeError("injected fault")
+        return real(self, h, batch, out=out)
+    monkeypatch.setattr(type(model.layers[2]), "forward_step", broken)
+    with pytest.raises(RuntimeError, match="injected"):
+        model.forward_step([(c, [int(t) for t in rng.integers(3, VOCAB, 30)]) for c in caches])
+    assert calls == [0, 1, 2]
+    after = [(c.seq_len, c.block_ids, [c.layer_len(i) for i in range(c.num_layers)])
+             for c in caches]
+    assert after == before and pool.num_used == used
+    with pytest.raises(hybrid.PoolExhaustedError):  # more than the pool holds: nothing taken
+        model.forward_step([(c, [4] * 60) for c in caches])
+    assert pool.num_used == used

@@ -389,3 +389,62 @@ def plan(long n_rows, long start_pos, int num_kv_heads, int group, int block_siz
         row_pos, np.array([0, n_rows], dtype=np.int64), np.zeros(1, dtype=np.int64),
         num_kv_heads, group, block_size, num_threads)
     return tasks, threads
+
+
+def paged_attention_ragged(float[:, ::1] q,               # IN  [T, num_heads*head_dim] float32
+                           const int64_t[::1] row_pos,     # IN  [T] position of each row
+                           const int64_t[::1] seg_rows,    # IN  [S+1] sequence s owns rows
+                                                           #     seg_rows[s]:seg_rows[s+1]
+                           const int64_t[::1] seg_table,   # IN  [S] its blocks start at
+                                                           #     k_ptrs[seg_table[s]]
+                           const int64_t[::1] k_ptrs,      # IN  [total blocks] K addresses
+                           const int64_t[::1] v_ptrs,      # IN  [total blocks] V addresses
+                           int num_heads, int num_kv_heads, int head_dim, int block_size,
+                           long head_stride, bint kv_f16, float scale,
+                           float[:, ::1] out,              # OUT [T, num_heads*head_dim]
+                           int num_threads):
+    """Causal attention of a ragged batch (one step of many sequences, any mix of prefill chunks
+    and decode rows): row i of sequence s sees key positions 0 .. row_pos[i] of its blocks.
+    Each row is reduced in the same order whatever else is in the batch."""
+    _check_common(q, out, num_heads, num_kv_heads, head_dim, block_size, head_stride)
+    cdef long T = q.shape[0], S = seg_table.shape[0], s, i, nblk
+    if row_pos.shape[0] != T or seg_rows.shape[0] != S + 1 or seg_rows[0] != 0 \
+            or seg_rows[S] != T or v_ptrs.shape[0] != k_ptrs.shape[0]:
+        raise ValueError("ragged batch: row_pos must have T entries, seg_rows S+1 from 0 to T, "
+                         "k_ptrs and v_ptrs equal lengths")
+    for s in range(S):
+        if seg_rows[s + 1] < seg_rows[s]:
+            raise ValueError(f"ragged batch: seg_rows decreases at sequence {s}")
+        for i in range(seg_rows[s], seg_rows[s + 1]):
+            if row_pos[i] < 0:
+                raise ValueError(f"ragged batch: row {i} has position {row_pos[i]}")
+            nblk = row_pos[i] // block_size + 1
+            if seg_table[s] < 0 or seg_table[s] + nblk > k_ptrs.shape[0]:
+                raise ValueError(f"ragged batch: sequence {s} needs {nblk} blocks from table "
+                                 f"offset {seg_table[s]}, the tables hold {k_ptrs.shape[0]}")
+    if T == 0:
+        return
+    _attend(q, row_pos, seg_rows, seg_table, k_ptrs, v_ptrs, num_heads, num_kv_heads, head_dim,
+            block_size, head_stride, kv_f16, scale, out, num_threads)
+
+
+def kv_write_rows(const unsigned char[:, ::1] k,   # IN  [rows, num_kv_heads*head_bytes] in the
+                  const unsigned char[:, ::1] v,   #     cache dtype's bytes
+                  const int64_t[::1] k_dst,        # IN  [rows] address of head 0's K slot
+                  const int64_t[::1] v_dst,        # IN  [rows] address of head 0's V slot
+                  int num_kv_heads, long head_bytes, long head_stride_bytes):
+    """Store each row's K and V heads at their slots in the cache blocks (head h of a row goes
+    head_stride_bytes after head 0).  The caller computed the addresses from live blocks."""
+    cdef long rows = k.shape[0], r
+    cdef int h
+    if v.shape[0] != rows or k_dst.shape[0] != rows or v_dst.shape[0] != rows:
+        raise ValueError("kv_write_rows: k, v, k_dst and v_dst need the same number of rows")
+    if k.shape[1] != num_kv_heads * head_bytes or v.shape[1] != num_kv_heads * head_bytes:
+        raise ValueError(f"kv_write_rows: rows must hold {num_kv_heads}x{head_bytes} bytes")
+    with nogil:
+        for r in range(rows):
+            for h in range(num_kv_heads):
+                memcpy(<void *> <size_t> (k_dst[r] + h * head_stride_bytes), &k[r, h * head_bytes],
+                       head_bytes)
+                memcpy(<void *> <size_t> (v_dst[r] + h * head_stride_bytes), &v[r, h * head_bytes],
+                       head_bytes)

@@ -154,6 +154,22 @@ def paged_attention(q, start_pos, k_ptrs, v_ptrs, num_heads, num_kv_heads, head_
                               block_size, head_stride, kv_f16, scale, out, get_num_threads())
 
 
+def paged_attention_ragged(q, row_pos, seg_rows, seg_table, k_ptrs, v_ptrs, num_heads,
+                           num_kv_heads, head_dim, block_size, head_stride, kv_f16, scale, out):
+    attention.paged_attention_ragged(q, row_pos, seg_rows, seg_table, k_ptrs, v_ptrs, num_heads,
+                                     num_kv_heads, head_dim, block_size, head_stride, kv_f16,
+                                     scale, out, get_num_threads())
+
+
+def kv_write_rows(k, v, k_dst, v_dst, num_kv_heads, head_dim, head_stride, kv_dtype):
+    """Rows k, v [rows, KVH*D] float32 into their cache slots (addresses of head 0's K / V)."""
+    if kv_dtype != np.float32:
+        k, v = k.astype(kv_dtype), v.astype(kv_dtype)
+    isz = np.dtype(kv_dtype).itemsize
+    attention.kv_write_rows(k.view(np.uint8), v.view(np.uint8), k_dst, v_dst, num_kv_heads,
+                            head_dim * isz, head_stride * isz)
+
+
 def paged_attention_batch(q, kv_lens, indptr, k_ptrs, v_ptrs, num_heads, num_kv_heads, head_dim,
                           block_size, head_stride, kv_f16, scale, out):
     attention.paged_attention_batch(q, kv_lens, indptr, k_ptrs, v_ptrs, num_heads, num_kv_heads,
@@ -172,7 +188,8 @@ def to_device(array, placement):
 def register(registrar):
     for name in ("rmsnorm", "rope", "swiglu", "add", "linear", "bind_linear_many",
                  "bind_decode_step", "paged_attention",
-                 "paged_attention_batch", "to_device"):
+                 "paged_attention_batch", "paged_attention_ragged", "kv_write_rows",
+                 "to_device"):
         registrar.op(name, globals()[name])
     from ..quant.formats import FORMATS
 

@@ -5,12 +5,13 @@
     rid = engine.add_request(ids, GenerationParams(max_new_tokens=64))  # incremental
     while engine.has_unfinished(): for out in engine.step(): ...
 
-A step runs what the scheduler planned (hybrid/engine/scheduler.py): prompt chunks through
-``Model.forward`` with the prompt kernels, every decoding request's token together through
-``Model.forward_batch`` with the decode kernels, then samples for each request whose pending
-tokens are all in, and retires finished ones (their blocks go back at once).  A failure inside
-a step fails only the requests it concerns: a batched decode that raises is retried request by
-request, and the request that still fails is finished with ``finish_reason="error"``.
+A step runs what the scheduler planned (hybrid/engine/scheduler.py) as at most two ragged
+batches through ``Model.forward_step`` (hybrid/step.py): every prompt chunk together with the
+prompt kernels, then every generated token (decodes, and recomputes after a preemption) with the
+decode kernels; it samples for each request whose pending tokens are all in and retires
+finished ones (their blocks go back at once).  A failure inside a step fails only the requests
+it concerns: a batch that raises is retried request by request, and a request that still fails
+is finished with ``finish_reason="error"``.
 
 With temperature 0 a request's tokens do not depend on what else runs (batch invariance): every
 row's kernels are fixed by its role, and attention reduces each row in a fixed order.  This holds
@@ -131,44 +132,41 @@ class Engine:
         if plan.empty:
             return outputs
         self.steps += 1
+        # prompt chunks in one ragged batch, generated tokens (decodes, recomputes) in another
+        prompt = [(r, n) for r, n, role in plan.prefills if role == kernel_role.PROMPT]
+        decode = [(r, n) for r, n, role in plan.prefills if role == kernel_role.DECODE]
+        decode += [(r, 1) for r in plan.decodes]
         ready = []  # (request, logits row) ready to sample
-        for req, n, role in plan.prefills:
-            chunk = req.tokens[req.computed:req.computed + n]
-            try:
-                logits = self.model.forward(chunk, req.cache, role=role)
-            except Exception as exc:  # noqa: BLE001 - fail this request only
-                outputs.append(self._finish(req, "error", f"{type(exc).__name__}: {exc}"))
-                continue
-            req.computed += n
-            self.scheduler.register_prompt_blocks(req)
-            if req.pending == 0:
-                ready.append((req, logits))
-        if plan.decodes:
-            ready.extend(self._decode(plan.decodes, outputs))
+        for items, role in ((prompt, kernel_role.PROMPT), (decode, kernel_role.DECODE)):
+            if items:
+                ready.extend(self._run(items, role, outputs))
         for req, logits in ready:
             outputs.append(self._sample(req, logits))
         return outputs
 
-    def _decode(self, reqs: list, outputs: list) -> list:
-        """One token for each request together; on failure, each alone."""
-        tokens = [r.tokens[-1] for r in reqs]
+    def _run(self, items: list, role: str, outputs: list) -> list:
+        """Feed each request its next n tokens in one ragged step; if the step fails, each
+        request alone, so that only the failing ones finish with an error."""
+        chunks = [r.tokens[r.computed:r.computed + n] for r, n in items]
         try:
-            with kernel_role.rows_are(kernel_role.DECODE):
-                logits = self.model.forward_batch(tokens, [r.cache for r in reqs])
+            logits = self.model.forward_step([(r.cache, c) for (r, _), c in zip(items, chunks)],
+                                             role=role)
+            results = list(zip(items, logits))
         except Exception:  # noqa: BLE001 - find the request(s) at fault
-            done = []
-            for r in reqs:
+            results = []
+            for (r, n), c in zip(items, chunks):
                 try:
-                    row = self.model.forward([r.tokens[-1]], r.cache, role=kernel_role.DECODE)
+                    results.append(((r, n), self.model.forward_step([(r.cache, c)], role=role)[0]))
                 except Exception as exc:  # noqa: BLE001
                     outputs.append(self._finish(r, "error", f"{type(exc).__name__}: {exc}"))
-                    continue
-                r.computed += 1
-                done.append((r, row))
-            return done
-        for r in reqs:
-            r.computed += 1
-        return list(zip(reqs, logits))
+        ready = []
+        for (r, n), row in results:
+            r.computed += n
+            if role == kernel_role.PROMPT:
+                self.scheduler.register_prompt_blocks(r)
+            if r.pending == 0:
+                ready.append((r, row))
+        return ready
 
     def _sample(self, req: Request, logits: np.ndarray) -> RequestOutput:
         tok = req.sampler(logits, req.tokens)

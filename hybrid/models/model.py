@@ -24,6 +24,7 @@ from ..placement import (CPU, Placement, copy_between, is_device_array, placemen
                          to_device)
 from ..quant import QuantizedTensor, dequantize
 from ..scratch import Scratch
+from ..step import StepBatch
 from .sampling import Sampler, SamplingParams
 from .weights import ModelWeights
 
@@ -96,6 +97,7 @@ class Model:
             self._head_weights = (to_device(self.final_norm, self._head_at),
                                   to_device(dequantize(self.lm_head), self._head_at))
         self.last_stats = GenerationStats()
+        self._all_cpu = all(p.is_cpu for p in self.placements)
 
     @property
     def vocab_size(self) -> int:
@@ -141,10 +143,17 @@ class Model:
     def forward(self, ids, cache: PagedKVCache, role: str = kernel_role.AUTO) -> np.ndarray:
         """Run ``ids`` (continuing ``cache``), commit them, return the last position's logits.
         ``role``: "prompt" or "decode" picks the projection kernels by what the rows are
-        (hybrid/kernel_role.py; what makes results batch-invariant), "auto" by their count."""
+        (hybrid/kernel_role.py; what makes results batch-invariant), "auto" by their count.
+        On the CPU this is the one-sequence case of ``forward_step``."""
         if role != kernel_role.AUTO:
             with kernel_role.rows_are(role):
                 return self.forward(ids, cache)
+        if self._all_cpu and StepBatch.supports([cache]):
+            return self.forward_step([(cache, ids)])[0]
+        return self._forward_one(self._ids(ids), cache)
+
+    def _forward_one(self, ids, cache: PagedKVCache) -> np.ndarray:
+        """One sequence layer by layer (GPU layers, or caches the ragged step cannot take)."""
         ids = self._ids(ids)
         if ids.size == 0:
             raise ValueError("forward needs at least one token")
@@ -160,6 +169,43 @@ class Model:
             raise
         cache.commit(ids.size)
         return self._head(x[-1:])[0]
+
+    def forward_step(self, items, role: str = kernel_role.AUTO) -> np.ndarray:
+        """One step of many sequences: items [(cache, ids)], each cache continued by its ids
+        (a prefill chunk or decode tokens).  Returns the logits of each sequence's last row
+        [len(items), vocab] and commits every cache.  With one shared CPU pool (the engine's
+        caches, or a single cache) the step runs as one ragged batch through every layer
+        (hybrid/step.py); otherwise sequence by sequence.  On error every cache is left as it
+        was."""
+        if role != kernel_role.AUTO:
+            with kernel_role.rows_are(role):
+                return self.forward_step(items)
+        caches = [c for c, _ in items]
+        ids = [self._ids(t) for _, t in items]
+        for c, t in zip(caches, ids):
+            if t.size == 0:
+                raise ValueError("every sequence of a step needs at least one token")
+            self._check_room(c, t.size)
+        if not (self._all_cpu and StepBatch.supports(caches)):
+            starts, rows = [c.seq_len for c in caches], []
+            try:
+                for c, t in zip(caches, ids):
+                    rows.append(self._forward_one(t, c))
+            except BaseException:
+                for c, s in zip(caches[:len(rows)], starts):
+                    c.truncate(s)
+                raise
+            return np.stack(rows)
+        batch = StepBatch.plan([(c, t.size) for c, t in zip(caches, ids)])
+        x = self._embed(np.concatenate(ids))  # [T, hidden]
+        try:
+            x = self._through_layers(x, lambda layer, h, out: layer.forward_step(h, batch,
+                                                                                 out=out))
+        except BaseException:
+            batch.rollback()
+            raise
+        batch.commit()
+        return self._head(x[batch.last_rows])  # [S, vocab]
 
     def forward_batch(self, tokens, caches) -> np.ndarray:
         """One decode token per sequence: tokens [B] -> logits [B, vocab]; commits each cache."""

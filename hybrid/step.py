@@ -1,0 +1,124 @@
+"""StepBatch: one step of many sequences described once (vLLM's attention metadata, FlashInfer's
+plan): which rows belong to which sequence, each row's position, where each row's K/V go and which
+blocks each sequence attends over.
+
+    batch = StepBatch.plan([(cache_a, 7), (cache_b, 1), (cache_c, 1)])   # rows per sequence
+    # rows 0..6 are cache_a's positions seq_len..seq_len+6, row 7 cache_b's next token, ...
+    for layer: k_dst, v_dst, k_ptrs, v_ptrs = batch.layer_tables(layer)   # two gathers per layer
+    batch.commit()      # after every layer: each cache advances by its rows
+    batch.rollback()    # on error: every cache exactly as before
+
+Planning takes every block the rows need from the pool at once (all or nothing, copying a
+shared block before it is written); what depends on the layer is only the pool's address table,
+so a layer's tables are two NumPy gathers.  The sequences must share one pool whose layers are
+all on the CPU (``StepBatch.supports``); other placements run sequence by sequence.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from .kvcache import PagedKVCache
+
+
+class StepBatch:
+    def __init__(self, caches, counts, positions, seg_rows, seg_table, table_ids, row_block,
+                 row_slot, starts):
+        self.caches = caches  # [S] PagedKVCache
+        self.counts = counts  # [S] new rows per sequence
+        self.positions = positions  # [T] int64 position of each row
+        self.seg_rows = seg_rows  # [S+1] int64: sequence s owns rows seg_rows[s]:seg_rows[s+1]
+        self.seg_table = seg_table  # [S] int64: its blocks start at table_ids[seg_table[s]]
+        self.table_ids = table_ids  # [sum of blocks] int64 block ids, sequence after sequence
+        self.row_block = row_block  # [T] int64 block id holding each row
+        self.row_slot = row_slot  # [T] int64 slot of each row in its block
+        self.starts = starts  # [S] each cache's seq_len before the step
+        c0 = caches[0]
+        self.pool = c0.pool
+        self.num_kv_heads, self.head_dim, self.block_size = c0.num_kv_heads, c0.head_dim, c0.block_size
+        self.dtype = c0.dtype
+        self.head_stride = c0.head_stride
+        self.last_rows = seg_rows[1:] - 1  # [S] the row whose logits each sequence samples from
+
+    @property
+    def num_rows(self) -> int:
+        return int(self.positions.shape[0])
+
+    @staticmethod
+    def supports(caches) -> bool:
+        """Whether these caches can run as one ragged step (one shared pool, all on the CPU)."""
+        if not caches:
+            return False
+        pool = caches[0].pool
+        return all(c.pool is pool for c in caches) and all(p.is_cpu for p in pool.placements)
+
+    @classmethod
+    def plan(cls, items) -> "StepBatch":
+        """items: [(cache, n_rows)] with distinct caches over one pool and n_rows >= 1.  Takes
+        the blocks every row needs; raises (PoolExhaustedError, CacheCapacityError, ValueError)
+        with nothing taken."""
+        caches = [c for c, _ in items]
+        counts = [int(n) for _, n in items]
+        if not caches:
+            raise ValueError("a step needs at least one sequence")
+        if len({id(c) for c in caches}) != len(caches):
+            raise ValueError("a sequence appears twice in one step")
+        for c, n in zip(caches, counts):
+            if not isinstance(c, PagedKVCache):
+                raise TypeError(f"expected PagedKVCache, got {type(c).__name__}")
+            if n < 1:
+                raise ValueError(f"every sequence of a step needs at least one row, got {n}")
+            if c.pool is not caches[0].pool:
+                raise ValueError("the sequences of one step must share one KV pool")
+            for layer in range(c.num_layers):
+                if c.layer_len(layer) != c.seq_len:
+                    raise ValueError(f"a cache holds uncommitted tokens in layer {layer}; "
+                                     f"commit or truncate before the next step")
+        starts = [c.seq_len for c in caches]
+        done = []
+        try:
+            for c, n in zip(caches, counts):
+                c._take_blocks(n)
+                done.append(c)
+        except BaseException:
+            for c in done:
+                c._trim()
+            raise
+        bs = caches[0].block_size
+        positions = np.concatenate([np.arange(s, s + n, dtype=np.int64)
+                                    for s, n in zip(starts, counts)])
+        seg_rows = np.zeros(len(caches) + 1, dtype=np.int64)
+        seg_rows[1:] = np.cumsum(counts)
+        nblocks = [-(-(s + n) // bs) for s, n in zip(starts, counts)]
+        seg_table = np.zeros(len(caches), dtype=np.int64)
+        seg_table[1:] = np.cumsum(nblocks)[:-1]
+        table_ids = np.concatenate([np.asarray(c._blocks[:nb], dtype=np.int64)
+                                    for c, nb in zip(caches, nblocks)])
+        seq_of_row = np.repeat(np.arange(len(caches)), counts)
+        row_block = table_ids[seg_table[seq_of_row] + positions // bs]
+        return cls(caches, counts, positions, seg_rows, seg_table, table_ids, row_block,
+                   positions % bs, starts)
+
+    def layer_tables(self, layer: int):
+        """(k_dst, v_dst, k_ptrs, v_ptrs) of one layer: each row's K/V slot address (head 0),
+        and the K/V block addresses of every sequence's table (int64)."""
+        k_addr, v_addr = self.pool.k_addr[layer], self.pool.v_addr[layer]
+        off = self.row_slot * (self.head_dim * self.dtype.itemsize)
+        return (k_addr[self.row_block] + off, v_addr[self.row_block] + off,
+                k_addr[self.table_ids], v_addr[self.table_ids])
+
+    def wrote_layer(self, layer: int) -> None:
+        """Every sequence's ``layer`` now holds its new rows."""
+        for c, s, n in zip(self.caches, self.starts, self.counts):
+            c._tables[layer].length = s + n
+
+    def commit(self) -> None:
+        for c, n in zip(self.caches, self.counts):
+            c.commit(n)
+
+    def rollback(self) -> None:
+        """Undo the step: every cache back to its state before ``plan``."""
+        for c, s in zip(self.caches, self.starts):
+            for t in c._tables:
+                t.length = min(t.length, s)
+            c._trim()
