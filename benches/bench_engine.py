@@ -35,9 +35,7 @@ class _Timed:
 
     def __init__(self, model):
         self.model, self.seconds = model, 0.0
-        self.forward, self.forward_batch = model.forward, model.forward_batch
-        model.forward = self._wrap(self.forward)
-        model.forward_batch = self._wrap(self.forward_batch)
+        model.forward_step = self._wrap(model.forward_step)
 
     def _wrap(self, fn):
         def run(*a, **kw):
@@ -49,7 +47,7 @@ class _Timed:
         return run
 
     def restore(self):
-        del self.model.forward, self.model.forward_batch
+        del self.model.forward_step
 
 
 @pytest.mark.parametrize("concurrent", [1, 4, 16, 64])

@@ -326,7 +326,11 @@ static inline __m256i hy_bit4_from_bits(uint32_t bits) {
 
 /* Activation rows one weight row serves per pass in the multi-row dot products: the weights of a
  * block are loaded (and unpacked) once for all of them. */
+#if defined(HY_AVX2) && defined(__AVX512VL__)  /* 32 vector registers hold 8 rows' sums */
+#define HY_MR 8
+#else
 #define HY_MR 4
+#endif
 
 /* Q8_0 for R (<= HY_MR) activation rows: out[r] = w . activation row r (qa + r*n, da + r*nb).
  * Every row goes through exactly the operations of a single row (R = 1), so a row's result does
@@ -336,7 +340,8 @@ hy_dot_q8_0_rows(const uint8_t *w, long nb, const int R, const int8_t *qa, const
                  float *out) {
     const long n = 32 * nb;
     long b = 0;
-    float sum[HY_MR] = {0.0f, 0.0f, 0.0f, 0.0f};
+    float sum[HY_MR];
+    for (int r = 0; r < HY_MR; r++) sum[r] = 0.0f;
 #ifdef HY_AVX2
 #define HY_QA(r, i) _mm256_loadu_si256((const __m256i *)(qa + (r) * n + 32 * (i)))
     __m256 acc0[HY_MR], acc1[HY_MR];
@@ -389,7 +394,8 @@ hy_dot_q4q5_rows(const uint8_t *w, long nb, const int R, const int8_t *qa, const
     const int bb = qoff + 16;
     const float centre = five ? 16.0f : 8.0f;
     long b = 0;
-    float sum[HY_MR] = {0.0f, 0.0f, 0.0f, 0.0f}, msum[HY_MR] = {0.0f, 0.0f, 0.0f, 0.0f};
+    float sum[HY_MR], msum[HY_MR];
+    for (int r = 0; r < HY_MR; r++) sum[r] = msum[r] = 0.0f;
 #ifdef HY_AVX2
     __m256 acc0[HY_MR], acc1[HY_MR];
     for (int r = 0; r < R; r++) acc0[r] = acc1[r] = _mm256_setzero_ps();

@@ -149,7 +149,7 @@ class Model:
             with kernel_role.rows_are(role):
                 return self.forward(ids, cache)
         if self._all_cpu and StepBatch.supports([cache]):
-            return self.forward_step([(cache, ids)])[0]
+            return self._step([(cache, ids)])[0]
         return self._forward_one(self._ids(ids), cache)
 
     def _forward_one(self, ids, cache: PagedKVCache) -> np.ndarray:
@@ -179,7 +179,10 @@ class Model:
         was."""
         if role != kernel_role.AUTO:
             with kernel_role.rows_are(role):
-                return self.forward_step(items)
+                return self._step(items)
+        return self._step(items)
+
+    def _step(self, items) -> np.ndarray:
         caches = [c for c, _ in items]
         ids = [self._ids(t) for _, t in items]
         for c, t in zip(caches, ids):
