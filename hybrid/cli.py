@@ -216,6 +216,27 @@ def _demo(args) -> int:
     return 0
 
 
+def _serve(args) -> int:
+    try:
+        from .serve import serve
+        import fastapi, uvicorn  # noqa: F401,E401 - say what is missing before loading
+    except ImportError as exc:
+        print(f"hybrid serve needs the serve extra (pip install 'hybrid[serve]'): {exc}",
+              file=sys.stderr)
+        return 2
+    from .models import ModelLoadError
+
+    try:
+        serve(args.model, host=args.host, port=args.port, threads=args.threads,
+              max_batch=args.max_batch, max_batched_tokens=args.max_batched_tokens,
+              kv_memory=args.kv_memory, kv_dtype=args.kv_dtype, gpu_layers=args.gpu_layers,
+              api_key=args.api_key, max_queue=args.max_queue, model_name=args.model_name)
+    except (ModelLoadError, NoBackendError, ValueError) as exc:
+        print(f"hybrid serve: {exc}", file=sys.stderr)
+        return 2
+    return 0
+
+
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(prog="hybrid", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -257,6 +278,25 @@ def main(argv=None) -> int:
     demo.add_argument("--threads", type=int, default=0)
     demo.add_argument("--seed", type=int, default=0)
     demo.set_defaults(fn=_demo)
+    srv = sub.add_parser("serve", help="an OpenAI-compatible HTTP server (needs hybrid[serve])")
+    srv.add_argument("--model", default=None,
+                     help="a .gguf file or a safetensors folder (default: SmolLM2-135M-Instruct)")
+    srv.add_argument("--model-name", default=None, help="the name /v1/models reports")
+    srv.add_argument("--host", default="127.0.0.1")
+    srv.add_argument("--port", type=int, default=8000)
+    srv.add_argument("--threads", type=int, default=0)
+    srv.add_argument("--max-batch", type=int, default=16, help="requests running at once")
+    srv.add_argument("--max-batched-tokens", type=int, default=512,
+                     help="tokens computed per engine step (prompts are prefilled in chunks)")
+    srv.add_argument("--kv-memory", default=None,
+                     help="KV pool size, e.g. 2GiB (default: half of the available memory)")
+    srv.add_argument("--kv-dtype", choices=["float16", "float32"], default="float16")
+    srv.add_argument("--gpu-layers", type=int, default=0)
+    srv.add_argument("--api-key", default=None,
+                     help="require Authorization: Bearer KEY on every request")
+    srv.add_argument("--max-queue", type=int, default=256,
+                     help="waiting requests beyond which new ones get 429")
+    srv.set_defaults(fn=_serve)
     args = parser.parse_args(argv)
     return args.fn(args)
 

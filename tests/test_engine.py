@@ -25,6 +25,13 @@ def tiny_q8(tmp_path_factory):
     return load_model(folder, weights="q8_0")
 
 
+@pytest.fixture(scope="module")
+def tiny_qwen3_q4(tmp_path_factory):
+    folder = str(tmp_path_factory.mktemp("qwen3"))
+    _make("qwen3", folder, seed=7)
+    return load_model(folder, weights="q4_0")
+
+
 def _prompts(rng, n, shared=20, vocab=VOCAB):
     """n prompts of random lengths, half of them starting with one shared prefix."""
     head = [int(t) for t in rng.integers(3, vocab, shared)]
@@ -35,9 +42,10 @@ def _prompts(rng, n, shared=20, vocab=VOCAB):
     return out
 
 
+@pytest.mark.parametrize("arch", ["llama q8_0", "qwen3 q4_0"])
 @pytest.mark.parametrize("setting", ["prefix cache", "no prefix cache", "preemption"])
-def test_same_tokens_alone_and_in_a_crowd(tiny_q8, rng, setting):
-    model = tiny_q8
+def test_same_tokens_alone_and_in_a_crowd(tiny_q8, tiny_qwen3_q4, rng, setting, arch):
+    model = tiny_q8 if arch.startswith("llama") else tiny_qwen3_q4
     kw = dict(max_batch=8, max_batched_tokens=int(rng.integers(7, 40)), poison_unused=True)
     if setting == "no prefix cache":
         kw["prefix_cache"] = False

@@ -1,0 +1,298 @@
+"""The OpenAI-compatible HTTP app over an AsyncEngine (FastAPI).
+
+    app = build_app(model, model_name="smollm2", max_batch=16, api_key=None, max_queue=256)
+    uvicorn.run(app, host="127.0.0.1", port=8000)       # what ``hybrid serve`` does
+
+Endpoints: GET /health, GET /v1/models, POST /v1/completions, POST /v1/chat/completions
+(streaming as Server-Sent Events ending in ``data: [DONE]``), GET /metrics (Prometheus text).
+Every request joins the engine's running batch at its next step; a client that disconnects
+mid-stream has its request aborted (its blocks go back to the pool).  Errors are OpenAI-style
+JSON bodies with a 4xx status, and the server carries on.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import time
+import uuid
+from contextlib import aclosing, asynccontextmanager
+
+from fastapi import FastAPI, Request
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse, StreamingResponse
+
+from ..engine import AsyncEngine, EngineClosedError, GenerationParams
+from .metrics import Metrics
+from .protocol import APIError, ChatRequest, CompletionRequest
+
+log = logging.getLogger("hybrid.serve")
+
+
+def build_app(model, *, model_name: str = "hybrid", api_key: "str | None" = None,
+              max_queue: int = 256, replica: "str | None" = None, **engine_kw) -> FastAPI:
+    """A FastAPI app serving ``model`` through its own AsyncEngine (engine_kw: max_batch,
+    max_batched_tokens, kv_memory, prefix_cache)."""
+    state = {"engine": None}
+    metrics = Metrics()
+    ctx_len = model.max_tokens or model.max_position or (1 << 30)
+
+    @asynccontextmanager
+    async def lifespan(app):
+        state["engine"] = AsyncEngine(model, **engine_kw)
+        metrics.bind(state["engine"])
+        try:
+            yield
+        finally:
+            state["engine"].close()  # running streams end with an error event
+
+    app = FastAPI(title="hybrid", lifespan=lifespan)
+
+    def end_streams():
+        """Close the engine now: running streams end with an error event (a server that is
+        shutting down calls this before it waits for connections)."""
+        if state["engine"] is not None:
+            state["engine"].close()
+    app.state.end_streams = end_streams
+
+    # -- errors -------------------------------------------------------------------------------
+    @app.exception_handler(APIError)
+    async def _api_error(request, exc: APIError):
+        return JSONResponse(exc.body(), status_code=exc.status, headers=_headers(replica))
+
+    @app.exception_handler(RequestValidationError)
+    async def _invalid(request, exc: RequestValidationError):
+        first = exc.errors()[0] if exc.errors() else {}
+        loc = ".".join(str(p) for p in first.get("loc", ()) if p != "body")
+        msg = first.get("msg", "invalid request")
+        if first.get("type") == "json_invalid":
+            msg = f"the body is not valid JSON: {first.get('ctx', {}).get('error', msg)}"
+            loc = ""
+        err = APIError(400, f"{loc}: {msg}" if loc else msg, param=loc or None,
+                       code=first.get("type"))
+        return JSONResponse(err.body(), status_code=400, headers=_headers(replica))
+
+    @app.middleware("http")
+    async def _auth(request: Request, call_next):
+        if api_key is not None and request.headers.get("authorization") != f"Bearer {api_key}":
+            err = APIError(401, "missing or wrong API key (Authorization: Bearer KEY)",
+                           "authentication_error", code="invalid_api_key")
+            return JSONResponse(err.body(), status_code=401, headers=_headers(replica))
+        response = await call_next(request)
+        if replica is not None:
+            response.headers["x-hybrid-replica"] = replica
+        return response
+
+    # -- endpoints ----------------------------------------------------------------------------
+    @app.get("/health")
+    async def health():
+        return {"status": "ok"}
+
+    @app.get("/v1/models")
+    async def models():
+        return {"object": "list", "data": [{"id": model_name, "object": "model",
+                                            "created": 0, "owned_by": "hybrid"}]}
+
+    @app.get("/metrics")
+    async def prometheus():
+        return metrics.response()
+
+    @app.post("/v1/completions")
+    async def completions(body: CompletionRequest, request: Request):
+        _check_model(body.model, model_name)
+        if isinstance(body.prompt, str):
+            ids = _tokenizer(model).encode(body.prompt)
+        else:
+            ids = list(body.prompt)
+        return await _respond(request, body, ids, body.max_tokens, chat=False)
+
+    @app.post("/v1/chat/completions")
+    async def chat(body: ChatRequest, request: Request):
+        _check_model(body.model, model_name)
+        tok = _tokenizer(model)
+        try:
+            msgs = [{"role": m.role, "content": m.text()} for m in body.messages]
+            text = tok.apply_chat_template(msgs)
+        except ValueError as exc:
+            raise APIError(400, f"messages: {exc}", param="messages") from None
+        ids = tok.encode(text, add_special_tokens=False)
+        limit = body.max_completion_tokens or body.max_tokens
+        return await _respond(request, body, ids, limit, chat=True)
+
+    # -- the common path ----------------------------------------------------------------------
+    async def _respond(request, body, ids, max_tokens, chat: bool):
+        engine = state["engine"]
+        if not ids:
+            raise APIError(400, "the prompt has no tokens", param="prompt")
+        if len(ids) >= ctx_len:
+            raise APIError(400, f"the prompt has {len(ids)} tokens; the model's context is "
+                                f"{ctx_len}", param="prompt", code="context_length_exceeded")
+        max_new = min(max_tokens or (ctx_len - len(ids)), ctx_len - len(ids))
+        stops = body.stop_list()
+        try:
+            params = GenerationParams(max_new_tokens=max_new, temperature=body.temperature,
+                                      top_k=body.top_k, top_p=body.top_p,
+                                      repetition_penalty=body.repetition_penalty,
+                                      seed=body.seed, stop_strings=tuple(stops))
+        except ValueError as exc:
+            raise APIError(400, str(exc)) from None
+        if engine.stats()["requests_waiting"] >= max_queue:
+            raise APIError(429, f"the queue is full ({max_queue} waiting requests); retry later",
+                           "rate_limit_error", code="queue_full")
+        rid = ("chatcmpl-" if chat else "cmpl-") + uuid.uuid4().hex[:24]
+        run = _Run(engine, model, ids, params, stops, metrics, rid)
+        try:
+            await run.start()
+        except ValueError as exc:
+            raise APIError(400, str(exc)) from None
+        if body.stream:
+            usage = bool(body.stream_options and body.stream_options.include_usage)
+            return StreamingResponse(_sse(run, chat, model_name, usage),
+                                     media_type="text/event-stream", headers=_headers(replica))
+        try:
+            await run.finish()
+        except EngineClosedError as exc:
+            raise APIError(503, str(exc), "server_error") from None
+        return JSONResponse(_final(run, chat, model_name), headers=_headers(replica))
+
+    return app
+
+
+def _headers(replica):
+    return {"x-hybrid-replica": replica} if replica is not None else None
+
+
+def _check_model(name, served):
+    if name is not None and name != served:
+        raise APIError(404, f"the model {name!r} does not exist; this server serves {served!r}",
+                       param="model", code="model_not_found")
+
+
+def _tokenizer(model):
+    if model.tokenizer is None:
+        raise APIError(400, "this model has no tokenizer; send prompt as a list of token ids")
+    return model.tokenizer
+
+
+class _Run:
+    """One request's stream: text so far (stop strings cut), counts and timings."""
+
+    def __init__(self, engine, model, ids, params, stops, metrics, rid):
+        self.engine, self.model, self.ids, self.params = engine, model, ids, params
+        self.stops, self.metrics, self.id = stops, metrics, rid
+        self.tokens: list = []
+        self.finish_reason = None
+        self.t0 = time.perf_counter()
+        self.t_first = None
+        self.t_last = None
+        self.sent = ""
+        self.created = int(time.time())
+
+    async def start(self):
+        self.gen = self.engine.stream(self.ids, self.params)
+        self.first = await self.gen.__anext__()  # raises ValueError for a bad request
+        self._take(self.first)
+
+    def _take(self, out):
+        now = time.perf_counter()
+        if out.new_tokens:
+            if self.t_first is None:
+                self.t_first = now
+                self.metrics.ttft.observe(now - self.t0)
+            elif self.t_last is not None:
+                self.metrics.token_latency.observe((now - self.t_last) / len(out.new_tokens))
+            self.t_last = now
+        self.tokens = out.tokens
+        if out.finished:
+            self.finish_reason = "stop" if out.finish_reason in ("stop", "abort") else out.finish_reason
+            if out.finish_reason == "error":
+                raise RuntimeError(out.error)
+            self._log()
+
+    async def outputs(self):
+        """The first output, then the rest as they come."""
+        yield self.first
+        if self.first.finished:
+            return
+        async with aclosing(self.gen) as gen:
+            async for out in gen:
+                self._take(out)
+                yield out
+
+    async def finish(self):
+        async for _ in self.outputs():
+            pass
+
+    def text(self, final: bool) -> str:
+        """The generated text, stop strings cut; while running, held back where a stop string
+        could still begin."""
+        tok = self.model.tokenizer
+        if tok is None:
+            return ""
+        ids = [t for t in self.tokens if t not in tok.eos_ids]
+        text = tok.decode(ids)
+        cut = min((text.find(s) for s in self.stops if s in text), default=-1)
+        if cut >= 0:
+            return text[:cut]
+        if final:
+            return text
+        if text.endswith("\ufffd"):
+            text = text[:-1]
+        hold = max((len(s) - 1 for s in self.stops), default=0)
+        return text[:len(text) - hold] if hold else text
+
+    def usage(self) -> dict:
+        return {"prompt_tokens": len(self.ids), "completion_tokens": len(self.tokens),
+                "total_tokens": len(self.ids) + len(self.tokens)}
+
+    def _log(self):
+        dt = time.perf_counter() - self.t0
+        ttft = (self.t_first - self.t0) if self.t_first else float("nan")
+        decode = (self.t_last - self.t_first) if self.t_first and self.t_last else 0.0
+        tps = (len(self.tokens) - 1) / decode if decode > 0 else 0.0
+        log.info("%s prompt=%d generated=%d ttft=%.3fs %.1f tok/s total=%.3fs finish=%s",
+                 self.id, len(self.ids), len(self.tokens), ttft, tps, dt, self.finish_reason)
+
+
+def _choice(run: _Run, chat: bool, text: str, finish, delta: bool) -> dict:
+    if chat:
+        key = "delta" if delta else "message"
+        return {"index": 0, key: {"role": "assistant", "content": text}, "finish_reason": finish,
+                "logprobs": None}
+    return {"index": 0, "text": text, "finish_reason": finish, "logprobs": None}
+
+
+def _final(run: _Run, chat: bool, model_name: str) -> dict:
+    return {"id": run.id, "object": "chat.completion" if chat else "text_completion",
+            "created": run.created, "model": model_name,
+            "choices": [_choice(run, chat, run.text(True), run.finish_reason, False)],
+            "usage": run.usage()}
+
+
+async def _sse(run: _Run, chat: bool, model_name: str, include_usage: bool):
+    obj = "chat.completion.chunk" if chat else "text_completion"
+
+    def event(choices, usage=None) -> str:
+        body = {"id": run.id, "object": obj, "created": run.created, "model": model_name,
+                "choices": choices}
+        if include_usage:
+            body["usage"] = usage
+        return f"data: {json.dumps(body)}\n\n"
+    try:
+        async for out in run.outputs():
+            text = run.text(out.finished)
+            delta = ""
+            if len(text) > len(run.sent) and text.startswith(run.sent):  # never take back text
+                delta, run.sent = text[len(run.sent):], text
+            if delta or out.finished:
+                yield event([_choice(run, chat, delta, run.finish_reason if out.finished else None,
+                                     True)])
+        if include_usage:
+            yield event([], run.usage())
+    except (EngineClosedError, RuntimeError, asyncio.CancelledError) as exc:
+        if isinstance(exc, asyncio.CancelledError):
+            raise
+        err = APIError(503, f"the request ended early: {exc}", "server_error")
+        yield f"data: {json.dumps(err.body())}\n\n"
+    yield "data: [DONE]\n\n"

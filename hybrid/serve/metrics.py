@@ -1,0 +1,57 @@
+"""Prometheus metrics of a serving engine (prometheus_client, one registry per app).
+
+Gauges and totals are read from the engine's counters at each scrape; the time-to-first-token
+and per-token latency histograms are observed as requests run.  ``hybrid_kv_blocks_used`` counts
+blocks held by live requests (cached blocks no request holds are ``hybrid_kv_blocks_cached``).
+"""
+
+from __future__ import annotations
+
+from fastapi.responses import Response
+from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Histogram, generate_latest
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
+
+_GAUGES = [("requests_running", "Requests in the running batch"),
+           ("requests_waiting", "Requests waiting to be admitted"),
+           ("kv_blocks_used", "KV blocks held by live requests"),
+           ("kv_blocks_cached", "KV blocks kept for prefix reuse, held by no request"),
+           ("kv_blocks_total", "KV blocks in the pool")]
+_TOTALS = [("prefix_cache_hit_tokens", "Prompt tokens served from the prefix cache"),
+           ("prompt_tokens", "Prompt tokens received"),
+           ("generation_tokens", "Tokens generated"),
+           ("preemptions", "Requests preempted when the KV pool ran dry")]
+
+
+class _EngineCollector:
+    def __init__(self):
+        self.engine = None
+
+    def collect(self):
+        st = self.engine.stats() if self.engine is not None else {}
+        for name, doc in _GAUGES:
+            g = GaugeMetricFamily(f"hybrid_{name}", doc)
+            g.add_metric([], float(st.get(name) or 0))
+            yield g
+        for name, doc in _TOTALS:
+            c = CounterMetricFamily(f"hybrid_{name}", doc)
+            c.add_metric([], float(st.get(name) or 0))
+            yield c
+
+
+class Metrics:
+    def __init__(self):
+        self.registry = CollectorRegistry()
+        self._engine = _EngineCollector()
+        self.registry.register(self._engine)
+        self.ttft = Histogram("hybrid_time_to_first_token_seconds", "Time to first token",
+                              registry=self.registry,
+                              buckets=(.01, .025, .05, .1, .25, .5, 1, 2.5, 5, 10, 30, 60))
+        self.token_latency = Histogram("hybrid_time_per_output_token_seconds",
+                                       "Time between generated tokens", registry=self.registry,
+                                       buckets=(.002, .005, .01, .02, .04, .08, .16, .32, .64, 1.5))
+
+    def bind(self, engine) -> None:
+        self._engine.engine = engine
+
+    def response(self) -> Response:
+        return Response(generate_latest(self.registry), media_type=CONTENT_TYPE_LATEST)

@@ -1,0 +1,262 @@
+"""`hybrid serve` as a real process over real HTTP, driven by the official openai client (and
+plain HTTP for what the client hides): completions and chat, streaming, stop strings, usage,
+greedy output equal to Model.generate, bad requests, API keys, the queue limit, disconnects,
+metrics, and a clean shutdown on SIGTERM."""
+
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+import urllib.error
+import urllib.request
+
+import pytest
+
+pytest.importorskip("fastapi", reason="pip install '.[serve]'")
+pytest.importorskip("uvicorn", reason="pip install '.[serve]'")
+openai = pytest.importorskip("openai", reason="the openai client is a test dependency")
+
+import hybrid  # noqa: E402
+from hybrid.models import ModelLoadError, load_model  # noqa: E402
+
+NAME = "smollm2-135m-instruct"
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+class Server:
+    def __init__(self, *args):
+        self.port = _free_port()
+        self.url = f"http://127.0.0.1:{self.port}"
+        env = dict(os.environ, PYTHONUNBUFFERED="1")
+        self.proc = subprocess.Popen([sys.executable, "-m", "hybrid", "serve", "--port",
+                                      str(self.port), "--threads", "2", *args],
+                                     stdout=subprocess.PIPE, stderr=subprocess.STDOUT, env=env,
+                                     text=True)
+        self.lines = []
+        threading.Thread(target=self._read, daemon=True).start()
+        deadline = time.time() + 120
+        while time.time() < deadline:
+            if self.proc.poll() is not None:
+                raise RuntimeError("server exited:\n" + "".join(self.lines))
+            try:
+                self.get("/health", key=args[args.index("--api-key") + 1]
+                         if "--api-key" in args else None)
+                return
+            except (urllib.error.URLError, ConnectionError):
+                time.sleep(0.3)
+        raise RuntimeError("server did not start:\n" + "".join(self.lines))
+
+    def _read(self):
+        for line in self.proc.stdout:
+            self.lines.append(line)
+
+    def request(self, method, path, body=None, raw=None, key=None):
+        data = raw if raw is not None else (json.dumps(body).encode() if body is not None else None)
+        req = urllib.request.Request(self.url + path, data=data, method=method,
+                                     headers={"content-type": "application/json"})
+        if key:
+            req.add_header("authorization", f"Bearer {key}")
+        try:
+            with urllib.request.urlopen(req, timeout=120) as r:
+                return r.status, r.read().decode(), dict(r.headers)
+        except urllib.error.HTTPError as e:
+            return e.code, e.read().decode(), dict(e.headers)
+
+    def get(self, path, key=None):
+        status, text, _ = self.request("GET", path, key=key)
+        if status != 200:
+            raise urllib.error.URLError(f"{status}")
+        return text
+
+    def metric(self, name) -> float:
+        for line in self.get("/metrics").splitlines():
+            if line.startswith(name + " "):
+                return float(line.split()[1])
+        raise KeyError(name)
+
+    def stop(self):
+        if self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGTERM)
+            try:
+                self.proc.wait(timeout=30)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                raise
+
+
+@pytest.fixture(scope="module")
+def model():
+    try:
+        return load_model()
+    except ModelLoadError as exc:
+        pytest.skip(str(exc))
+
+
+@pytest.fixture(scope="module")
+def server(model):
+    srv = Server("--max-batch", "4", "--max-queue", "64")
+    yield srv
+    srv.stop()
+
+
+@pytest.fixture(scope="module")
+def client(server):
+    return openai.OpenAI(base_url=server.url + "/v1", api_key="unused", max_retries=0)
+
+
+def test_completions_equal_generate(client, model):
+    prompt = "The capital of France is"
+    ids = model.tokenizer.encode(prompt)
+    want = model.generate(ids, 12, stop_tokens=[])
+    r = client.completions.create(model=NAME, prompt=prompt, max_tokens=12, temperature=0)
+    assert r.choices[0].text == model.tokenizer.decode(want)
+    assert r.usage.prompt_tokens == len(ids) and r.usage.completion_tokens == 12
+    assert r.usage.total_tokens == len(ids) + 12 and r.choices[0].finish_reason == "length"
+    r2 = client.completions.create(model=NAME, prompt=ids, max_tokens=12, temperature=0)
+    assert r2.choices[0].text == r.choices[0].text  # token ids as the prompt
+
+
+def test_streaming_chat_and_stop_strings(client, model):
+    msgs = [{"role": "user", "content": "What is the capital of France?"}]
+    full = client.chat.completions.create(model=NAME, messages=msgs, max_tokens=24,
+                                          temperature=0)
+    text = full.choices[0].message.content
+    chunks = list(client.chat.completions.create(model=NAME, messages=msgs, max_tokens=24,
+                                                 temperature=0, stream=True,
+                                                 stream_options={"include_usage": True}))
+    assert "".join(c.choices[0].delta.content or "" for c in chunks if c.choices) == text
+    assert chunks[-1].usage.completion_tokens == full.usage.completion_tokens
+    ids = model.tokenizer.encode(model.tokenizer.apply_chat_template(msgs),
+                                 add_special_tokens=False)
+    assert full.usage.prompt_tokens == len(ids)
+    stop = text.split()[2]  # a word from the middle of the answer
+    cut = client.chat.completions.create(model=NAME, messages=msgs, max_tokens=24,
+                                         temperature=0, stop=[stop])
+    assert cut.choices[0].finish_reason == "stop"
+    assert cut.choices[0].message.content == text[:text.index(stop)]
+    streamed = "".join(c.choices[0].delta.content or "" for c in client.chat.completions.create(
+        model=NAME, messages=msgs, max_tokens=24, temperature=0, stop=stop, stream=True))
+    assert streamed == cut.choices[0].message.content
+
+
+def test_concurrent_requests_all_answer_as_alone(client, model):
+    prompts = [f"Count to {i}:" for i in range(8)]
+    want = [model.tokenizer.decode(model.generate(model.tokenizer.encode(p), 10,
+                                                  stop_tokens=[])) for p in prompts]
+    got = [None] * len(prompts)
+
+    def ask(i):
+        got[i] = client.completions.create(model=NAME, prompt=prompts[i], max_tokens=10,
+                                           temperature=0).choices[0].text
+    threads = [threading.Thread(target=ask, args=(i,)) for i in range(len(prompts))]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert got == want
+
+
+@pytest.mark.parametrize("body,status,needle", [
+    (None, 400, "not valid JSON"),
+    ({"prompt": "hi", "max_tokens": -3}, 400, "max_tokens"),
+    ({"prompt": "hi", "temperature": 7}, 400, "temperature"),
+    ({"prompt": "hi", "top_p": 0}, 400, "top_p"),
+    ({"prompt": "hi", "model": "gpt-9"}, 404, "gpt-9"),
+    ({"prompt": []}, 400, "prompt"),
+    ({"max_tokens": 4}, 400, "prompt"),
+    ({"prompt": "hi", "n": 3}, 400, "n"),
+    ({"prompt": [1] * 9000}, 400, "context"),
+    ({"prompt": [10**9]}, 400, "token ids"),
+])
+def test_bad_requests_get_4xx_json(server, body, status, needle):
+    raw = b"{not json" if body is None else None
+    code, text, _ = server.request("POST", "/v1/completions", body, raw=raw)
+    assert code == status, text
+    err = json.loads(text)["error"]
+    assert needle in err["message"] and err["type"]
+    code, text, _ = server.request("POST", "/v1/chat/completions", {"messages": []})
+    assert code == 400 and "messages" in json.loads(text)["error"]["message"]
+    assert server.request("GET", "/health")[0] == 200  # and it carries on
+
+
+def test_disconnect_mid_stream_frees_blocks(server):
+    import http.client
+
+    conn = http.client.HTTPConnection("127.0.0.1", server.port, timeout=60)
+    conn.request("POST", "/v1/completions", json.dumps(
+        {"prompt": "Once upon a time", "max_tokens": 4000, "stream": True}),
+        {"content-type": "application/json"})
+    resp = conn.getresponse()
+    assert resp.status == 200
+    resp.readline()  # the first event
+    assert server.metric("hybrid_requests_running") == 1
+    conn.close()  # the client goes away mid-stream (4000 tokens would take ~30 s)
+    deadline = time.time() + 3
+    while time.time() < deadline and server.metric("hybrid_kv_blocks_used") > 0:
+        time.sleep(0.1)
+    assert server.metric("hybrid_kv_blocks_used") == 0
+    assert server.metric("hybrid_requests_running") == 0
+
+
+def test_metrics_and_request_log(server, client):
+    client.completions.create(model=NAME, prompt="Hello", max_tokens=3, temperature=0)
+    text = server.get("/metrics")
+    for name in ("hybrid_requests_running", "hybrid_requests_waiting", "hybrid_kv_blocks_used",
+                 "hybrid_kv_blocks_total", "hybrid_prefix_cache_hit_tokens_total",
+                 "hybrid_prompt_tokens_total", "hybrid_generation_tokens_total",
+                 "hybrid_time_to_first_token_seconds_bucket",
+                 "hybrid_time_per_output_token_seconds_bucket"):
+        assert name in text
+    assert server.metric("hybrid_generation_tokens_total") >= 3
+    assert any("prompt=" in line and "ttft=" in line and "tok/s" in line for line in server.lines)
+
+
+def test_api_key_queue_limit_and_clean_shutdown(model):
+    srv = Server("--api-key", "sesame", "--max-queue", "1", "--max-batch", "1")
+    try:
+        code, text, _ = srv.request("GET", "/v1/models")
+        assert code == 401 and json.loads(text)["error"]["code"] == "invalid_api_key"
+        assert srv.request("POST", "/v1/completions", {"prompt": "hi"})[0] == 401
+        assert srv.request("GET", "/v1/models", key="wrong")[0] == 401
+        assert srv.request("GET", "/v1/models", key="sesame")[0] == 200
+        client = openai.OpenAI(base_url=srv.url + "/v1", api_key="sesame", max_retries=0)
+        codes = []
+
+        def ask():
+            try:
+                client.completions.create(model=NAME, prompt="Tell me a story", max_tokens=40)
+                codes.append(200)
+            except openai.RateLimitError:
+                codes.append(429)
+        threads = [threading.Thread(target=ask) for _ in range(6)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+        assert 429 in codes and 200 in codes
+        # a stream running at shutdown ends; the process exits promptly
+        import http.client
+
+        conn = http.client.HTTPConnection("127.0.0.1", srv.port, timeout=60)
+        conn.request("POST", "/v1/completions", json.dumps(
+            {"prompt": "Once", "max_tokens": 3000, "stream": True}),
+            {"content-type": "application/json", "authorization": "Bearer sesame"})
+        resp = conn.getresponse()
+        resp.readline()
+        t0 = time.time()
+        srv.proc.send_signal(signal.SIGTERM)
+        rest = resp.read().decode()
+        # uvicorn re-raises the signal once it has shut down cleanly
+        assert srv.proc.wait(timeout=30) in (0, -signal.SIGTERM) and time.time() - t0 < 30
+        assert '"error"' in rest and rest.rstrip().endswith("data: [DONE]")
+    finally:
+        srv.stop()
