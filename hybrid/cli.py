@@ -230,7 +230,8 @@ def _serve(args) -> int:
         serve(args.model, host=args.host, port=args.port, threads=args.threads,
               max_batch=args.max_batch, max_batched_tokens=args.max_batched_tokens,
               kv_memory=args.kv_memory, kv_dtype=args.kv_dtype, gpu_layers=args.gpu_layers,
-              api_key=args.api_key, max_queue=args.max_queue, model_name=args.model_name)
+              api_key=args.api_key, max_queue=args.max_queue, model_name=args.model_name,
+              ray=args.ray, replicas=args.replicas)
     except (ModelLoadError, NoBackendError, ValueError) as exc:
         print(f"hybrid serve: {exc}", file=sys.stderr)
         return 2
@@ -296,6 +297,10 @@ def main(argv=None) -> int:
                      help="require Authorization: Bearer KEY on every request")
     srv.add_argument("--max-queue", type=int, default=256,
                      help="waiting requests beyond which new ones get 429")
+    srv.add_argument("--ray", action="store_true",
+                     help="serve replicas as a Ray Serve application (needs hybrid[ray]) on the "
+                          "cluster RAY_ADDRESS names, else a local one")
+    srv.add_argument("--replicas", type=int, default=1, help="with --ray: replicas to run")
     srv.set_defaults(fn=_serve)
     args = parser.parse_args(argv)
     return args.fn(args)

@@ -24,6 +24,7 @@ import hybrid  # noqa: E402
 from hybrid.models import ModelLoadError, load_model  # noqa: E402
 
 NAME = "smollm2-135m-instruct"
+HERE = os.path.dirname(os.path.abspath(__file__))
 
 
 def _free_port() -> int:
@@ -40,7 +41,7 @@ class Server:
         self.proc = subprocess.Popen([sys.executable, "-m", "hybrid", "serve", "--port",
                                       str(self.port), "--threads", "2", *args],
                                      stdout=subprocess.PIPE, stderr=subprocess.STDOUT, env=env,
-                                     text=True)
+                                     text=True, cwd=HERE)  # not the source tree: the install
         self.lines = []
         threading.Thread(target=self._read, daemon=True).start()
         deadline = time.time() + 120
@@ -116,7 +117,7 @@ def client(server):
 def test_completions_equal_generate(client, model):
     prompt = "The capital of France is"
     ids = model.tokenizer.encode(prompt)
-    want = model.generate(ids, 12, stop_tokens=[])
+    want = model.generate(ids, 12)
     r = client.completions.create(model=NAME, prompt=prompt, max_tokens=12, temperature=0)
     assert r.choices[0].text == model.tokenizer.decode(want)
     assert r.usage.prompt_tokens == len(ids) and r.usage.completion_tokens == 12
@@ -148,15 +149,15 @@ def test_streaming_chat_and_stop_strings(client, model):
     assert streamed == cut.choices[0].message.content
 
 
-def test_concurrent_requests_all_answer_as_alone(client, model):
-    prompts = [f"Count to {i}:" for i in range(8)]
-    want = [model.tokenizer.decode(model.generate(model.tokenizer.encode(p), 10,
-                                                  stop_tokens=[])) for p in prompts]
+def test_sixteen_concurrent_streams_each_as_alone(client, model):
+    prompts = [f"Write the number {i} in words:" for i in range(16)]
+    want = [model.tokenizer.decode(model.generate(model.tokenizer.encode(p), 10))
+            for p in prompts]  # the server stops at end-of-sequence as generate does
     got = [None] * len(prompts)
 
     def ask(i):
-        got[i] = client.completions.create(model=NAME, prompt=prompts[i], max_tokens=10,
-                                           temperature=0).choices[0].text
+        got[i] = "".join(c.choices[0].text for c in client.completions.create(
+            model=NAME, prompt=prompts[i], max_tokens=10, temperature=0, stream=True))
     threads = [threading.Thread(target=ask, args=(i,)) for i in range(len(prompts))]
     for t in threads:
         t.start()
@@ -185,7 +186,8 @@ def test_bad_requests_get_4xx_json(server, body, status, needle):
     assert needle in err["message"] and err["type"]
     code, text, _ = server.request("POST", "/v1/chat/completions", {"messages": []})
     assert code == 400 and "messages" in json.loads(text)["error"]["message"]
-    assert server.request("GET", "/health")[0] == 200  # and it carries on
+    code, text, _ = server.request("POST", "/v1/completions", {"prompt": "Hi", "max_tokens": 2})
+    assert code == 200 and json.loads(text)["usage"]["completion_tokens"] == 2  # it carries on
 
 
 def test_disconnect_mid_stream_frees_blocks(server):
@@ -228,6 +230,8 @@ def test_api_key_queue_limit_and_clean_shutdown(model):
         assert srv.request("POST", "/v1/completions", {"prompt": "hi"})[0] == 401
         assert srv.request("GET", "/v1/models", key="wrong")[0] == 401
         assert srv.request("GET", "/v1/models", key="sesame")[0] == 200
+        assert srv.request("POST", "/v1/completions", {"prompt": "hi", "max_tokens": 2},
+                           key="sesame")[0] == 200
         client = openai.OpenAI(base_url=srv.url + "/v1", api_key="sesame", max_retries=0)
         codes = []
 
@@ -243,6 +247,8 @@ def test_api_key_queue_limit_and_clean_shutdown(model):
         for t in threads:
             t.join()
         assert 429 in codes and 200 in codes
+        assert srv.request("POST", "/v1/completions", {"prompt": "hi", "max_tokens": 2},
+                           key="sesame")[0] == 200  # after the 429s, served again
         # a stream running at shutdown ends; the process exits promptly
         import http.client
 

@@ -38,10 +38,15 @@ def build_app(model, *, model_name: str = "hybrid", api_key: "str | None" = None
     metrics = Metrics()
     ctx_len = model.max_tokens or model.max_position or (1 << 30)
 
+    def engine() -> AsyncEngine:
+        if state["engine"] is None:
+            state["engine"] = AsyncEngine(model, **engine_kw)
+            metrics.bind(state["engine"])
+        return state["engine"]
+
     @asynccontextmanager
     async def lifespan(app):
-        state["engine"] = AsyncEngine(model, **engine_kw)
-        metrics.bind(state["engine"])
+        engine()
         try:
             yield
         finally:
@@ -96,6 +101,7 @@ def build_app(model, *, model_name: str = "hybrid", api_key: "str | None" = None
 
     @app.get("/metrics")
     async def prometheus():
+        engine()
         return metrics.response()
 
     @app.post("/v1/completions")
@@ -122,7 +128,7 @@ def build_app(model, *, model_name: str = "hybrid", api_key: "str | None" = None
 
     # -- the common path ----------------------------------------------------------------------
     async def _respond(request, body, ids, max_tokens, chat: bool):
-        engine = state["engine"]
+        eng = engine()
         if not ids:
             raise APIError(400, "the prompt has no tokens", param="prompt")
         if len(ids) >= ctx_len:
@@ -137,11 +143,11 @@ def build_app(model, *, model_name: str = "hybrid", api_key: "str | None" = None
                                       seed=body.seed, stop_strings=tuple(stops))
         except ValueError as exc:
             raise APIError(400, str(exc)) from None
-        if engine.stats()["requests_waiting"] >= max_queue:
+        if eng.stats()["requests_waiting"] >= max_queue:
             raise APIError(429, f"the queue is full ({max_queue} waiting requests); retry later",
                            "rate_limit_error", code="queue_full")
         rid = ("chatcmpl-" if chat else "cmpl-") + uuid.uuid4().hex[:24]
-        run = _Run(engine, model, ids, params, stops, metrics, rid)
+        run = _Run(eng, model, ids, params, stops, metrics, rid)
         try:
             await run.start()
         except ValueError as exc:

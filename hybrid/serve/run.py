@@ -9,7 +9,15 @@ import os
 def serve(model_path=None, *, host: str = "127.0.0.1", port: int = 8000, threads: int = 0,
           max_batch: int = 16, max_batched_tokens: int = 512, kv_memory=None,
           kv_dtype: str = "float16", gpu_layers: int = 0, api_key=None, max_queue: int = 256,
-          model_name=None, log_level: str = "info") -> None:
+          model_name=None, log_level: str = "info", ray: bool = False, replicas: int = 1) -> None:
+    if ray:
+        from .ray_app import serve_on_ray
+
+        serve_on_ray(model_path, host=host, port=port, replicas=replicas, threads=threads or 1,
+                     model_name=model_name, api_key=api_key, max_queue=max_queue,
+                     kv_dtype=kv_dtype, max_batch=max_batch,
+                     max_batched_tokens=max_batched_tokens, kv_memory=kv_memory)
+        return
     import uvicorn
 
     from .. import set_num_threads

@@ -1,0 +1,108 @@
+"""`hybrid serve` over real HTTP beside the engine called directly, SmolLM2, 2 threads.
+
+Concurrency 1, 4 and 16 streaming clients (the openai client, one thread each), 16-token prompts
+and 32 new tokens per request: requests/s and aggregate tokens/s through HTTP, the same load on an
+AsyncEngine in this process, their ratio (the cost of HTTP; target: under 10% at 16 streams), and
+time to first token p50/p99 through HTTP.
+"""
+
+import asyncio
+import os
+import sys
+import threading
+import time
+
+import numpy as np
+import pytest
+
+import hybrid
+from conftest import RESULTS, THREADS, record_ratio
+
+pytest.importorskip("fastapi", reason="pip install '.[serve]'")
+openai = pytest.importorskip("openai", reason="pip install openai")
+sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "tests"))
+from test_serve import NAME, Server  # noqa: E402
+
+NEW, REQUESTS_PER_CLIENT = 32, 3
+_direct = {}
+
+
+@pytest.fixture(scope="module")
+def model():
+    from hybrid.models import ModelLoadError
+
+    try:
+        return hybrid.load_model()
+    except ModelLoadError as exc:
+        pytest.skip(str(exc))
+
+
+@pytest.fixture(scope="module")
+def server():
+    srv = Server("--max-batch", "16", "--threads", str(THREADS))
+    yield srv
+    srv.stop()
+
+
+def _prompts(model, n):
+    rng = np.random.default_rng(0)
+    return [[int(t) for t in rng.integers(100, 20000, 16)] for _ in range(n)]
+
+
+def _direct_run(model, concurrency):
+    prompts = _prompts(model, concurrency * REQUESTS_PER_CLIENT)
+    params = hybrid.GenerationParams(max_new_tokens=NEW, stop_tokens=[])
+
+    async def client(engine, mine):
+        n = 0
+        for p in mine:
+            async for out in engine.stream(p, params):
+                n += len(out.new_tokens)
+        return n
+
+    async def main(engine):
+        parts = [prompts[i::concurrency] for i in range(concurrency)]
+        return sum(await asyncio.gather(*[client(engine, m) for m in parts]))
+    with hybrid.AsyncEngine(model, max_batch=16) as engine:
+        asyncio.run(main(engine))  # warm
+        t0 = time.perf_counter()
+        tokens = asyncio.run(main(engine))
+        return tokens / (time.perf_counter() - t0), len(prompts) / (time.perf_counter() - t0)
+
+
+@pytest.mark.parametrize("concurrency", [1, 4, 16])
+def test_http_against_engine(benchmark, model, server, concurrency):
+    direct_tps, _ = _direct_run(model, concurrency)
+    client = openai.OpenAI(base_url=server.url + "/v1", api_key="unused", max_retries=0)
+    prompts = _prompts(model, concurrency * REQUESTS_PER_CLIENT)
+    ttft, tokens = [], [0] * concurrency
+
+    def run(i):
+        for p in prompts[i::concurrency]:
+            t0 = time.perf_counter()
+            first = None
+            for chunk in client.completions.create(model=NAME, prompt=p, max_tokens=NEW,
+                                                   temperature=0, stream=True,
+                                                   stream_options={"include_usage": True}):
+                if first is None and chunk.choices and chunk.choices[0].text:
+                    first = time.perf_counter() - t0
+                if chunk.usage:
+                    tokens[i] += chunk.usage.completion_tokens
+            ttft.append(first or 0.0)
+    t0 = time.perf_counter()
+    threads = [threading.Thread(target=run, args=(i,)) for i in range(concurrency)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    wall = time.perf_counter() - t0
+    benchmark.pedantic(lambda: None, rounds=1)
+    tps, rps = sum(tokens) / wall, len(prompts) / wall
+    p50, p99 = np.percentile(ttft, 50), np.percentile(ttft, 99)
+    benchmark.extra_info.update(http_tps=tps, http_rps=rps, direct_tps=direct_tps,
+                                ttft_p50_s=p50, ttft_p99_s=p99)
+    RESULTS.append(("serve", f"HTTP {concurrency} streams", tps, "tok/s",
+                    f"{rps:.2f} req/s, TTFT p50 {p50 * 1e3:.0f} ms p99 {p99 * 1e3:.0f} ms"))
+    RESULTS.append(("serve", f"engine direct {concurrency} streams", direct_tps, "tok/s", ""))
+    record_ratio("serve", f"HTTP / engine at {concurrency} streams", tps, direct_tps,
+                 "target >= 0.9 at 16")
