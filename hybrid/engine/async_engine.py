@@ -23,6 +23,11 @@ class EngineClosedError(RuntimeError):
     """The engine was closed while the request was running."""
 
 
+def _put_all(puts) -> None:
+    for queue, item in puts:
+        queue.put_nowait(item)
+
+
 class AsyncEngine:
     def __init__(self, model, **engine_kw):
         self.engine = Engine(model, **engine_kw)
@@ -51,10 +56,22 @@ class AsyncEngine:
                         if rid in self.engine._requests:
                             self.engine.abort(rid)
                         self._deliver(rid, exc)
-            for out in outs:
-                self._deliver(out.request_id, out)
+            self._deliver_many([(out.request_id, out) for out in outs])
         for rid in list(self._streams):
             self._deliver(rid, EngineClosedError("the engine was closed"))
+
+    def _deliver_many(self, items) -> None:
+        """Hand a step's outputs over with one wake-up per consumer event loop."""
+        by_loop: dict = {}
+        for rid, item in items:
+            target = self._streams.get(rid)
+            if target is not None:
+                by_loop.setdefault(target[0], []).append((target[1], item))
+        for loop, puts in by_loop.items():
+            try:
+                loop.call_soon_threadsafe(_put_all, puts)
+            except RuntimeError:  # that loop is gone: nobody listens there any more
+                pass
 
     def _deliver(self, rid: str, item) -> None:
         target = self._streams.get(rid)

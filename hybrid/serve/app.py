@@ -230,14 +230,29 @@ class _Run:
         async for _ in self.outputs():
             pass
 
+    def _decoded(self) -> str:
+        """The generated text (end-of-sequence ids left out), decoded incrementally: the text of
+        settled tokens is kept, and only the tokens after them are decoded again, with a few
+        tokens before them as context (so word-initial spaces come out right)."""
+        tok = self.model.tokenizer
+        ids = [t for t in self.tokens if t not in tok.eos_ids]
+        if not hasattr(self, "_settled"):
+            self._settled, self._settled_text = 0, ""
+        ctx = max(0, self._settled - 4)
+        head = tok.decode(ids[ctx:self._settled]) if self._settled else ""
+        tail = tok.decode(ids[ctx:])
+        text = self._settled_text + (tail[len(head):] if tail.startswith(head) else
+                                     tok.decode(ids)[len(self._settled_text):])
+        if len(ids) - self._settled > 8 and not text.endswith("\ufffd"):
+            self._settled, self._settled_text = len(ids), text
+        return text
+
     def text(self, final: bool) -> str:
         """The generated text, stop strings cut; while running, held back where a stop string
         could still begin."""
-        tok = self.model.tokenizer
-        if tok is None:
+        if self.model.tokenizer is None:
             return ""
-        ids = [t for t in self.tokens if t not in tok.eos_ids]
-        text = tok.decode(ids)
+        text = self._decoded()
         cut = min((text.find(s) for s in self.stops if s in text), default=-1)
         if cut >= 0:
             return text[:cut]
