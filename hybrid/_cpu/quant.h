@@ -342,7 +342,34 @@ hy_dot_q8_0_rows(const uint8_t *w, long nb, const int R, const int8_t *qa, const
     long b = 0;
     float sum[HY_MR];
     for (int r = 0; r < HY_MR; r++) sum[r] = 0.0f;
-#ifdef HY_AVX2
+#if defined(HY_Q512)
+    /* two blocks per 512-bit vector (an odd last block leaves the upper half zero); |w| times
+     * a with w's sign */
+    __m512 acc[HY_MR];
+    for (int r = 0; r < R; r++) acc[r] = _mm512_setzero_ps();
+    for (; b < nb; b += 2) {
+        const int two = b + 1 < nb;
+        const uint8_t *b0 = w + 34 * b, *b1 = b0 + 34;
+        HY_PREFETCH(b0);
+        const __m256i w0 = _mm256_loadu_si256((const __m256i *)(b0 + 2));
+        const __m256i w1 = two ? _mm256_loadu_si256((const __m256i *)(b1 + 2)) : _mm256_setzero_si256();
+        const __m512i wv = _mm512_inserti64x4(_mm512_castsi256_si512(w0), w1, 1);
+        const __m512i wa = _mm512_abs_epi8(wv);
+        const __mmask64 neg = _mm512_movepi8_mask(wv);
+        const __mmask64 am = two ? ~(__mmask64)0 : (__mmask64)0xFFFFFFFFu;
+        const float d0 = hy_f16(b0), d1 = two ? hy_f16(b1) : 0.0f;
+        for (int r = 0; r < R; r++) {
+            __m512i a = _mm512_maskz_loadu_epi8(am, qa + r * n + 32 * b);
+            a = _mm512_mask_sub_epi8(a, neg, _mm512_setzero_si512(), a);
+            const __m512i p = _mm512_dpbusd_epi32(_mm512_setzero_si512(), wa, a);
+            const float *dr = da + r * nb;
+            const __m512 sc = _mm512_mask_blend_ps((__mmask16)0xFF00, _mm512_set1_ps(d0 * dr[b]),
+                                                   _mm512_set1_ps(two ? d1 * dr[b + 1] : 0.0f));
+            acc[r] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(p), sc, acc[r]);
+        }
+    }
+    for (int r = 0; r < R; r++) sum[r] = _mm512_reduce_add_ps(acc[r]);
+#elif defined(HY_AVX2)
 #define HY_QA(r, i) _mm256_loadu_si256((const __m256i *)(qa + (r) * n + 32 * (i)))
     __m256 acc0[HY_MR], acc1[HY_MR];
     for (int r = 0; r < R; r++) acc0[r] = acc1[r] = _mm256_setzero_ps();
@@ -396,7 +423,7 @@ hy_dot_q4q5_rows(const uint8_t *w, long nb, const int R, const int8_t *qa, const
     long b = 0;
     float sum[HY_MR], msum[HY_MR];
     for (int r = 0; r < HY_MR; r++) sum[r] = msum[r] = 0.0f;
-#ifdef HY_AVX2
+#ifdef HY_AVX2  /* (a 512-bit two-block version measured 9% slower here) */
     __m256 acc0[HY_MR], acc1[HY_MR];
     for (int r = 0; r < R; r++) acc0[r] = acc1[r] = _mm256_setzero_ps();
     for (; b < nb; b++) {
