@@ -118,8 +118,14 @@ def _model_info(path) -> None:
             kernel = "BLAS sgemm/sgemv"
         else:
             fmt = get_format(name)
-            kernel = ("8-bit activations, integer dot products" if fmt.integer
-                      else "widen to float32 + FMA") + "; prefill: decoded panels + BLAS"
+            if fmt.integer:
+                from ._cpu.backend import INT8_GEMM
+
+                kernel = ("decode: 8-bit activations, integer dot products; prefill: "
+                          + ("int8 GEMM on interleaved panels" if INT8_GEMM
+                             else "decoded panels + BLAS (HYBRID_INT8_GEMM=0)"))
+            else:
+                kernel = "decode: widen to float32 + FMA; prefill: decoded panels + BLAS"
         print(f"  {name:10s} {count:8d} {nbytes / 2**20:9.1f}  {kernel} (decoded to float32 on "
               f"upload)")
     for name, src, dst in mw.metadata.get("reencoded", []):
