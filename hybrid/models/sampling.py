@@ -39,6 +39,8 @@ class Sampler:
 
     def __call__(self, logits: np.ndarray, history) -> int:
         p = self.params
+        if p.temperature == 0.0 and (p.repetition_penalty == 1.0 or not len(history)):
+            return int(np.argmax(logits))  # greedy: the float32 order is the float64 order
         x = np.asarray(logits, dtype=np.float64)
         if p.repetition_penalty != 1.0 and len(history):
             seen = np.unique(np.asarray(history, dtype=np.int64))
