@@ -13,6 +13,7 @@ back to the pool at once.  ``close()`` stops the loop; streams still running end
 from __future__ import annotations
 
 import asyncio
+import collections
 import threading
 
 from .engine import Engine
@@ -34,6 +35,9 @@ class AsyncEngine:
         self._lock = threading.Lock()  # one thread at a time inside the engine
         self._wake = threading.Event()
         self._streams: dict = {}  # request id -> (event loop, asyncio.Queue)
+        # handed to the engine thread without waiting for its lock (held through a step)
+        self._incoming: collections.deque = collections.deque()  # prepared requests
+        self._aborts: collections.deque = collections.deque()  # request ids
         self._closed = False
         self._thread = threading.Thread(target=self._loop, name="hybrid-engine", daemon=True)
         self._thread.start()
@@ -45,8 +49,16 @@ class AsyncEngine:
             if self._closed:
                 break
             with self._lock:
+                while self._incoming:
+                    self.engine.admit_request(self._incoming.popleft())
+                while self._aborts:
+                    rid = self._aborts.popleft()
+                    if rid in self.engine._requests:
+                        self.engine.abort(rid)
                 if not self.engine.has_unfinished():
                     self._wake.clear()
+                    if self._incoming or self._aborts:
+                        self._wake.set()
                     continue
                 try:
                     outs = self.engine.step()
@@ -91,9 +103,10 @@ class AsyncEngine:
             raise EngineClosedError("the engine is closed")
         loop = asyncio.get_running_loop()
         queue: asyncio.Queue = asyncio.Queue()
-        with self._lock:
-            rid = self.engine.add_request(ids, params)
-            self._streams[rid] = (loop, queue)
+        req = self.engine.prepare_request(ids, params)  # checks; the engine thread admits it
+        rid = req.request_id
+        self._streams[rid] = (loop, queue)
+        self._incoming.append(req)
         self._wake.set()
         finished = False
         try:
@@ -119,14 +132,17 @@ class AsyncEngine:
         return last
 
     def abort(self, rid: str) -> None:
-        """Abort a request if it is still running (no error if it is not)."""
-        with self._lock:
-            if rid in self.engine._requests:
-                self.engine.abort(rid)
+        """Abort a request if it is still running (no error if it is not), at the engine's
+        next step."""
+        self._aborts.append(rid)
+        self._wake.set()
 
     def stats(self) -> dict:
-        with self._lock:
-            return self.engine.stats()
+        """The engine's counters (read without waiting for a step to end; requests handed over
+        but not yet admitted count as waiting)."""
+        st = self.engine.stats()
+        st["requests_waiting"] += len(self._incoming)
+        return st
 
     def close(self) -> None:
         """Stop the step loop; running streams end with EngineClosedError."""

@@ -75,6 +75,14 @@ class Engine:
                     request_id: "str | None" = None) -> str:
         """Queue a request (token ids + parameters); returns its id.  Raises ValueError for a bad
         request, which changes nothing."""
+        req = self.prepare_request(ids, params, request_id)
+        self.admit_request(req)
+        return req.request_id
+
+    def prepare_request(self, ids, params: "GenerationParams | None" = None,
+                        request_id: "str | None" = None) -> Request:
+        """Check a request and build it without queueing it (changes nothing; safe to call from
+        another thread than the one stepping).  Raises ValueError for a bad request."""
         params = params if params is not None else GenerationParams()
         if not isinstance(params, GenerationParams):
             raise TypeError(f"params must be GenerationParams, got {type(params).__name__}")
@@ -95,10 +103,15 @@ class Engine:
         req = Request(prompt, params, stops, arrival=next(self._arrivals))
         if request_id is not None:
             req.request_id = str(request_id)
+        return req
+
+    def admit_request(self, req: Request) -> None:
+        """Queue a request built by ``prepare_request``."""
+        if req.request_id in self._requests:
+            raise ValueError(f"request id {req.request_id!r} is already in use")
         self._requests[req.request_id] = req
         self.scheduler.add(req)
-        self.prompt_tokens += len(prompt)
-        return req.request_id
+        self.prompt_tokens += len(req.prompt)
 
     def abort(self, request_id: str) -> RequestOutput:
         """Stop a request now; its blocks go back to the pool.  KeyError for an unknown id."""

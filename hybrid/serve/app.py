@@ -237,14 +237,15 @@ class _Run:
         tok = self.model.tokenizer
         ids = [t for t in self.tokens if t not in tok.eos_ids]
         if not hasattr(self, "_settled"):
-            self._settled, self._settled_text = 0, ""
+            self._settled, self._settled_text, self._head = 0, "", ""
         ctx = max(0, self._settled - 4)
-        head = tok.decode(ids[ctx:self._settled]) if self._settled else ""
         tail = tok.decode(ids[ctx:])
+        head = self._head  # the context tokens' own text, decoded when they settled
         text = self._settled_text + (tail[len(head):] if tail.startswith(head) else
                                      tok.decode(ids)[len(self._settled_text):])
         if len(ids) - self._settled > 8 and not text.endswith("\ufffd"):
             self._settled, self._settled_text = len(ids), text
+            self._head = tok.decode(ids[max(0, self._settled - 4):self._settled])
         return text
 
     def text(self, final: bool) -> str:
