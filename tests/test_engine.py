@@ -4,6 +4,7 @@ step, and a soak that ends with every block back in the pool."""
 
 import os
 import sys
+import time
 
 import numpy as np
 import pytest
@@ -204,7 +205,7 @@ def test_async_engine_streams_and_cancels(tiny_q8, rng):
         return toks
 
     async def leave_early(engine, p):
-        async for out in engine.stream(p, GenerationParams(max_new_tokens=50, stop_tokens=[])):
+        async for out in engine.stream(p, GenerationParams(max_new_tokens=200, stop_tokens=[])):
             if len(out.tokens) >= 2:
                 break  # the request is aborted here
 
@@ -217,8 +218,13 @@ def test_async_engine_streams_and_cancels(tiny_q8, rng):
 
     with hybrid.AsyncEngine(tiny_q8, max_batch=4, max_batched_tokens=32, num_blocks=100) as engine:
         assert asyncio.run(main(engine)) == alone
+        deadline = time.time() + 2  # an abort takes effect at the engine's next step
+        while time.time() < deadline and engine.stats()["kv_blocks_used"]:
+            time.sleep(0.01)
         st = engine.stats()
         assert st["kv_blocks_used"] == 0 and st["requests_running"] == 0
+        # the request left early was aborted, not run to its 200 tokens
+        assert st["generation_tokens"] < sum(map(len, alone)) + 100
 
 
 def _pool_for(model, blocks=200):
