@@ -21,13 +21,8 @@ _single = {}
 
 
 @pytest.fixture(scope="module")
-def model():
-    from hybrid.models import ModelLoadError
-
-    try:
-        return hybrid.load_model()
-    except ModelLoadError as exc:
-        pytest.skip(str(exc))
+def model(default_model):
+    return default_model
 
 
 class _Timed:

@@ -27,17 +27,11 @@ sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "tests"))
 from test_serve import NAME, Server  # noqa: E402
 
 NEW, REQUESTS_PER_CLIENT = 32, 3
-_direct = {}
 
 
 @pytest.fixture(scope="module")
-def model():
-    from hybrid.models import ModelLoadError
-
-    try:
-        return hybrid.load_model()
-    except ModelLoadError as exc:
-        pytest.skip(str(exc))
+def model(default_model):
+    return default_model
 
 
 @pytest.fixture(scope="module")

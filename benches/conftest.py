@@ -77,3 +77,14 @@ def pytest_terminal_summary(terminalreporter):
     width = max(len(r[1]) for r in RESULTS)
     for group, name, value, unit, note in RESULTS:
         tr.write_line(f"{group:<10} {name:<{width}}  {value:>10.3f} {unit:<8} {note}")
+
+
+@pytest.fixture(scope="session")
+def default_model():
+    """The embedded SmolLM2 (skips with the reason where it is not installed)."""
+    from hybrid.models import ModelLoadError
+
+    try:
+        return hybrid.load_model()
+    except ModelLoadError as exc:
+        pytest.skip(str(exc))

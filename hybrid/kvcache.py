@@ -192,14 +192,15 @@ class PagedKVCache:
             t.set_blocks(self._blocks, self.pool.k_addr[layer], self.pool.v_addr[layer])
             t.version = self._version
 
-    def _take_blocks(self, n: int) -> None:
-        """Take the blocks for n tokens after seq_len (copying a shared block about to be
-        written); the layers' tables follow lazily.  Raises with nothing taken."""
-        start = self._seq_len
+    def _take_blocks(self, start: int, n: int, where: str = "") -> None:
+        """Take the blocks for n tokens from position ``start`` (copying a shared block about to
+        be written); the layers' tables follow lazily.  Raises with nothing taken."""
         if self.max_tokens is not None and start + n > self.max_tokens:
             raise CacheCapacityError(
-                f"KV cache capacity exceeded: it holds {start} tokens, appending {n} would make "
-                f"{start + n} > max_tokens={self.max_tokens}")
+                f"KV cache capacity exceeded{where}: it holds {start} tokens, appending {n} would "
+                f"make {start + n} > max_tokens={self.max_tokens}")
+        if not n:
+            return
         need = -(-(start + n) // self.block_size)
         try:
             if need > len(self._blocks):
@@ -286,23 +287,8 @@ class PagedKVCache:
         """Check capacity, take the blocks for n more tokens of ``layer`` (copying a shared block
         about to be written) and point the layer's tables at them; returns where the tokens
         start.  Raises with nothing taken."""
-        t = self._tables[layer]
-        start = t.length
-        if self.max_tokens is not None and start + n > self.max_tokens:
-            raise CacheCapacityError(
-                f"KV cache capacity exceeded on layer {layer}: it holds {start} tokens, appending "
-                f"{n} would make {start + n} > max_tokens={self.max_tokens}")
-        if n:
-            need = -(-(start + n) // self.block_size)
-            try:
-                if need > len(self._blocks):
-                    self._blocks.extend(self.pool.allocate(need - len(self._blocks)))
-                    self._version += 1
-                if start % self.block_size:
-                    self._make_writable(start // self.block_size)
-            except BaseException:
-                self._trim()
-                raise
+        start = self._tables[layer].length
+        self._take_blocks(start, n, f" on layer {layer}")
         self._refresh(layer)
         return start
 

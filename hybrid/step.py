@@ -78,7 +78,7 @@ class StepBatch:
         done = []
         try:
             for c, n in zip(caches, counts):
-                c._take_blocks(n)
+                c._take_blocks(c.seq_len, n)
                 done.append(c)
         except BaseException:
             for c in done:
