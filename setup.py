@@ -24,7 +24,8 @@ from setuptools import Extension, setup
 
 CPU_MODULES = ["elementwise", "attention", "runtime", "quant"]
 HEADERS = ["hybrid/_cpu/simd.h", "hybrid/_cpu/attention_core.h", "hybrid/_cpu/omp_compat.h",
-           "hybrid/_cpu/quant.h", "hybrid/_cpu/rowops.h"]
+           "hybrid/_cpu/quant.h", "hybrid/_cpu/rowops.h",
+           "hybrid/_cpu/attention_avx512.h"]
 # Row decoding must reproduce gguf.quants bit for bit: no fused multiply-adds from contraction
 # (the dot products use explicit FMA intrinsics and are unaffected).  The row kernels of
 # rowops.h are compiled the same way in both modules that use them, so a quantized layer's fused

@@ -20,6 +20,7 @@
 #include <stdint.h>
 
 #include "simd.h"
+#include "attention_avx512.h"
 
 typedef struct {
     int num_heads;     /* query heads H */
@@ -151,6 +152,30 @@ static inline void hy_attn_task(const hy_attn_shape *sh, hy_attn_scratch *w, con
                 k = w->kbuf;
                 v = w->vbuf;
             }
+#ifdef HY_AVX512
+            if (mode != HY_ROWS_GENERIC && D % 16 == 0) {
+                /* rows that see part of the chunk one by one, then every row that sees all of
+                 * it as one run of query vectors, four per pass (the layout of w->q keeps a KV
+                 * head's vectors of consecutive rows contiguous) */
+                long r = r0;
+                for (; r < r1; r++) {
+                    long see = row_pos[r] + 1 - base;
+                    if (see >= c) break;
+                    if (see <= 0) continue;
+                    int i = (int)(((g - g0) * nrows + (r - r0)) * G), iend = i + G;
+                    for (; i < iend; i += 4)
+                        hy512_update(iend - i < 4 ? iend - i : 4, sh->kv_f16, w->q + (long)i * D,
+                                     w->m + i, w->l + i, w->acc + (long)i * D, w->s, bs, k, v,
+                                     (int)see, D);
+                }
+                int i = (int)(((g - g0) * nrows + (r - r0)) * G);
+                const int iend = (int)(((g - g0) * nrows + nrows) * G);
+                for (; i < iend; i += 4)
+                    hy512_update(iend - i < 4 ? iend - i : 4, sh->kv_f16, w->q + (long)i * D,
+                                 w->m + i, w->l + i, w->acc + (long)i * D, w->s, bs, k, v, c, D);
+                continue;
+            }
+#endif
             for (long r = r0; r < r1; r++) {
                 long see = row_pos[r] + 1 - base; /* rows of this chunk visible to row r */
                 if (see <= 0) continue;

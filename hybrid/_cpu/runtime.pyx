@@ -19,7 +19,7 @@ def have_openmp():
 
 def simd_level():
     """'avx2+fma+f16c', 'avx2+fma' or 'portable': the vector code compiled into the kernels."""
-    return {2: "avx2+fma+f16c", 1: "avx2+fma", 0: "portable"}[hy_simd_level()]
+    return {3: "avx512", 2: "avx2+fma+f16c", 1: "avx2+fma", 0: "portable"}[hy_simd_level()]
 
 
 def omp_max_threads():

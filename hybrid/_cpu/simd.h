@@ -28,9 +28,16 @@
 #if defined(HY_AVX2) && defined(__F16C__)
 #define HY_F16C 1
 #endif
+/* AVX-512 paths (attention_avx512.h and the 16-lane bodies below) need F, VL, BW and DQ */
+#if defined(HY_F16C) && defined(__AVX512F__) && defined(__AVX512VL__) && defined(__AVX512BW__) \
+    && defined(__AVX512DQ__)
+#define HY_AVX512 1
+#endif
 
 static inline int hy_simd_level(void) {
-#if defined(HY_F16C)
+#if defined(HY_AVX512)
+    return 3; /* AVX-512 F/VL/BW/DQ + FMA + F16C */
+#elif defined(HY_F16C)
     return 2; /* AVX2 + FMA + F16C */
 #elif defined(HY_AVX2)
     return 1; /* AVX2 + FMA */

@@ -1,0 +1,174 @@
+/* The AVX-512 online-softmax update of paged attention: up to four query vectors against `c`
+ * rows of one KV head, rows read in place from a cache block (float32, or float16 converted in
+ * registers).  Used by attention_core.h when the build targets AVX-512 (F, VL, BW, DQ) and the
+ * head dimension is a multiple of 16; AVX2 (simd.h) and portable C serve everything else.
+ *
+ * Steps, for NQ query vectors (1..4) of one KV head:
+ *   1. scores   s[g, j] = q_g . k_j       two keys per pass, 16 lanes, one FMA chain per (g, key);
+ *                                         four chains reduced together (hy512_hsum4)
+ *   2. softmax  m_new = max(m, max_j s),  p = exp(s - m_new),  l = l*alpha + sum p,
+ *               alpha = exp(m - m_new)    16 scores per vector, masked tails
+ *   3. values   acc_g = alpha_g*acc_g + sum_j p[g, j] v_j     64 dimensions at a time held in
+ *                                         registers for all NQ queries across the c rows
+ *
+ * Every query vector goes through exactly the same operations whatever NQ is and whichever other
+ * vectors share the pass, so a query's result does not depend on how the caller groups queries
+ * (batch invariance: see hybrid/kernel_role.py).
+ */
+#ifndef HYBRID_ATTENTION_AVX512_H
+#define HYBRID_ATTENTION_AVX512_H
+
+#include "simd.h"
+
+#ifdef HY_AVX512
+
+#define HY512_AI static inline __attribute__((always_inline))
+
+/* 16 values of row storage starting at element idx, as float32 */
+HY512_AI __m512 hy512_ld(const void *base, long idx, const int f16) {
+    if (f16) return _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)((const uint16_t *)base + idx)));
+    return _mm512_loadu_ps((const float *)base + idx);
+}
+
+/* [sum(a), sum(b), sum(c), sum(d)] with one fixed reduction order for every lane */
+HY512_AI __m128 hy512_hsum4(__m512 a, __m512 b, __m512 c, __m512 d) {
+    const __m256 a8 = _mm256_add_ps(_mm512_castps512_ps256(a), _mm512_extractf32x8_ps(a, 1));
+    const __m256 b8 = _mm256_add_ps(_mm512_castps512_ps256(b), _mm512_extractf32x8_ps(b, 1));
+    const __m256 c8 = _mm256_add_ps(_mm512_castps512_ps256(c), _mm512_extractf32x8_ps(c, 1));
+    const __m256 d8 = _mm256_add_ps(_mm512_castps512_ps256(d), _mm512_extractf32x8_ps(d, 1));
+    return hy_hsum4x256(a8, b8, c8, d8);
+}
+
+/* mask of the first n (0..16) lanes */
+HY512_AI __mmask16 hy512_first(int n) { return (__mmask16)((1u << n) - 1u); }
+
+/* Step 1: s[g*ldp + j] = q_g . row_j for g < NQ, j < c. */
+HY512_AI void hy512_scores(const int NQ, const int f16, const float *q, const void *k, int c,
+                           int D, float *s, int ldp) {
+    const __m512 z = _mm512_setzero_ps();
+    int j = 0;
+    for (; j + 2 <= c; j += 2) {
+        __m512 a0[4] = {z, z, z, z}, a1[4] = {z, z, z, z};
+        for (int d = 0; d < D; d += 16) {
+            const __m512 x0 = hy512_ld(k, (long)j * D + d, f16);
+            const __m512 x1 = hy512_ld(k, (long)(j + 1) * D + d, f16);
+            for (int g = 0; g < NQ; g++) {
+                const __m512 qv = _mm512_loadu_ps(q + g * D + d);
+                a0[g] = _mm512_fmadd_ps(qv, x0, a0[g]);
+                a1[g] = _mm512_fmadd_ps(qv, x1, a1[g]);
+            }
+        }
+        float t0[4], t1[4];
+        _mm_storeu_ps(t0, hy512_hsum4(a0[0], a0[1], a0[2], a0[3]));
+        _mm_storeu_ps(t1, hy512_hsum4(a1[0], a1[1], a1[2], a1[3]));
+        for (int g = 0; g < NQ; g++) { s[g * ldp + j] = t0[g]; s[g * ldp + j + 1] = t1[g]; }
+    }
+    if (j < c) {
+        __m512 a0[4] = {z, z, z, z};
+        for (int d = 0; d < D; d += 16) {
+            const __m512 x0 = hy512_ld(k, (long)j * D + d, f16);
+            for (int g = 0; g < NQ; g++)
+                a0[g] = _mm512_fmadd_ps(_mm512_loadu_ps(q + g * D + d), x0, a0[g]);
+        }
+        float t0[4];
+        _mm_storeu_ps(t0, hy512_hsum4(a0[0], a0[1], a0[2], a0[3]));
+        for (int g = 0; g < NQ; g++) s[g * ldp + j] = t0[g];
+    }
+}
+
+/* exp(x) for 16 lanes, the polynomial of hy_exp256 (below -87.3 gives 0) */
+HY512_AI __m512 hy512_exp(__m512 x) {
+    const __mmask16 under = _mm512_cmp_ps_mask(x, _mm512_set1_ps(-87.3f), _CMP_LT_OQ);
+    x = _mm512_min_ps(_mm512_max_ps(x, _mm512_set1_ps(-87.3f)), _mm512_set1_ps(88.3762626647949f));
+    const __m512 n = _mm512_roundscale_ps(_mm512_mul_ps(x, _mm512_set1_ps(1.44269504088896341f)),
+                                          _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+    x = _mm512_fnmadd_ps(n, _mm512_set1_ps(0.693359375f), x);
+    x = _mm512_fnmadd_ps(n, _mm512_set1_ps(-2.12194440e-4f), x);
+    __m512 y = _mm512_set1_ps(1.9875691500e-4f);
+    y = _mm512_fmadd_ps(y, x, _mm512_set1_ps(1.3981999507e-3f));
+    y = _mm512_fmadd_ps(y, x, _mm512_set1_ps(8.3334519073e-3f));
+    y = _mm512_fmadd_ps(y, x, _mm512_set1_ps(4.1665795894e-2f));
+    y = _mm512_fmadd_ps(y, x, _mm512_set1_ps(1.6666665459e-1f));
+    y = _mm512_fmadd_ps(y, x, _mm512_set1_ps(5.0000001201e-1f));
+    y = _mm512_fmadd_ps(y, _mm512_mul_ps(x, x), _mm512_add_ps(x, _mm512_set1_ps(1.0f)));
+    const __m512i e = _mm512_slli_epi32(
+        _mm512_add_epi32(_mm512_cvtps_epi32(n), _mm512_set1_epi32(127)), 23);
+    y = _mm512_mul_ps(y, _mm512_castsi512_ps(e));
+    return _mm512_maskz_mov_ps((__mmask16)~under, y);
+}
+
+/* Step 2 for query vector g: updates m, l; leaves probabilities in s; returns alpha. */
+HY512_AI float hy512_softmax(float *s, int c, float *m, float *l) {
+    __m512 mv = _mm512_set1_ps(-INFINITY);
+    for (int j = 0; j < c; j += 16) {
+        const __mmask16 t = c - j >= 16 ? (__mmask16)0xFFFF : hy512_first(c - j);
+        mv = _mm512_mask_max_ps(mv, t, mv, _mm512_maskz_loadu_ps(t, s + j));
+    }
+    const float bm = _mm512_reduce_max_ps(mv);
+    const float m_new = *m > bm ? *m : bm;
+    const __m512 mn = _mm512_set1_ps(m_new);
+    __m512 sum = _mm512_setzero_ps();
+    for (int j = 0; j < c; j += 16) {
+        const __mmask16 t = c - j >= 16 ? (__mmask16)0xFFFF : hy512_first(c - j);
+        const __m512 e = hy512_exp(_mm512_sub_ps(_mm512_maskz_loadu_ps(t, s + j), mn));
+        _mm512_mask_storeu_ps(s + j, t, e);
+        sum = _mm512_mask_add_ps(sum, t, sum, e);
+    }
+    /* exp(m_old - m_new): -inf before the first update gives 0 */
+    const float alpha = _mm_cvtss_f32(_mm512_castps512_ps128(hy512_exp(_mm512_set1_ps(*m - m_new))));
+    const __m512 z = _mm512_setzero_ps();
+    *l = *l * alpha + _mm_cvtss_f32(hy512_hsum4(sum, z, z, z));
+    *m = m_new;
+    return alpha;
+}
+
+/* Step 3 over W vectors (16*W dimensions starting at d) for NQ queries, accumulators in registers */
+HY512_AI void hy512_values(const int NQ, const int W, const int f16, float *acc, const float *alpha,
+                           const float *p, int ldp, const void *v, int c, int D, int d) {
+    __m512 a[4][4];
+    for (int g = 0; g < NQ; g++) {
+        const __m512 al = _mm512_set1_ps(alpha[g]);
+        for (int t = 0; t < W; t++) a[g][t] = _mm512_mul_ps(_mm512_loadu_ps(acc + g * D + d + 16 * t), al);
+    }
+    for (int j = 0; j < c; j++) {
+        __m512 pg[4];
+        for (int g = 0; g < NQ; g++) pg[g] = _mm512_set1_ps(p[g * ldp + j]);
+        for (int t = 0; t < W; t++) {
+            const __m512 x = hy512_ld(v, (long)j * D + d + 16 * t, f16);
+            for (int g = 0; g < NQ; g++) a[g][t] = _mm512_fmadd_ps(pg[g], x, a[g][t]);
+        }
+    }
+    for (int g = 0; g < NQ; g++)
+        for (int t = 0; t < W; t++) _mm512_storeu_ps(acc + g * D + d + 16 * t, a[g][t]);
+}
+
+/* One update of NQ query vectors q [NQ, D] (state m, l [NQ], acc [NQ, D]) by rows k, v [c, D]. */
+HY512_AI void hy512_update_n(const int NQ, const int f16, const float *q, float *m, float *l,
+                             float *acc, float *s, int ldp, const void *k, const void *v, int c,
+                             int D) {
+    float alpha[4];
+    hy512_scores(NQ, f16, q, k, c, D, s, ldp);
+    for (int g = 0; g < NQ; g++) alpha[g] = hy512_softmax(s + g * ldp, c, m + g, l + g);
+    int d = 0;
+    for (; d + 64 <= D; d += 64) hy512_values(NQ, 4, f16, acc, alpha, s, ldp, v, c, D, d);
+    for (; d < D; d += 16) hy512_values(NQ, 1, f16, acc, alpha, s, ldp, v, c, D, d);
+}
+
+/* nq (1..4) query vectors; D % 16 == 0 */
+static inline void hy512_update(int nq, int f16, const float *q, float *m, float *l, float *acc,
+                                float *s, int ldp, const void *k, const void *v, int c, int D) {
+#define HY512_CASE(N)                                                                    \
+    if (f16) hy512_update_n(N, 1, q, m, l, acc, s, ldp, k, v, c, D);         \
+    else hy512_update_n(N, 0, q, m, l, acc, s, ldp, k, v, c, D);             \
+    return;
+    switch (nq) {
+    case 4: HY512_CASE(4)
+    case 3: HY512_CASE(3)
+    case 2: HY512_CASE(2)
+    default: HY512_CASE(1)
+    }
+#undef HY512_CASE
+}
+
+#endif /* HY_AVX512 */
+#endif /* HYBRID_ATTENTION_AVX512_H */
