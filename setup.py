@@ -7,6 +7,8 @@ Environment switches (read at build time):
                        on any x86-64 / aarch64 CPU, with the scalar fallbacks of simd.h.
   HYBRID_NO_VNNI=1     build the quantized kernels without AVX-512 VNNI / AVX-VNNI (vpdpbusd),
                        to test the plain AVX2 path on a machine that has them.
+  HYBRID_NO_AVX512=1   native build without any AVX-512 (AVX2+FMA+F16C at most): the path an
+                       AMD Zen 3 runs, testable on a Zen 4 (CI builds it with HYBRID_NO_VNNI=1).
   HYBRID_DEBUG=1       turn Cython's bounds and wraparound checks back on, build with -O0 -g.
 """
 
@@ -96,9 +98,12 @@ def _arch_flags():
     if _flag("HYBRID_PORTABLE"):
         return []
     if _probe(["-march=native"], [], "int main(void){return 0;}\n"):
-        if _flag("HYBRID_NO_VNNI"):  # the AVX2 integer kernels on a VNNI machine (CI tests both)
-            return ["-march=native", "-mno-avx512vnni", "-mno-avxvnni"]
-        return ["-march=native"]
+        flags = ["-march=native"]
+        if _flag("HYBRID_NO_AVX512"):  # the AVX2 paths on an AVX-512 machine (CI tests both)
+            flags += ["-mno-avx512f"]
+        if _flag("HYBRID_NO_VNNI"):  # the AVX2 integer kernels on a VNNI machine
+            flags += ["-mno-avx512vnni", "-mno-avxvnni"]
+        return flags
     if _probe(["-mcpu=native"], [], "int main(void){return 0;}\n"):
         return ["-mcpu=native"]
     _warn("the compiler accepts neither -march=native nor -mcpu=native; building portable kernels.")

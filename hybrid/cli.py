@@ -47,7 +47,8 @@ def random_weights(cfg: DecoderConfig, rng: np.random.Generator, qk_norm: bool =
 
 def cpu_features() -> list:
     """SIMD features of this CPU that matter to the kernels (from /proc/cpuinfo where present)."""
-    wanted = ("avx2", "fma", "f16c", "avx512f", "avx512_bf16", "amx_tile", "asimd", "sve")
+    wanted = ("avx2", "fma", "f16c", "avx512f", "avx512bw", "avx512vl", "avx512_vnni", "avx512_bf16",
+              "amx_tile", "asimd", "sve")
     try:
         with open("/proc/cpuinfo") as f:
             for line in f:
@@ -142,9 +143,9 @@ def _info(args) -> int:
 
         print(f"CPU kernels: simd={runtime.simd_level()} openmp={runtime.have_openmp()} "
               f"(omp max threads {runtime.omp_max_threads()})")
-        from ._cpu import quant
-
-        print(f"quantized-weight kernels: {quant.simd()}")
+        print("kernel paths:")
+        for family, path in runtime.kernel_paths().items():
+            print(f"  {family}: {path}")
     except ImportError as exc:
         print(f"CPU kernels: not built ({exc})")
     print(f"threads: {get_num_threads()}")

@@ -46,8 +46,8 @@ def _after_history(rng, dtype, kvh, group, d, past, n, q_scale=1.0):
 
 
 @pytest.mark.parametrize("dtype", ["float32", "float16"])
-@pytest.mark.parametrize("head_dim", [64, 80, 128])
-@pytest.mark.parametrize("group", [1, 2, 4, 8])
+@pytest.mark.parametrize("head_dim", [64, 80, 96, 128, 256])
+@pytest.mark.parametrize("group", [1, 2, 3, 4, 8])
 @pytest.mark.parametrize("n", LENGTHS)
 def test_prefill_from_empty(rng, dtype, head_dim, group, n):
     kvh = 3 if group <= 2 else 1  # odd KV head counts too
@@ -84,6 +84,38 @@ def test_long_context_uses_splits(rng, dtype, kvh, group, length, n):
     finally:
         hybrid.set_num_threads(None)
     assert rel_err(one, expect) < TOL[dtype]
+
+
+@pytest.mark.parametrize("dtype", ["float32", "float16"])
+@pytest.mark.parametrize("head_dim,group", [(24, 1), (40, 3), (72, 4), (8, 8)])
+def test_head_dims_on_the_avx2_path(rng, dtype, head_dim, group):
+    """head_dim a multiple of 8 but not of 16: the AVX2 micro-kernels even on AVX-512 builds."""
+    kvh = 2
+    for past, n in [(0, 2 * BS + 3), (3 * BS + 5, 1)]:
+        _, _, got, expect = _after_history(rng, dtype, kvh, group, head_dim, past, n)
+        assert rel_err(got, expect) < TOL[dtype]
+
+
+@pytest.mark.parametrize("dtype", ["float32", "float16"])
+@pytest.mark.parametrize("group,head_dim", [(1, 64), (3, 64), (4, 128), (6, 80)])
+def test_a_row_does_not_depend_on_its_neighbours(rng, dtype, group, head_dim):
+    """Each query row's output is bit-identical whether the row is computed inside a prefill
+    chunk (where the kernels group query vectors of several rows per pass) or alone as a decode
+    step: the batch invariance the engine promises starts here."""
+    kvh, past, n = 2, 2 * BS + 3, 2 * BS + 7
+    hybrid.set_num_threads(1)  # no split of the key range: one reduction order per row
+    try:
+        cache, q, together, _ = _after_history(rng, dtype, kvh, group, head_dim, past, n)
+        k, v = cache.dense(0)  # the stored values (float16 round-trips exactly)
+        alone = np.empty_like(together)
+        for i in range(n):  # the same keys, one row at a time as a decode step
+            single = _cache(kvh, head_dim, BS, dtype)
+            single.append(0, k[:past + i + 1].astype(np.float32), v[:past + i + 1].astype(np.float32))
+            single.commit(past + i)
+            alone[i] = ops.paged_attention(q[i:i + 1], single, 0)[0]
+    finally:
+        hybrid.set_num_threads(None)
+    np.testing.assert_array_equal(alone, together)
 
 
 @pytest.mark.parametrize("dtype", ["float32", "float16"])

@@ -76,27 +76,6 @@ HY512_AI void hy512_scores(const int NQ, const int f16, const float *q, const vo
     }
 }
 
-/* exp(x) for 16 lanes, the polynomial of hy_exp256 (below -87.3 gives 0) */
-HY512_AI __m512 hy512_exp(__m512 x) {
-    const __mmask16 under = _mm512_cmp_ps_mask(x, _mm512_set1_ps(-87.3f), _CMP_LT_OQ);
-    x = _mm512_min_ps(_mm512_max_ps(x, _mm512_set1_ps(-87.3f)), _mm512_set1_ps(88.3762626647949f));
-    const __m512 n = _mm512_roundscale_ps(_mm512_mul_ps(x, _mm512_set1_ps(1.44269504088896341f)),
-                                          _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
-    x = _mm512_fnmadd_ps(n, _mm512_set1_ps(0.693359375f), x);
-    x = _mm512_fnmadd_ps(n, _mm512_set1_ps(-2.12194440e-4f), x);
-    __m512 y = _mm512_set1_ps(1.9875691500e-4f);
-    y = _mm512_fmadd_ps(y, x, _mm512_set1_ps(1.3981999507e-3f));
-    y = _mm512_fmadd_ps(y, x, _mm512_set1_ps(8.3334519073e-3f));
-    y = _mm512_fmadd_ps(y, x, _mm512_set1_ps(4.1665795894e-2f));
-    y = _mm512_fmadd_ps(y, x, _mm512_set1_ps(1.6666665459e-1f));
-    y = _mm512_fmadd_ps(y, x, _mm512_set1_ps(5.0000001201e-1f));
-    y = _mm512_fmadd_ps(y, _mm512_mul_ps(x, x), _mm512_add_ps(x, _mm512_set1_ps(1.0f)));
-    const __m512i e = _mm512_slli_epi32(
-        _mm512_add_epi32(_mm512_cvtps_epi32(n), _mm512_set1_epi32(127)), 23);
-    y = _mm512_mul_ps(y, _mm512_castsi512_ps(e));
-    return _mm512_maskz_mov_ps((__mmask16)~under, y);
-}
-
 /* Step 2 for query vector g: updates m, l; leaves probabilities in s; returns alpha. */
 HY512_AI float hy512_softmax(float *s, int c, float *m, float *l) {
     __m512 mv = _mm512_set1_ps(-INFINITY);
@@ -110,12 +89,12 @@ HY512_AI float hy512_softmax(float *s, int c, float *m, float *l) {
     __m512 sum = _mm512_setzero_ps();
     for (int j = 0; j < c; j += 16) {
         const __mmask16 t = c - j >= 16 ? (__mmask16)0xFFFF : hy512_first(c - j);
-        const __m512 e = hy512_exp(_mm512_sub_ps(_mm512_maskz_loadu_ps(t, s + j), mn));
+        const __m512 e = hy_exp512(_mm512_sub_ps(_mm512_maskz_loadu_ps(t, s + j), mn));
         _mm512_mask_storeu_ps(s + j, t, e);
         sum = _mm512_mask_add_ps(sum, t, sum, e);
     }
     /* exp(m_old - m_new): -inf before the first update gives 0 */
-    const float alpha = _mm_cvtss_f32(_mm512_castps512_ps128(hy512_exp(_mm512_set1_ps(*m - m_new))));
+    const float alpha = _mm_cvtss_f32(_mm512_castps512_ps128(hy_exp512(_mm512_set1_ps(*m - m_new))));
     const __m512 z = _mm512_setzero_ps();
     *l = *l * alpha + _mm_cvtss_f32(hy512_hsum4(sum, z, z, z));
     *m = m_new;

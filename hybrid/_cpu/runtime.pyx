@@ -18,8 +18,28 @@ def have_openmp():
 
 
 def simd_level():
-    """'avx2+fma+f16c', 'avx2+fma' or 'portable': the vector code compiled into the kernels."""
+    """'avx512', 'avx2+fma+f16c', 'avx2+fma' or 'portable': the widest vector code compiled into
+    the float kernels (AVX-512 means F, VL, BW and DQ, with FMA and F16C)."""
     return {3: "avx512", 2: "avx2+fma+f16c", 1: "avx2+fma", 0: "portable"}[hy_simd_level()]
+
+
+def kernel_paths():
+    """{kernel family: the code path it runs on this build}, for `hybrid info` and benchmarks."""
+    from . import quant
+
+    level = hy_simd_level()
+    if level == 3:
+        attention = "avx512 (head_dim % 16 == 0), avx2+fma+f16c (head_dim % 8 == 0), else portable C"
+    elif level == 2:
+        attention = "avx2+fma+f16c (head_dim % 8 == 0), else portable C"
+    elif level == 1:
+        attention = "avx2+fma (float32 KV, head_dim % 8 == 0), else portable C"
+    else:
+        attention = "portable C"
+    elementwise = {3: "avx512", 2: "avx2+fma", 1: "avx2+fma", 0: "portable C"}[level]
+    return {"attention": attention,
+            "elementwise (rmsnorm, swiglu, exp)": elementwise,
+            "quantized weights": quant.simd()}
 
 
 def omp_max_threads():

@@ -1,7 +1,9 @@
 /* Vector primitives for the CPU kernels of hybrid.
  *
  * Each primitive has an AVX2+FMA (and F16C) body, chosen at compile time when the build targets a
- * CPU that has them (-march=native, the default source build), and a plain C fallback that any
+ * CPU that has them (-march=native, the default source build), 16-lane AVX-512 bodies for the
+ * elementwise ones (hy_dot, hy_exp_inplace, hy_silu_mul) when it also has AVX-512, and a plain C
+ * fallback that any
  * compiler vectorises as far as it can (HYBRID_PORTABLE=1 builds).  Everything here is
  * `static inline`, free of global state and safe to call from OpenMP threads.
  *
@@ -106,7 +108,20 @@ static inline __m128 hy_hsum4x256(__m256 a, __m256 b, __m256 c, __m256 d) {
 static inline float hy_dot(const float *a, const float *b, long n) {
     long i = 0;
     float s = 0.0f;
-#ifdef HY_AVX2
+#if defined(HY_AVX512)
+    __m512 z0 = _mm512_setzero_ps(), z1 = _mm512_setzero_ps();
+    for (; i + 32 <= n; i += 32) {
+        z0 = _mm512_fmadd_ps(_mm512_loadu_ps(a + i), _mm512_loadu_ps(b + i), z0);
+        z1 = _mm512_fmadd_ps(_mm512_loadu_ps(a + i + 16), _mm512_loadu_ps(b + i + 16), z1);
+    }
+    for (; i + 16 <= n; i += 16)
+        z0 = _mm512_fmadd_ps(_mm512_loadu_ps(a + i), _mm512_loadu_ps(b + i), z0);
+    z0 = _mm512_add_ps(z0, z1);
+    __m256 s0 = _mm256_add_ps(_mm512_castps512_ps256(z0), _mm512_extractf32x8_ps(z0, 1));
+    for (; i + 8 <= n; i += 8)
+        s0 = _mm256_fmadd_ps(_mm256_loadu_ps(a + i), _mm256_loadu_ps(b + i), s0);
+    s = hy_hsum256(s0);
+#elif defined(HY_AVX2)
     __m256 s0 = _mm256_setzero_ps(), s1 = _mm256_setzero_ps();
     for (; i + 16 <= n; i += 16) {
         s0 = _mm256_fmadd_ps(_mm256_loadu_ps(a + i), _mm256_loadu_ps(b + i), s0);
@@ -148,9 +163,36 @@ static inline __m256 hy_exp256(__m256 x) {
 }
 #endif
 
+#ifdef HY_AVX512
+/* exp(x) for 16 lanes, the polynomial of hy_exp256 (below -87.3 gives 0) */
+static inline __m512 hy_exp512(__m512 x) {
+    const __mmask16 under = _mm512_cmp_ps_mask(x, _mm512_set1_ps(-87.3f), _CMP_LT_OQ);
+    x = _mm512_min_ps(_mm512_max_ps(x, _mm512_set1_ps(-87.3f)), _mm512_set1_ps(88.3762626647949f));
+    const __m512 n = _mm512_roundscale_ps(_mm512_mul_ps(x, _mm512_set1_ps(1.44269504088896341f)),
+                                          _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+    x = _mm512_fnmadd_ps(n, _mm512_set1_ps(0.693359375f), x);
+    x = _mm512_fnmadd_ps(n, _mm512_set1_ps(-2.12194440e-4f), x);
+    __m512 y = _mm512_set1_ps(1.9875691500e-4f);
+    y = _mm512_fmadd_ps(y, x, _mm512_set1_ps(1.3981999507e-3f));
+    y = _mm512_fmadd_ps(y, x, _mm512_set1_ps(8.3334519073e-3f));
+    y = _mm512_fmadd_ps(y, x, _mm512_set1_ps(4.1665795894e-2f));
+    y = _mm512_fmadd_ps(y, x, _mm512_set1_ps(1.6666665459e-1f));
+    y = _mm512_fmadd_ps(y, x, _mm512_set1_ps(5.0000001201e-1f));
+    y = _mm512_fmadd_ps(y, _mm512_mul_ps(x, x), _mm512_add_ps(x, _mm512_set1_ps(1.0f)));
+    const __m512i e = _mm512_slli_epi32(
+        _mm512_add_epi32(_mm512_cvtps_epi32(n), _mm512_set1_epi32(127)), 23);
+    y = _mm512_mul_ps(y, _mm512_castsi512_ps(e));
+    return _mm512_maskz_mov_ps((__mmask16)~under, y);
+}
+
+#endif
+
 /* x[i] = exp(x[i]) for i < n */
 static inline void hy_exp_inplace(float *x, long n) {
     long i = 0;
+#ifdef HY_AVX512
+    for (; i + 16 <= n; i += 16) _mm512_storeu_ps(x + i, hy_exp512(_mm512_loadu_ps(x + i)));
+#endif
 #ifdef HY_AVX2
     for (; i + 8 <= n; i += 8) _mm256_storeu_ps(x + i, hy_exp256(_mm256_loadu_ps(x + i)));
 #endif
@@ -160,6 +202,14 @@ static inline void hy_exp_inplace(float *x, long n) {
 /* out[i] = g[i] / (1 + exp(-g[i])) * u[i] */
 static inline void hy_silu_mul(const float *g, const float *u, float *out, long n) {
     long i = 0;
+#ifdef HY_AVX512
+    for (; i + 16 <= n; i += 16) {
+        const __m512 gv = _mm512_loadu_ps(g + i);
+        const __m512 den = _mm512_add_ps(_mm512_set1_ps(1.0f),
+                                         hy_exp512(_mm512_sub_ps(_mm512_setzero_ps(), gv)));
+        _mm512_storeu_ps(out + i, _mm512_mul_ps(_mm512_div_ps(gv, den), _mm512_loadu_ps(u + i)));
+    }
+#endif
 #ifdef HY_AVX2
     const __m256 one = _mm256_set1_ps(1.0f);
     const __m256 sign = _mm256_set1_ps(-0.0f);
