@@ -45,9 +45,11 @@ def test_gpu_decode_attention(benchmark, gpu, batch, ctx, dtype, fused):
                                              bytes_moved=kv_bytes, bandwidth=bw)
     key = (batch, ctx)
     record_ratio("gpu attention", f"B={batch} ctx={ctx} f16/f32 time",
-                 _ms.get(key + ("float16", False)), _ms.get(key + ("float32", False)), "target <= 0.6")
+                 _ms.get(key + ("float16", False)), _ms.get(key + ("float32", False)), "target <= 0.6",
+                 higher_is_better=False)
     record_ratio("gpu attention", f"B={batch} ctx={ctx} {dtype} fused/unfused time",
-                 _ms.get(key + (dtype, True)), _ms.get(key + (dtype, False)), "target <= 1.05")
+                 _ms.get(key + (dtype, True)), _ms.get(key + (dtype, False)), "target <= 1.05",
+                 higher_is_better=False)
     step.keep[0].free()
 
 

@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 
 import hybrid
-from conftest import RESULTS, THREADS, record
+from conftest import RESULTS, THREADS, figure, record, record_ratio
 
 PROMPT_TOKENS, NEW_TOKENS = 256, 128
 _tps: dict = {}
@@ -49,12 +49,14 @@ def _quote(name, tps, note=""):
     RESULTS.append(("generate", name, tps, "tok/s", note))
 
 
-def test_hybrid_prefill(benchmark, model, prompt):
+def test_hybrid_prefill(benchmark, model, prompt, read_bandwidth):
     def run():
         model.forward(prompt, model.new_cache())
     benchmark.pedantic(run, rounds=3, warmup_rounds=1)
     record(benchmark, "generate", "hybrid prefill 256")
     _quote("hybrid prefill", PROMPT_TOKENS / benchmark.stats.stats.median)
+    figure("generate: hybrid prefill 256 | tok/s per GB/s of read bandwidth",
+           PROMPT_TOKENS / benchmark.stats.stats.median / (read_bandwidth / 1e9), "per_gbps")
 
 
 def test_hybrid_decode(benchmark, model, prompt, read_bandwidth):
@@ -68,6 +70,10 @@ def test_hybrid_decode(benchmark, model, prompt, read_bandwidth):
                                  f"{weights * tps / read_bandwidth:.0%} of read bw")
     benchmark.extra_info.update(decode_tok_per_s=tps, prefill_tok_per_s=st.prefill_tps,
                                 weight_GB_per_s=weights * tps / 1e9)
+    figure("generate: hybrid decode | share of read bandwidth (weights per token)",
+           weights * tps / read_bandwidth, "bandwidth_share")
+    figure("generate: hybrid decode | tok/s per GB/s of read bandwidth",
+           tps / (read_bandwidth / 1e9), "per_gbps")
 
 
 @pytest.mark.parametrize("batch", [4, 8])
@@ -157,7 +163,7 @@ def test_llama_cpp_peer(benchmark, prompt, which, request):
     _quote(f"llama.cpp {which} prefill", PROMPT_TOKENS / prefill)
     _quote(f"llama.cpp {which} decode", NEW_TOKENS / decode)
     if which == "q4_1" and "hybrid decode" in _tps:  # hybrid reads the Q4_1 file in place too
-        RESULTS.append(("generate", "decode vs llama.cpp (the same Q4_1 file)",
-                        _tps["hybrid decode"] / (NEW_TOKENS / decode), "x", "target >= 1.2"))
-        RESULTS.append(("generate", "prefill vs llama.cpp (the same Q4_1 file)",
-                        _tps["hybrid prefill"] / (PROMPT_TOKENS / prefill), "x", "target >= 1.0"))
+        record_ratio("generate", "decode vs llama.cpp (the same Q4_1 file)",
+                     _tps["hybrid decode"], NEW_TOKENS / decode, "target >= 1.2")
+        record_ratio("generate", "prefill vs llama.cpp (the same Q4_1 file)",
+                     _tps.get("hybrid prefill"), PROMPT_TOKENS / prefill, "target >= 1.0")
