@@ -92,29 +92,42 @@ def test_hybrid_batched_decode(benchmark, model, prompt, batch):
 
 
 def test_hybrid_python_overhead(benchmark, model):
-    """Time per decode step of the same 30-layer stack at toy width (every kernel is nearly free):
-    what remains is Python and dispatch, compared with a real SmolLM2 step."""
-    cfg = hybrid.DecoderConfig(hidden_size=16, num_heads=2, num_kv_heads=1, head_dim=8,
-                               intermediate_size=16)
+    """Fixed costs of a decode step: the same 30-layer stack, Q8_0 weights and sampling at toy
+    width (hidden 32: every kernel is nearly free, so what remains is Python, argument checks,
+    OpenMP fork/join and scratch handling), through the same Model.generate path as a real
+    SmolLM2 step, at context 1..64.  Its step time over SmolLM2's is the non-kernel share of a
+    SmolLM2 decode step (an upper bound).  Target < 5%."""
+    import dataclasses
+
     from hybrid.cli import random_weights
+    from hybrid.models.weights import ModelWeights
 
+    cfg = dataclasses.replace(model.config, hidden_size=32, num_heads=2, num_kv_heads=1,
+                              head_dim=16, intermediate_size=32)
     rng = np.random.default_rng(0)
-    layers = [hybrid.DecoderLayer(cfg, random_weights(cfg, rng), index=i)
-              for i in range(model.weights.num_layers)]
-    cache = hybrid.PagedKVCache(num_layers=len(layers), num_kv_heads=1, head_dim=8)
-    x = np.ones((1, 16), np.float32)
+    layers = []
+    for _ in range(model.weights.num_layers):
+        lw = random_weights(cfg, rng)
+        for name in ("wq", "wk", "wv", "wo", "w_gate", "w_up", "w_down"):
+            setattr(lw, name, hybrid.quantize(getattr(lw, name), "q8_0"))
+        layers.append(lw)
+    embed = hybrid.quantize(rng.standard_normal((256, 32)).astype(np.float32), "q8_0")
+    toy = hybrid.models.Model(ModelWeights(arch="llama", config=cfg, embed=embed,
+                                           final_norm=np.ones(32, np.float32), lm_head=embed,
+                                           layers=layers, tied_embeddings=True),
+                              kv_dtype="float16")
+    new = 64
 
-    def step():
-        h = x
-        for layer in layers:
-            h = layer.forward(h, [cache.seq_len], cache)
-        cache.commit(1)
-    benchmark(step)
-    overhead = benchmark.stats.stats.median
+    def run():
+        toy.generate([1], max_new_tokens=new, stop_tokens=[])
+    benchmark.pedantic(run, rounds=5, warmup_rounds=1)
+    step = 1.0 / toy.last_stats.decode_tps
+    RESULTS.append(("generate", "toy 30-layer Q8_0 stack: decode step", step * 1e6, "us",
+                    "fixed costs only"))
     real = 1.0 / _tps["hybrid decode"] if "hybrid decode" in _tps else None
     if real:
-        RESULTS.append(("generate", "python overhead / decode step", overhead / real, "x",
-                        "target < 0.10"))
+        RESULTS.append(("generate", "non-kernel share of a SmolLM2 decode step", step / real, "x",
+                        "target < 0.05"))
 
 
 def test_transformers_peer(benchmark, prompt):

@@ -108,35 +108,30 @@ def bind_linear_many(triples):
 
 
 class DecodeStep:
-    """A quantized CPU layer's decode row in two calls around the attention (prologue: norm,
-    Q/K/V, QK-norm, RoPE; epilogue: O, residual, norm, gate/up, SwiGLU, down, residual), bound to
-    the layer's weights and scratch buffers once.  Same kernels and order as the op-by-op path."""
+    """A quantized CPU layer's decode row in two native calls around the attention (prologue:
+    norm, Q/K/V, QK-norm, RoPE; epilogue: O, residual, norm, gate/up, SwiGLU, down, residual),
+    bound to the layer's weights and scratch buffers once (quant.DecodeLayer holds the
+    pointers).  Same kernels and order as the op-by-op path."""
 
     def __init__(self, cfg, w, bufs, inv_freq):
         def arg(weight, bias, out):
             return (weight.format.kernel_code, weight.data, bias, out)
 
-        self.cfg, self.w, self.b = cfg, w, bufs
-        self.inv_freq = inv_freq
-        self.neox = cfg.rope_style == "neox"
-        self.qkv = [arg(w.wq, w.bq, bufs["q"]), arg(w.wk, w.bk, bufs["k"]),
-                    arg(w.wv, w.bv, bufs["v"])]
-        self.wo = [arg(w.wo, None, bufs["o"])]
-        self.gate_up = [arg(w.w_gate, None, bufs["gate"]), arg(w.w_up, None, bufs["up"])]
-        self.down = [arg(w.w_down, None, bufs["o"])]
+        mats = [arg(w.wq, w.bq, bufs["q"]), arg(w.wk, w.bk, bufs["k"]), arg(w.wv, w.bv, bufs["v"]),
+                arg(w.wo, None, bufs["o"]), arg(w.w_gate, None, bufs["gate"]),
+                arg(w.w_up, None, bufs["up"]), arg(w.w_down, None, bufs["o"])]
+        self.native = quant.DecodeLayer(mats, w.attn_norm, w.mlp_norm, w.q_norm, w.k_norm,
+                                        inv_freq, bufs["h"], bufs["o"], bufs["x1"],
+                                        cfg.rms_norm_eps, cfg.rope_style == "neox",
+                                        cfg.num_heads, cfg.num_kv_heads, cfg.head_dim)
+        self.qkv = (bufs["q"], bufs["k"], bufs["v"])
 
     def prologue(self, x, position: int):
-        cfg, w, b = self.cfg, self.w, self.b
-        quant.decode_prologue(x, w.attn_norm, cfg.rms_norm_eps, self.qkv, b["h"], b["q"], b["k"],
-                              w.q_norm, w.k_norm, self.inv_freq, position, self.neox,
-                              cfg.num_heads, cfg.num_kv_heads, cfg.head_dim, get_num_threads())
-        return b["q"], b["k"], b["v"]
+        self.native.prologue(x, position, get_num_threads())
+        return self.qkv
 
     def epilogue(self, att, x, out):
-        b = self.b
-        quant.decode_epilogue(att, x, self.wo, self.w.mlp_norm, self.cfg.rms_norm_eps,
-                              self.gate_up, self.down, b["o"], b["x1"], b["h"], b["gate"],
-                              b["up"], out, get_num_threads())
+        self.native.epilogue(att, x, out, get_num_threads())
         return out
 
 

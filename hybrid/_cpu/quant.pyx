@@ -285,75 +285,179 @@ cdef extern from "simd.h" nogil:
     void hy_silu_mul(const float *g, const float *u, float *out, long n)
 
 
-def decode_prologue(const float[:, ::1] x,      # IN  [1, hidden] the layer's input
-                    const float[::1] attn_norm,  # IN  [hidden]
-                    float eps,
-                    list qkv,                    # [(code, w, bias, out)] for Q, K, V (outs [1, *])
-                    float[:, ::1] h,             # scratch [1, hidden]: the normed input
-                    float[:, ::1] q,             # the Q out of ``qkv`` [1, H*D]
-                    float[:, ::1] k,             # the K out of ``qkv`` [1, KVH*D]
-                    q_norm, k_norm,              # [D] float32 or None (Qwen3)
-                    inv_freq,                    # [D/2] float64, or None: no RoPE
-                    int64_t position, bint neox, int num_heads, int num_kv_heads, int head_dim,
-                    int num_threads):
-    """The attention block's prologue for one decode row, in one call: RMSNorm, Q/K/V
-    projections (one parallel region), QK-norm, RoPE.  The same kernels as the op-by-op path."""
-    cdef Py_ssize_t dim = x.shape[1], i
-    cdef const float[::1] qn, kn
-    cdef const double[::1] f
-    cdef float cs[512]
-    cdef float sn[512]
-    if x.shape[0] != 1 or h.shape[1] != dim or attn_norm.shape[0] != dim or head_dim > 1024:
-        raise ValueError("decode_prologue: one row of the layer's width, head_dim <= 1024")
-    if q.shape[1] != num_heads * head_dim or k.shape[1] != num_kv_heads * head_dim:
-        raise ValueError("decode_prologue: q/k widths do not match the heads")
-    with nogil:
-        hy_rmsnorm_row(&x[0, 0], &attn_norm[0], eps, &h[0, 0], dim)
-    matvec_many(qkv, h, num_threads)
-    if q_norm is not None:
-        qn = q_norm
-        kn = k_norm
-        with nogil:
-            for i in range(num_heads):
-                hy_rmsnorm_row(&q[0, i * head_dim], &qn[0], eps, &q[0, i * head_dim], head_dim)
-            for i in range(num_kv_heads):
-                hy_rmsnorm_row(&k[0, i * head_dim], &kn[0], eps, &k[0, i * head_dim], head_dim)
-    if inv_freq is not None:
-        f = inv_freq
-        with nogil:
-            hy_rope_row(&q[0, 0], position, &f[0], num_heads, head_dim, neox, cs, sn)
-            hy_rope_row(&k[0, 0], position, &f[0], num_kv_heads, head_dim, neox, cs, sn)
+cdef struct _Mat:
+    int code
+    const uint8_t *w
+    long row_bytes
+    long n_out
+    const float *bias
+    float *out
 
 
-def decode_epilogue(const float[:, ::1] att,    # IN  [1, H*D] attention output
-                    const float[:, ::1] x,      # IN  [1, hidden] the layer's input
-                    list wo,                    # [(code, w, None, o)]: o [1, hidden] scratch
-                    const float[::1] mlp_norm,  # IN  [hidden]
-                    float eps,
-                    list gate_up,               # [(code, w_gate, None, gate), (code, w_up, None, up)]
-                    list down,                  # [(code, w_down, None, o)]: the same o
-                    float[:, ::1] o,            # the scratch named in ``wo`` and ``down``
-                    float[:, ::1] x1,           # scratch [1, hidden]: x + attention
-                    float[:, ::1] h2,           # scratch [1, hidden]: normed x1
-                    float[:, ::1] gate,         # the gate out of ``gate_up`` (SwiGLU in place)
-                    float[:, ::1] up,           # the up out of ``gate_up``
-                    float[:, ::1] out,          # OUT [1, hidden] (may be x)
-                    int num_threads):
-    """O projection, residual, RMSNorm, gate/up (one parallel region), SwiGLU, down projection,
-    residual: the rest of a decode row's layer step in one call."""
-    cdef Py_ssize_t dim = x.shape[1], d, inter = gate.shape[1]
-    if x.shape[0] != 1 or out.shape[1] != dim or x1.shape[1] != dim or h2.shape[1] != dim \
-            or o.shape[1] != dim or up.shape[1] != inter or mlp_norm.shape[0] != dim:
-        raise ValueError("decode_epilogue: inconsistent shapes")
-    matvec_many(wo, att, num_threads)
-    with nogil:
-        for d in range(dim):
-            x1[0, d] = x[0, d] + o[0, d]
-        hy_rmsnorm_row(&x1[0, 0], &mlp_norm[0], eps, &h2[0, 0], dim)
-    matvec_many(gate_up, h2, num_threads)
-    with nogil:
-        hy_silu_mul(&gate[0, 0], &up[0, 0], &gate[0, 0], inter)
-    matvec_many(down, gate, num_threads)
-    with nogil:
-        for d in range(dim):
-            out[0, d] = x1[0, d] + o[0, d]
+cdef const float *_fptr(a) except? NULL:
+    """Address of a C-contiguous float32 array (None: NULL)."""
+    cdef const float[::1] v
+    if a is None:
+        return NULL
+    v = a.reshape(-1)
+    return &v[0]
+
+
+cdef class DecodeLayer:
+    """A quantized CPU layer's decode row bound once to its weights and scratch: the attention
+    block's prologue (RMSNorm, Q/K/V in one parallel region, QK-norm, RoPE) and the rest of the
+    layer (O, residual, RMSNorm, gate/up in one parallel region, SwiGLU, down, residual) as two
+    calls that run in C from start to end: weight pointers, shapes and the 8-bit activation
+    buffers are set up here, not per call.  The same kernels in the same order as the op-by-op
+    path (matvec_many and the row kernels), so both give the same bits."""
+    cdef object _keep
+    cdef _Mat mats[7]          # Q, K, V | O | gate, up | down
+    cdef long dim, inter, max_in, max_nb
+    cdef int H, KVH, D, neox
+    cdef float eps
+    cdef const float *attn_norm
+    cdef const float *mlp_norm
+    cdef const float *q_norm
+    cdef const float *k_norm
+    cdef const double *inv_freq
+    cdef float *h
+    cdef float *q
+    cdef float *k
+    cdef float *o
+    cdef float *x1
+    cdef float *gate
+    cdef float *up
+    cdef int8_t *qa
+    cdef float *da
+    cdef float *sa
+    cdef float *s16
+
+    def __cinit__(self):
+        self.qa = NULL
+        self.da = NULL
+        self.sa = NULL
+        self.s16 = NULL
+
+    def __init__(self, list mats,     # 7 x (code, w [out, row_bytes] uint8, bias or None, out [1, out])
+                 attn_norm, mlp_norm, q_norm, k_norm,   # [dim], [dim], [D] or None x 2
+                 inv_freq,            # [D/2] float64 or None
+                 h, o, x1,            # scratch [1, dim]
+                 float eps, bint neox, int num_heads, int num_kv_heads, int head_dim):
+        cdef int i
+        cdef const uint8_t[:, ::1] w
+        cdef float[:, ::1] ov
+        cdef const double[::1] f
+        if len(mats) != 7:
+            raise ValueError("DecodeLayer takes the 7 projections Q, K, V, O, gate, up, down")
+        self._keep = (mats, attn_norm, mlp_norm, q_norm, k_norm, inv_freq, h, o, x1)
+        self.H, self.KVH, self.D, self.neox, self.eps = num_heads, num_kv_heads, head_dim, neox, eps
+        self.dim = attn_norm.shape[0]
+        self.inter = mats[4][1].shape[0]
+        ins = [self.dim, self.dim, self.dim, num_heads * head_dim, self.dim, self.dim, self.inter]
+        for i in range(7):
+            code, w, bias, out = mats[i]
+            self.mats[i].code = code
+            self.mats[i].row_bytes = _check(code, w, ins[i])
+            self.mats[i].n_out = w.shape[0]
+            self.mats[i].w = &w[0, 0]
+            ov = out  # float32, C-contiguous, or a TypeError / ValueError
+            if ov.shape[0] != 1 or ov.shape[1] != w.shape[0]:
+                raise ValueError(f"projection {i}: out must be [1, {w.shape[0]}]")
+            self.mats[i].out = &ov[0, 0]
+            if bias is not None and bias.shape != (w.shape[0],):
+                raise ValueError(f"projection {i}: bias must have {w.shape[0]} entries")
+            self.mats[i].bias = _fptr(bias)
+        if self.mats[0].n_out != num_heads * head_dim or self.mats[1].n_out != num_kv_heads * head_dim \
+                or self.mats[2].n_out != num_kv_heads * head_dim or self.mats[3].n_out != self.dim \
+                or self.mats[5].n_out != self.inter or self.mats[6].n_out != self.dim:
+            raise ValueError("DecodeLayer: projection shapes do not match the heads and widths")
+        if head_dim > 1024:
+            raise ValueError("DecodeLayer: head_dim <= 1024")
+        self.attn_norm, self.mlp_norm = _fptr(attn_norm), _fptr(mlp_norm)
+        self.q_norm, self.k_norm = _fptr(q_norm), _fptr(k_norm)
+        self.inv_freq = NULL
+        if inv_freq is not None:
+            f = inv_freq
+            self.inv_freq = &f[0]
+        self.h, self.o, self.x1 = <float *> _fptr(h), <float *> _fptr(o), <float *> _fptr(x1)
+        self.q, self.k = self.mats[0].out, self.mats[1].out
+        self.gate, self.up = self.mats[4].out, self.mats[5].out
+        self.max_in = max(ins)
+        self.max_nb = self.max_in // 32 + 1
+        self.qa = <int8_t *> malloc(self.max_in)
+        self.da = <float *> malloc(sizeof(float) * self.max_nb)
+        self.sa = <float *> malloc(sizeof(float) * self.max_nb)
+        self.s16 = <float *> malloc(sizeof(float) * 2 * self.max_nb)
+        if self.qa == NULL or self.da == NULL or self.sa == NULL or self.s16 == NULL:
+            raise MemoryError()
+
+    def __dealloc__(self):
+        free(self.qa); free(self.da); free(self.sa); free(self.s16)
+
+    cdef void _project(self, int first, int count, const float *x, long n_in,
+                       int num_threads) noexcept nogil:
+        """out_i = x @ W_i.T (+ bias_i) for mats [first, first+count): what matvec_many does
+        for one row (x quantized once, one parallel region over every matrix's chunks)."""
+        cdef long first_chunk[5]
+        cdef long total = 0, o0, o1
+        cdef int i, m, integer = 0
+        cdef Py_ssize_t c
+        first_chunk[0] = 0
+        for i in range(count):
+            m = first + i
+            total += self.mats[m].n_out * self.mats[m].row_bytes
+            integer = integer or (self.mats[m].code >= 3 and self.mats[m].code <= 10)
+            first_chunk[i + 1] = first_chunk[i] + (self.mats[m].n_out + MATVEC_CHUNK - 1) // MATVEC_CHUNK
+        if integer:
+            hy_q_act(x, n_in, self.qa, self.da, self.sa, self.s16)
+        cdef int nt = num_threads if total >= PARALLEL_MIN_BYTES else 1
+        for c in prange(first_chunk[count], num_threads=nt, schedule="static"):
+            i = 0
+            while c >= first_chunk[i + 1]:
+                i = i + 1
+            m = first + i
+            o0 = (c - first_chunk[i]) * MATVEC_CHUNK
+            o1 = min(o0 + MATVEC_CHUNK, self.mats[m].n_out)
+            hy_q_matvec_range(self.mats[m].code, self.mats[m].w, self.mats[m].row_bytes, n_in, o0,
+                              o1, 1, self.qa, self.da, self.sa, self.s16, x, self.mats[m].bias,
+                              self.mats[m].out, self.mats[m].n_out)
+
+    def prologue(self, const float[:, ::1] x,   # IN  [1, hidden] the layer's input
+                 int64_t position, int num_threads):
+        """RMSNorm, Q/K/V, QK-norm, RoPE into the bound q, k, v buffers."""
+        cdef int i, D = self.D
+        cdef float cs[512]
+        cdef float sn[512]
+        if x.shape[0] != 1 or x.shape[1] != self.dim:
+            raise ValueError(f"decode prologue: x must be [1, {self.dim}], got {tuple(x.shape)[:2]}")
+        with nogil:
+            hy_rmsnorm_row(&x[0, 0], self.attn_norm, self.eps, self.h, self.dim)
+            self._project(0, 3, self.h, self.dim, num_threads)
+            if self.q_norm != NULL:
+                for i in range(self.H):
+                    hy_rmsnorm_row(self.q + i * D, self.q_norm, self.eps, self.q + i * D, D)
+                for i in range(self.KVH):
+                    hy_rmsnorm_row(self.k + i * D, self.k_norm, self.eps, self.k + i * D, D)
+            if self.inv_freq != NULL:
+                hy_rope_row(self.q, position, self.inv_freq, self.H, D, self.neox, cs, sn)
+                hy_rope_row(self.k, position, self.inv_freq, self.KVH, D, self.neox, cs, sn)
+
+    def epilogue(self, const float[:, ::1] att,   # IN  [1, H*D] attention output
+                 const float[:, ::1] x,           # IN  [1, hidden] the layer's input
+                 float[:, ::1] out,               # OUT [1, hidden] (may be x)
+                 int num_threads):
+        """O, residual, RMSNorm, gate/up, SwiGLU, down, residual into out."""
+        cdef Py_ssize_t d, dim = self.dim
+        if att.shape[0] != 1 or att.shape[1] != self.H * self.D or x.shape[0] != 1 \
+                or x.shape[1] != dim or out.shape[0] != 1 or out.shape[1] != dim:
+            raise ValueError("decode epilogue: att [1, H*D], x and out [1, hidden]")
+        with nogil:
+            self._project(3, 1, &att[0, 0], self.H * self.D, num_threads)
+            for d in range(dim):
+                self.x1[d] = x[0, d] + self.o[d]
+            hy_rmsnorm_row(self.x1, self.mlp_norm, self.eps, self.h, dim)
+            self._project(4, 2, self.h, dim, num_threads)
+            hy_silu_mul(self.gate, self.up, self.gate, self.inter)
+            self._project(6, 1, self.gate, self.inter, num_threads)
+            for d in range(dim):
+                out[0, d] = self.x1[d] + self.o[d]
