@@ -232,3 +232,28 @@ def test_long_context_single_kv_head_is_split_across_threads():
     # a tiny problem runs on the calling thread
     _, threads = attention.plan(1, 10, num_kv_heads=2, group=2, block_size=16, num_threads=2)
     assert threads == 1
+
+
+@pytest.mark.parametrize("dtype", ["float32", "float16"])
+@pytest.mark.parametrize("length", [700, 3001])
+def test_a_sequence_does_not_depend_on_the_others_in_its_batch(rng, dtype, length):
+    """A long sequence's decode row is bit-identical alone and in a batch of 15 others on two
+    threads: how its key range is split across threads depends on its own length only."""
+    kvh, group, d = 2, 4, 64
+    caches, rows = [], []
+    for n in [length] + [int(x) for x in rng.integers(5, 60, 15)]:
+        c = _cache(kvh, d, BS, dtype)
+        _fill(c, rng, n)
+        c.commit(n - 1)
+        caches.append(c)
+        rows.append(rng.standard_normal((1, kvh * group * d), dtype=np.float32))
+    q = np.concatenate(rows)
+    hybrid.set_num_threads(2)
+    try:
+        alone = ops.paged_attention_batch(q[:1], caches[:1], 0)
+        crowd = ops.paged_attention_batch(q, caches, 0)
+        single = ops.paged_attention(q[:1], caches[0], 0)
+    finally:
+        hybrid.set_num_threads(None)
+    np.testing.assert_array_equal(alone[0], crowd[0])
+    np.testing.assert_array_equal(single[0], crowd[0])

@@ -6,6 +6,11 @@ tile, range of KV heads, key range); each task loads a K/V row once for every qu
 GQA group, and a decode task covers every KV head so it reads blocks front to back.  When there
 are too few tasks to keep every thread busy (decode at long context with few KV heads), the key
 range is split and the partial (max, sum, acc) states are merged in fp32.
+
+A row's key range is cut at fixed positions (every SPLIT_TOKENS keys, rounded up to whole blocks)
+that depend on nothing but its length, and the pieces are merged in order: a row's result is
+the same bits alone, in any batch, in any prefill tile and on any number of threads (batch
+invariance; the split pieces are also what spreads a long decode over the threads).
 """
 from cython.parallel cimport parallel, prange
 from libc.math cimport expf, INFINITY
@@ -43,8 +48,8 @@ cdef enum:
     # Query vectors (rows x heads of one GQA group) a task handles at most; bounds scratch to
     # 32 * head_dim floats of accumulator per thread.
     QUERY_VECTORS_PER_TASK = 32
-    # A split of the key range is never shorter than this many tokens.
-    MIN_SPLIT_TOKENS = 256
+    # Key ranges are cut every this many tokens (rounded up to whole blocks), whatever the batch.
+    SPLIT_TOKENS = 512
     # Task columns: r0, r1, table offset, first kv head, end kv head, first key, end key,
     # partial slot (-1: the task covers all keys of its rows and writes out directly)
     NCOL = 8
@@ -142,8 +147,8 @@ cdef object _plan(const int64_t[::1] row_pos, const int64_t[::1] seg_rows,
 
     A tile of query rows of one sequence x a range of KV heads x a range of keys.  Decode rows
     (one per sequence) take every KV head in one task, so a task streams whole blocks; prefill
-    tiles take one head and up to QUERY_VECTORS_PER_TASK query vectors.  When the tasks would not
-    keep every thread busy, each tile's keys are split (block-aligned, >= MIN_SPLIT_TOKENS).
+    tiles take one head and up to QUERY_VECTORS_PER_TASK query vectors.  Each tile's keys are
+    split at fixed positions (_splits), so the tasks of a long row spread over the threads.
     Returns (tasks [n, NCOL], merges [m, MCOL], n_partial, max query vectors per task, threads).
     """
     cdef int nseg = seg_rows.shape[0] - 1
@@ -162,9 +167,6 @@ cdef object _plan(const int64_t[::1] row_pos, const int64_t[::1] seg_rows,
         work += (seg_rows[s + 1] - seg_rows[s]) * (row_pos[seg_rows[s + 1] - 1] + 1)
     if work * num_kv_heads * group * 64 < PARALLEL_MIN_WORK:
         nthreads = 1
-    cdef long base = n_tiles * head_groups
-    cdef long target = 4 * nthreads if nthreads > 1 else 1
-    cdef long want = (target + base - 1) // base if base < target else 1
 
     # pass 1: splits per tile and the sizes of the tables
     cdef long n_tasks = 0, n_merges = 0, n_partial = 0
@@ -174,7 +176,7 @@ cdef object _plan(const int64_t[::1] row_pos, const int64_t[::1] seg_rows,
         r0 = seg_rows[s]
         while r0 < seg_rows[s + 1]:
             r1 = min(r0 + tile, seg_rows[s + 1])
-            nsplit = _splits(row_pos[r1 - 1] + 1, want, block_size, &chunk)
+            nsplit = _splits(row_pos[r1 - 1] + 1, block_size, &chunk)
             n_tasks += nsplit * head_groups
             if nsplit > 1:
                 n_merges += head_groups
@@ -190,7 +192,7 @@ cdef object _plan(const int64_t[::1] row_pos, const int64_t[::1] seg_rows,
         while r0 < seg_rows[s + 1]:
             r1 = min(r0 + tile, seg_rows[s + 1])
             keys = row_pos[r1 - 1] + 1
-            nsplit = _splits(keys, want, block_size, &chunk)
+            nsplit = _splits(keys, block_size, &chunk)
             g0 = 0
             while g0 < num_kv_heads:
                 g1 = min(g0 + heads, num_kv_heads)
@@ -214,13 +216,11 @@ cdef object _plan(const int64_t[::1] row_pos, const int64_t[::1] seg_rows,
     return tasks, merges, n_partial, tile * heads * group, nthreads
 
 
-cdef inline int _splits(long keys, long want, int block_size, long *chunk) noexcept:
-    """How many block-aligned key ranges (each >= MIN_SPLIT_TOKENS) to cut `keys` into."""
-    cdef long n = max(1, min(want, keys // MIN_SPLIT_TOKENS))
-    cdef long c = (keys + n - 1) // n
-    c = (c + block_size - 1) // block_size * block_size
+cdef inline int _splits(long keys, int block_size, long *chunk) noexcept:
+    """How many key ranges of SPLIT_TOKENS (rounded up to whole blocks) cover `keys`."""
+    cdef long c = (SPLIT_TOKENS + block_size - 1) // block_size * block_size
     chunk[0] = c
-    return <int> ((keys + c - 1) // c)
+    return <int> max(1, (keys + c - 1) // c)
 
 
 cdef void _run(const hy_attn_shape *sh, const float *q, const int64_t *row_pos,
