@@ -53,6 +53,7 @@ class DecoderLayer:
         if isinstance(index, bool) or not isinstance(index, (int, np.integer)) or index < 0:
             raise ValueError(f"index must be an integer >= 0, got {index!r}")
         self.config = config
+        self._scale = config.softmax_scale  # attention's softmax scale
         self.weights = weights.validated(config)
         self.index = int(index)
         self.placement = Placement.parse(placement)
@@ -237,16 +238,10 @@ class DecoderLayer:
             raise ValueError(f"hidden has {T} rows, the step describes {batch.num_rows}")
         cfg, k_ = self.config, self._k
         q, k, v = self._qkv(x, batch.positions)  # [T, H*D], [T, KVH*D] x 2, rotated
-        with region("Block/Attention"):
+        with region("Block/Attention"):  # K/V rows into their slots, then attention
             att = self._buffers(T)["att"]  # [T, H*D]
-            k_dst, v_dst, k_ptrs, v_ptrs = batch.layer_tables(self.index)
-            k_.kv_write_rows(k, v, k_dst, v_dst, cfg.num_kv_heads, cfg.head_dim,
-                             batch.head_stride, batch.dtype)
+            k_.attend_step(batch, self.index, q, k, v, cfg.num_heads, self._scale, att)
             batch.wrote_layer(self.index)
-            k_.paged_attention_ragged(q, batch.positions, batch.seg_rows, batch.seg_table, k_ptrs,
-                                      v_ptrs, cfg.num_heads, cfg.num_kv_heads, cfg.head_dim,
-                                      batch.block_size, batch.head_stride,
-                                      batch.dtype == np.float16, cfg.softmax_scale, att)
         return self._leave(self._finish(x, att, self._result(x, out, host_out)), host_out)
 
     def _rollback_all(self, caches, starts) -> None:

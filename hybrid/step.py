@@ -4,13 +4,14 @@ blocks each sequence attends over.
 
     batch = StepBatch.plan([(cache_a, 7), (cache_b, 1), (cache_c, 1)])   # rows per sequence
     # rows 0..6 are cache_a's positions seq_len..seq_len+6, row 7 cache_b's next token, ...
-    for layer: k_dst, v_dst, k_ptrs, v_ptrs = batch.layer_tables(layer)   # two gathers per layer
+    for layer: ops.attend_step(batch, layer, q, k, v, ...)   # write K/V rows, attend
     batch.commit()      # after every layer: each cache advances by its rows
     batch.rollback()    # on error: every cache exactly as before
 
 Planning takes every block the rows need from the pool at once (all or nothing, copying a
 shared block before it is written); what depends on the layer is only the pool's address table,
-so a layer's tables are two NumPy gathers.  The sequences must share one pool whose layers are
+so the CPU backend plans the step's attention once (attention.RaggedStep, kept in
+``attention_plans``) and every layer gathers its block addresses in C.  The sequences must share one pool whose layers are
 all on the CPU (``StepBatch.supports``); other placements run sequence by sequence.
 """
 
@@ -39,6 +40,7 @@ class StepBatch:
         self.dtype = c0.dtype
         self.head_stride = c0.head_stride
         self.last_rows = seg_rows[1:] - 1  # [S] the row whose logits each sequence samples from
+        self.attention_plans: dict = {}  # the CPU backend's plan of this step's attention
 
     @property
     def num_rows(self) -> int:
@@ -98,14 +100,6 @@ class StepBatch:
         row_block = table_ids[seg_table[seq_of_row] + positions // bs]
         return cls(caches, counts, positions, seg_rows, seg_table, table_ids, row_block,
                    positions % bs, starts)
-
-    def layer_tables(self, layer: int):
-        """(k_dst, v_dst, k_ptrs, v_ptrs) of one layer: each row's K/V slot address (head 0),
-        and the K/V block addresses of every sequence's table (int64)."""
-        k_addr, v_addr = self.pool.k_addr[layer], self.pool.v_addr[layer]
-        off = self.row_slot * (self.head_dim * self.dtype.itemsize)
-        return (k_addr[self.row_block] + off, v_addr[self.row_block] + off,
-                k_addr[self.table_ids], v_addr[self.table_ids])
 
     def wrote_layer(self, layer: int) -> None:
         """Every sequence's ``layer`` now holds its new rows."""

@@ -20,6 +20,9 @@ from libc.string cimport memcpy
 
 import numpy as np
 
+cdef extern from "simd.h" nogil:
+    void hy_f32_to_f16(const float *src, unsigned short *dst, long n)
+
 cdef extern from "attention_core.h" nogil:
     ctypedef struct hy_attn_shape:
         int num_heads
@@ -391,60 +394,123 @@ def plan(long n_rows, long start_pos, int num_kv_heads, int group, int block_siz
     return tasks, threads
 
 
-def paged_attention_ragged(float[:, ::1] q,               # IN  [T, num_heads*head_dim] float32
-                           const int64_t[::1] row_pos,     # IN  [T] position of each row
-                           const int64_t[::1] seg_rows,    # IN  [S+1] sequence s owns rows
-                                                           #     seg_rows[s]:seg_rows[s+1]
-                           const int64_t[::1] seg_table,   # IN  [S] its blocks start at
-                                                           #     k_ptrs[seg_table[s]]
-                           const int64_t[::1] k_ptrs,      # IN  [total blocks] K addresses
-                           const int64_t[::1] v_ptrs,      # IN  [total blocks] V addresses
-                           int num_heads, int num_kv_heads, int head_dim, int block_size,
-                           long head_stride, bint kv_f16, float scale,
-                           float[:, ::1] out,              # OUT [T, num_heads*head_dim]
-                           int num_threads):
-    """Causal attention of a ragged batch (one step of many sequences, any mix of prefill chunks
-    and decode rows): row i of sequence s sees key positions 0 .. row_pos[i] of its blocks.
-    Each row is reduced in the same order whatever else is in the batch."""
-    _check_common(q, out, num_heads, num_kv_heads, head_dim, block_size, head_stride)
-    cdef long T = q.shape[0], S = seg_table.shape[0], s, i, nblk
-    if row_pos.shape[0] != T or seg_rows.shape[0] != S + 1 or seg_rows[0] != 0 \
-            or seg_rows[S] != T or v_ptrs.shape[0] != k_ptrs.shape[0]:
-        raise ValueError("ragged batch: row_pos must have T entries, seg_rows S+1 from 0 to T, "
-                         "k_ptrs and v_ptrs equal lengths")
-    for s in range(S):
-        if seg_rows[s + 1] < seg_rows[s]:
-            raise ValueError(f"ragged batch: seg_rows decreases at sequence {s}")
-        for i in range(seg_rows[s], seg_rows[s + 1]):
-            if row_pos[i] < 0:
-                raise ValueError(f"ragged batch: row {i} has position {row_pos[i]}")
-            nblk = row_pos[i] // block_size + 1
-            if seg_table[s] < 0 or seg_table[s] + nblk > k_ptrs.shape[0]:
-                raise ValueError(f"ragged batch: sequence {s} needs {nblk} blocks from table "
-                                 f"offset {seg_table[s]}, the tables hold {k_ptrs.shape[0]}")
-    if T == 0:
-        return
-    _attend(q, row_pos, seg_rows, seg_table, k_ptrs, v_ptrs, num_heads, num_kv_heads, head_dim,
-            block_size, head_stride, kv_f16, scale, out, num_threads)
+cdef class RaggedStep:
+    """One ragged step's attention, planned once and run for every layer (FlashInfer's plan /
+    run): the tasks, merges and partial buffers depend on the rows, not on the layer.
 
+    ``layer(q, k, v, k_addr, v_addr, out)`` writes each row's K/V (float32 in, converted to the
+    cache dtype here) into its slot and attends: the block addresses of a layer come from its
+    address table (block id -> K / V address) and the step's block ids, gathered in C."""
+    cdef object _keep
+    cdef object tasks, merges, pm_a, pl_a, pacc_a, kp_a, vp_a
+    cdef hy_attn_shape sh
+    cdef int maxnq, nthreads
+    cdef long T, nblocks, max_id
+    cdef const int64_t *row_pos
+    cdef const int64_t *table_ids
+    cdef const int64_t *row_block
+    cdef const int64_t *row_slot
 
-def kv_write_rows(const unsigned char[:, ::1] k,   # IN  [rows, num_kv_heads*head_bytes] in the
-                  const unsigned char[:, ::1] v,   #     cache dtype's bytes
-                  const int64_t[::1] k_dst,        # IN  [rows] address of head 0's K slot
-                  const int64_t[::1] v_dst,        # IN  [rows] address of head 0's V slot
-                  int num_kv_heads, long head_bytes, long head_stride_bytes):
-    """Store each row's K and V heads at their slots in the cache blocks (head h of a row goes
-    head_stride_bytes after head 0).  The caller computed the addresses from live blocks."""
-    cdef long rows = k.shape[0], r
-    cdef int h
-    if v.shape[0] != rows or k_dst.shape[0] != rows or v_dst.shape[0] != rows:
-        raise ValueError("kv_write_rows: k, v, k_dst and v_dst need the same number of rows")
-    if k.shape[1] != num_kv_heads * head_bytes or v.shape[1] != num_kv_heads * head_bytes:
-        raise ValueError(f"kv_write_rows: rows must hold {num_kv_heads}x{head_bytes} bytes")
-    with nogil:
-        for r in range(rows):
-            for h in range(num_kv_heads):
-                memcpy(<void *> <size_t> (k_dst[r] + h * head_stride_bytes), &k[r, h * head_bytes],
-                       head_bytes)
-                memcpy(<void *> <size_t> (v_dst[r] + h * head_stride_bytes), &v[r, h * head_bytes],
-                       head_bytes)
+    def __init__(self, const int64_t[::1] row_pos,    # [T] position of each row
+                 const int64_t[::1] seg_rows,         # [S+1]
+                 const int64_t[::1] seg_table,        # [S] offsets into table_ids
+                 const int64_t[::1] table_ids,        # [blocks] block ids, sequence after sequence
+                 const int64_t[::1] row_block,        # [T] block id holding each row
+                 const int64_t[::1] row_slot,         # [T] slot of each row in its block
+                 int num_heads, int num_kv_heads, int head_dim, int block_size, long head_stride,
+                 bint kv_f16, float scale, int num_threads):
+        cdef long T = row_pos.shape[0], S = seg_table.shape[0], s, i, nblk, b
+        if head_stride < <long> block_size * head_dim or num_heads <= 0 or num_kv_heads <= 0 \
+                or num_heads % num_kv_heads or head_dim <= 0 or block_size <= 0:
+            raise ValueError("ragged step: inconsistent heads, head_dim, block_size or head_stride")
+        if seg_rows.shape[0] != S + 1 or seg_rows[0] != 0 or seg_rows[S] != T \
+                or row_block.shape[0] != T or row_slot.shape[0] != T or T == 0:
+            raise ValueError("ragged step: row_pos, row_block and row_slot need T > 0 entries, "
+                             "seg_rows S+1 from 0 to T")
+        self.max_id = -1
+        for b in range(table_ids.shape[0]):
+            if table_ids[b] < 0:
+                raise ValueError(f"ragged step: negative block id {table_ids[b]}")
+            self.max_id = max(self.max_id, table_ids[b])
+        for s in range(S):
+            if seg_rows[s + 1] < seg_rows[s]:
+                raise ValueError(f"ragged step: seg_rows decreases at sequence {s}")
+            for i in range(seg_rows[s], seg_rows[s + 1]):
+                nblk = row_pos[i] // block_size + 1
+                if row_pos[i] < 0 or seg_table[s] < 0 or seg_table[s] + nblk > table_ids.shape[0]:
+                    raise ValueError(f"ragged step: row {i} (position {row_pos[i]}) needs {nblk} "
+                                     f"blocks from table offset {seg_table[s]}, the table holds "
+                                     f"{table_ids.shape[0]}")
+                if row_slot[i] < 0 or row_slot[i] >= block_size or row_block[i] < 0 \
+                        or row_block[i] != table_ids[seg_table[s] + row_pos[i] // block_size]:
+                    raise ValueError(f"ragged step: row {i} is not stored where its position "
+                                     f"puts it")
+        self.sh.num_heads, self.sh.num_kv_heads, self.sh.head_dim = num_heads, num_kv_heads, head_dim
+        self.sh.block_size, self.sh.kv_f16, self.sh.head_stride = block_size, kv_f16, head_stride
+        self.sh.scale = scale
+        self.tasks, self.merges, n_partial, maxnq, self.nthreads = _plan(
+            row_pos, seg_rows, seg_table, num_kv_heads, num_heads // num_kv_heads, block_size,
+            num_threads)
+        self.maxnq = maxnq
+        if n_partial:
+            self.pm_a = np.empty((n_partial, maxnq), dtype=np.float32)
+            self.pl_a = np.empty((n_partial, maxnq), dtype=np.float32)
+            self.pacc_a = np.empty((n_partial, maxnq, head_dim), dtype=np.float32)
+        else:
+            self.pm_a, self.pl_a, self.pacc_a = _NO_PARTIAL2, _NO_PARTIAL2, _NO_PARTIAL3
+        self.nblocks = table_ids.shape[0]
+        self.kp_a = np.empty(max(1, self.nblocks), dtype=np.int64)
+        self.vp_a = np.empty(max(1, self.nblocks), dtype=np.int64)
+        self._keep = (row_pos, seg_rows, seg_table, table_ids, row_block, row_slot)
+        self.T = T
+        self.row_pos, self.table_ids = &row_pos[0], &table_ids[0] if self.nblocks else NULL
+        self.row_block, self.row_slot = &row_block[0], &row_slot[0]
+
+    def layer(self, float[:, ::1] q,          # IN  [T, num_heads*head_dim]
+              const float[:, ::1] k,          # IN  [T, num_kv_heads*head_dim] float32
+              const float[:, ::1] v,          # IN  [T, num_kv_heads*head_dim] float32
+              const int64_t[::1] k_addr,      # IN  [pool blocks] this layer's K block addresses
+              const int64_t[::1] v_addr,      # IN  [pool blocks] its V block addresses
+              float[:, ::1] out):             # OUT [T, num_heads*head_dim]
+        """Write the step's K/V rows of one layer into their slots, then attend."""
+        cdef int D = self.sh.head_dim, KVH = self.sh.num_kv_heads, h
+        cdef long r, b, kvd = <long> KVH * D
+        cdef size_t esize = 2 if self.sh.kv_f16 else 4
+        cdef size_t row_off, hs = <size_t> self.sh.head_stride * esize
+        cdef char *kd
+        cdef char *vd
+        cdef int64_t[::1] kp = self.kp_a
+        cdef int64_t[::1] vp = self.vp_a
+        cdef float[:, ::1] pm = self.pm_a
+        cdef float[:, ::1] pl = self.pl_a
+        cdef float[:, :, ::1] pacc = self.pacc_a
+        cdef const int64_t[:, ::1] tv = self.tasks
+        cdef const int64_t[:, ::1] mv = self.merges
+        cdef int failed = 0
+        if q.shape[0] != self.T or k.shape[0] != self.T or v.shape[0] != self.T \
+                or out.shape[0] != self.T or q.shape[1] != self.sh.num_heads * D \
+                or out.shape[1] != q.shape[1] or k.shape[1] != kvd or v.shape[1] != kvd:
+            raise ValueError("ragged step: q/out [T, H*D] and k/v [T, KVH*D] for the planned T")
+        if k_addr.shape[0] <= self.max_id or v_addr.shape[0] <= self.max_id:
+            raise ValueError(f"ragged step: the address tables hold {k_addr.shape[0]} blocks, "
+                             f"the step uses block {self.max_id}")
+        with nogil:
+            for b in range(self.nblocks):
+                kp[b] = k_addr[self.table_ids[b]]
+                vp[b] = v_addr[self.table_ids[b]]
+            for r in range(self.T):  # row r's K/V heads into its slot (head h: h*hs further)
+                row_off = <size_t> self.row_slot[r] * D * esize
+                kd = <char *> <size_t> k_addr[self.row_block[r]] + row_off
+                vd = <char *> <size_t> v_addr[self.row_block[r]] + row_off
+                for h in range(KVH):
+                    if self.sh.kv_f16:
+                        hy_f32_to_f16(&k[r, h * D], <unsigned short *> (kd + h * hs), D)
+                        hy_f32_to_f16(&v[r, h * D], <unsigned short *> (vd + h * hs), D)
+                    else:
+                        memcpy(kd + h * hs, &k[r, h * D], D * 4)
+                        memcpy(vd + h * hs, &v[r, h * D], D * 4)
+            _run(&self.sh, &q[0, 0], self.row_pos, &kp[0], &vp[0], tv, mv, self.maxnq,
+                 &pm[0, 0], &pl[0, 0], &pacc[0, 0, 0], &out[0, 0], self.nthreads, &failed)
+        if failed:
+            raise MemoryError("paged attention: could not allocate per-thread scratch")
+

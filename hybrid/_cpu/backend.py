@@ -157,20 +157,19 @@ def paged_attention(q, start_pos, k_ptrs, v_ptrs, num_heads, num_kv_heads, head_
                                   get_num_threads())
 
 
-def paged_attention_ragged(q, row_pos, seg_rows, seg_table, k_ptrs, v_ptrs, num_heads,
-                           num_kv_heads, head_dim, block_size, head_stride, kv_f16, scale, out):
-    attention.paged_attention_ragged(q, row_pos, seg_rows, seg_table, k_ptrs, v_ptrs, num_heads,
-                                     num_kv_heads, head_dim, block_size, head_stride, kv_f16,
-                                     scale, out, get_num_threads())
-
-
-def kv_write_rows(k, v, k_dst, v_dst, num_kv_heads, head_dim, head_stride, kv_dtype):
-    """Rows k, v [rows, KVH*D] float32 into their cache slots (addresses of head 0's K / V)."""
-    if kv_dtype != np.float32:
-        k, v = k.astype(kv_dtype), v.astype(kv_dtype)
-    isz = np.dtype(kv_dtype).itemsize
-    attention.kv_write_rows(k.view(np.uint8), v.view(np.uint8), k_dst, v_dst, num_kv_heads,
-                            head_dim * isz, head_stride * isz)
+def attend_step(batch, layer, q, k, v, num_heads, scale, out):
+    """One layer of a ragged step: write every row's K/V (float32 [T, KVH*D]) into its slot and
+    attend (hybrid/step.py's StepBatch).  The attention plan is made on the step's first layer
+    and reused by the others (attention.RaggedStep)."""
+    nt = get_num_threads()
+    key = (num_heads, scale, nt)
+    plan = batch.attention_plans.get(key)
+    if plan is None:
+        plan = batch.attention_plans[key] = attention.RaggedStep(
+            batch.positions, batch.seg_rows, batch.seg_table, batch.table_ids, batch.row_block,
+            batch.row_slot, num_heads, batch.num_kv_heads, batch.head_dim, batch.block_size,
+            batch.head_stride, batch.dtype == np.float16, scale, nt)
+    plan.layer(q, k, v, batch.pool.k_addr[layer], batch.pool.v_addr[layer], out)
 
 
 def paged_attention_batch(q, kv_lens, indptr, k_ptrs, v_ptrs, num_heads, num_kv_heads, head_dim,
@@ -191,7 +190,7 @@ def to_device(array, placement):
 def register(registrar):
     for name in ("rmsnorm", "rope", "swiglu", "add", "linear", "bind_linear_many",
                  "bind_decode_step", "paged_attention",
-                 "paged_attention_batch", "paged_attention_ragged", "kv_write_rows",
+                 "paged_attention_batch", "attend_step",
                  "to_device"):
         registrar.op(name, globals()[name])
     from ..quant.formats import FORMATS

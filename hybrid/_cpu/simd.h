@@ -70,6 +70,42 @@ static inline float hy_half_to_float(uint16_t h) {
 }
 
 /* dst[i] = (float)src[i] for i < n */
+/* float32 -> IEEE binary16, round to nearest even (numpy's astype(float16) and F16C agree) */
+static inline uint16_t hy_float_to_half(float f) {
+    uint32_t x;
+    memcpy(&x, &f, sizeof x);
+    const uint32_t sign = (x >> 16) & 0x8000u;
+    uint32_t absx = x & 0x7fffffffu;
+    if (absx >= 0x7f800000u)  /* inf or nan (nan keeps a quiet payload bit) */
+        return (uint16_t)(sign | 0x7c00u | (absx > 0x7f800000u ? 0x200u | ((absx >> 13) & 0x3ffu) : 0));
+    if (absx >= 0x477ff000u) return (uint16_t)(sign | 0x7c00u); /* rounds past 65504: inf */
+    if (absx < 0x38800000u) {  /* below 2^-14: subnormal half (or zero) */
+        if (absx < 0x33000000u) return (uint16_t)sign;            /* below half the smallest */
+        const uint32_t e = absx >> 23, m = (absx & 0x7fffffu) | 0x800000u;
+        const uint32_t shift = 126 - e;  /* value / 2^-24 = m * 2^(e - 126); shift 14..24 */
+        const uint32_t rem = m & ((1u << shift) - 1u), half = 1u << (shift - 1);
+        uint32_t q = m >> shift;
+        if (rem > half || (rem == half && (q & 1u))) q++;
+        return (uint16_t)(sign | q);
+    }
+    /* normal: rebias the exponent, round the 13 dropped mantissa bits to nearest even */
+    uint32_t h = ((absx >> 13) - (112u << 10));
+    const uint32_t rem = absx & 0x1fffu;
+    if (rem > 0x1000u || (rem == 0x1000u && (h & 1u))) h++;
+    return (uint16_t)(sign | h);
+}
+
+/* float32 -> float16 rows */
+static inline void hy_f32_to_f16(const float *src, uint16_t *dst, long n) {
+    long i = 0;
+#ifdef HY_F16C
+    for (; i + 8 <= n; i += 8)
+        _mm_storeu_si128((__m128i *)(dst + i),
+                         _mm256_cvtps_ph(_mm256_loadu_ps(src + i), _MM_FROUND_TO_NEAREST_INT));
+#endif
+    for (; i < n; i++) dst[i] = hy_float_to_half(src[i]);
+}
+
 static inline void hy_f16_to_f32(const uint16_t *src, float *dst, long n) {
     long i = 0;
 #ifdef HY_F16C
