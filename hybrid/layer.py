@@ -237,6 +237,15 @@ class DecoderLayer:
         if T != batch.num_rows:
             raise ValueError(f"hidden has {T} rows, the step describes {batch.num_rows}")
         cfg, k_ = self.config, self._k
+        step = self._buffers(T).get("decode_step") if T == 1 else None
+        if step is not None and not profiling_enabled() \
+                and kernel_role.current() != kernel_role.PROMPT:
+            # one generated row of a quantized layer: the same steps as below in three calls
+            q, k, v = step.prologue(x, int(batch.positions[0]))
+            att = self._bufs[1]["att"]
+            k_.attend_step(batch, self.index, q, k, v, cfg.num_heads, self._scale, att)
+            batch.wrote_layer(self.index)
+            return self._leave(step.epilogue(att, x, self._result(x, out, host_out)), host_out)
         q, k, v = self._qkv(x, batch.positions)  # [T, H*D], [T, KVH*D] x 2, rotated
         with region("Block/Attention"):  # K/V rows into their slots, then attention
             att = self._buffers(T)["att"]  # [T, H*D]
