@@ -124,8 +124,14 @@ def test_quantized_logits_within_llama_cpp_error(ours, quantized):
 
 
 def test_quantized_greedy_tokens_equal_float32_first_tokens(ours, quantized):
-    ids = _ids(ours, PROMPTS[1])  # llama.cpp, the float32 model and ours agree on 12 tokens here
-    assert quantized.generate(ids, 12, stop_tokens=[]) == ours.generate(ids, 12, stop_tokens=[])
+    """The first 7 greedy tokens agree; the float32 model's 8th is a near tie (its top two
+    logits 0.01 apart), where any change of rounding in the quantized kernels may pick either."""
+    ids = _ids(ours, PROMPTS[1])
+    expect = ours.generate(ids, 8, stop_tokens=[])
+    assert quantized.generate(ids, 7, stop_tokens=[]) == expect[:7]
+    logits = ours.forward(ids + expect[:7], ours.new_cache())
+    top2 = np.sort(logits)[-2:]
+    assert top2[1] - top2[0] < 0.05  # the tie that makes the 8th token a coin toss
 
 
 # llama.cpp's greedy tokens for the chat prompt on this file (recorded with llama-cpp-python
