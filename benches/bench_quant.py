@@ -27,7 +27,7 @@ SHAPES = {"smollm2 gate": (1536, 576), "smollm2 down": (576, 1536),
           "llama3-8b qo": (4096, 4096), "llama3-8b gate": (14336, 4096),
           "llama3-8b down": (4096, 14336)}
 FORMATS = ["q8_0", "q4_0", "q4_1", "q5_0", "q5_1", "q4_k", "q5_k", "q6_k", "float16", "bfloat16"]
-STREAM_BYTES = 96 * 2**20  # cycle copies until this much is streamed per round: past the LLC
+STREAM_BYTES = 320 * 2**20  # cycle copies until this much is streamed per round: 10x the LLC
 
 
 @pytest.mark.parametrize("shape", list(SHAPES))
@@ -40,7 +40,7 @@ def test_matvec(benchmark, name, shape, read_bandwidth):
                     f"(llama.cpp falls back to another type there)")
     rng = np.random.default_rng(0)
     w = hybrid.quantize(rng.standard_normal((n_out, n_in)).astype(np.float32) * 0.02, name)
-    copies = max(1, min(16, STREAM_BYTES // w.nbytes))
+    copies = max(1, min(64, STREAM_BYTES // w.nbytes))
     mats = [w.data] + [w.data.copy() for _ in range(copies - 1)]
     x = rng.standard_normal((1, n_in)).astype(np.float32)
     y = np.empty((1, n_out), np.float32)

@@ -10,6 +10,7 @@ cdef extern from "omp_compat.h" nogil:
 cdef extern from "simd.h" nogil:
     int hy_simd_level()
     float hy_dot(const float *a, const float *b, long n)
+    float hy_stream_sum(const float *x, long n)
 
 
 def have_openmp():
@@ -52,12 +53,13 @@ def omp_set_threads(int n):
 
 def read_sum(const float[::1] x,  # IN [n] float32, ideally far larger than the caches
              int num_threads):
-    """Sum of x[i]*x[i] over threads: a streaming read used to measure memory bandwidth."""
+    """Sum of x over threads: a streaming read (software-prefetched like the weight kernels)
+    used to measure memory bandwidth."""
     cdef Py_ssize_t n = x.shape[0]
     cdef Py_ssize_t chunk = 1 << 16
     cdef Py_ssize_t nchunks = (n + chunk - 1) // chunk, c, lo
     cdef double total = 0
     for c in prange(nchunks, nogil=True, num_threads=num_threads, schedule="static"):
         lo = c * chunk
-        total += hy_dot(&x[lo], &x[lo], min(chunk, n - lo))
+        total += hy_stream_sum(&x[lo], min(chunk, n - lo))
     return total

@@ -171,6 +171,24 @@ static inline float hy_dot(const float *a, const float *b, long n) {
     return s;
 }
 
+/* sum_i x[i] read as a stream, software-prefetched 12 KiB ahead like the weight kernels (the
+ * bandwidth probe of the benchmarks: what a prefetching reader gets from memory) */
+static inline float hy_stream_sum(const float *x, long n) {
+    long i = 0;
+    float s = 0.0f;
+#ifdef HY_AVX2
+    __m256 s0 = _mm256_setzero_ps(), s1 = _mm256_setzero_ps();
+    for (; i + 16 <= n; i += 16) {
+        _mm_prefetch((const char *)(x + i) + 12288, _MM_HINT_T0);
+        s0 = _mm256_add_ps(s0, _mm256_loadu_ps(x + i));
+        s1 = _mm256_add_ps(s1, _mm256_loadu_ps(x + i + 8));
+    }
+    s = hy_hsum256(_mm256_add_ps(s0, s1));
+#endif
+    for (; i < n; i++) s += x[i];
+    return s;
+}
+
 /* ---------------------------------------------------------------- exp */
 
 #ifdef HY_AVX2
