@@ -40,7 +40,12 @@ def add(a, b, out):
 
 
 def linear(x, weight, bias, out):
-    # [rows, in] @ [in, out] through BLAS (sgemm / sgemv); weight stays [out, in] in memory
+    """x [rows, in] @ W.T (+ bias) for float32 W [out, in]: decode rows (few, or the role says
+    so) through our mat-vec (each weight row streamed once, prefetched; the same sums for a row
+    whatever the batch), prompt rows through BLAS sgemm."""
+    if _matvec_rows(x.shape[0]) and weight.flags.c_contiguous:
+        quant.matvec_f32(weight, x, bias, out, get_num_threads())
+        return
     np.matmul(x, weight.T, out=out)
     if bias is not None:
         out += bias

@@ -283,6 +283,39 @@ cdef extern from "rowops.h" nogil:
 
 cdef extern from "simd.h" nogil:
     void hy_silu_mul(const float *g, const float *u, float *out, long n)
+    float hy_dot_stream(const float *a, const float *b, long n)
+
+
+def matvec_f32(const float[:, ::1] w,   # IN  [out, in] float32 weight rows
+               const float[:, ::1] x,   # IN  [rows, in] float32 activations
+               bias,                    # IN  [out] float32 or None
+               float[:, ::1] out,       # OUT [rows, out]
+               int num_threads):
+    """out = x @ W.T (+ bias) for float32 weights, each weight row streamed from memory once
+    (prefetched) for all rows of x; every row's sums in the same order whatever the row count."""
+    cdef Py_ssize_t n = x.shape[1], rows = x.shape[0], n_out = w.shape[0], c, o, r
+    cdef const float[::1] bv
+    cdef const float *bp = NULL
+    if w.shape[1] != n or out.shape[0] != rows or out.shape[1] != n_out:
+        raise ValueError(f"matvec_f32: w {tuple(w.shape)[:2]}, x {tuple(x.shape)[:2]}, "
+                         f"out {tuple(out.shape)[:2]} do not fit")
+    if bias is not None:
+        bv = bias
+        if bv.shape[0] != n_out:
+            raise ValueError(f"matvec_f32: bias has {bv.shape[0]} entries for {n_out} outputs")
+        bp = &bv[0]
+    if rows == 0 or n_out == 0 or n == 0:
+        if n == 0:
+            for r in range(rows):
+                for o in range(n_out):
+                    out[r, o] = bp[o] if bp != NULL else 0.0
+        return
+    cdef Py_ssize_t nchunks = (n_out + MATVEC_CHUNK - 1) // MATVEC_CHUNK
+    cdef int nt = num_threads if n_out * n * 4 >= PARALLEL_MIN_BYTES else 1
+    for c in prange(nchunks, nogil=True, num_threads=nt, schedule="static"):
+        for o in range(c * MATVEC_CHUNK, min((c + 1) * MATVEC_CHUNK, n_out)):
+            for r in range(rows):
+                out[r, o] = hy_dot_stream(&w[o, 0], &x[r, 0], n) + (bp[o] if bp != NULL else 0.0)
 
 
 cdef struct _Mat:
