@@ -40,7 +40,8 @@ def pytest_configure(config):
 
 
 # The quick regression subset (pytest benches -m quick): one or two shapes per kernel family
-# and the end-to-end decode, with their peers; under 3 minutes on 2 threads.
+# and the end-to-end decode, with their peers; under 3 minutes on 2 threads.  Shapes whose data
+# sit in the last-level cache are left out: their figures swing by half between equal runs.
 QUICK = ["bench_attention.py::test_decode_attention_hybrid[1024-*",
          "bench_attention.py::test_decode_attention_hybrid[16384-*",
          "bench_attention.py::test_decode_attention_torch_sdpa[16384-*",
@@ -48,19 +49,16 @@ QUICK = ["bench_attention.py::test_decode_attention_hybrid[1024-*",
          "bench_quant.py::test_matvec[q8_0-llama3-8b qo]",
          "bench_quant.py::test_matvec[q4_0-llama3-8b qo]",
          "bench_quant.py::test_matvec[q4_k-llama3-8b qo]",
-         "bench_quant.py::test_matvec[q4_0-smollm2 gate]",
-         "bench_layer.py::test_layer_hybrid[decode-smollm2-135m]",
-         "bench_layer.py::test_layer_transformers[decode-smollm2-135m]",
+         "bench_layer.py::test_layer_hybrid[decode-llama3-8b]",
+         "bench_layer.py::test_layer_transformers[decode-llama3-8b]",
          "bench_generate.py::test_hybrid_prefill",
          "bench_generate.py::test_hybrid_decode"]
 
 
 def pytest_collection_modifyitems(config, items):
-    from fnmatch import fnmatchcase
-
-    for item in items:
+    for item in items:  # QUICK entries: a node id's file::name[params], or a prefix ending in *
         tail = item.nodeid.split("/")[-1]
-        if any(fnmatchcase(tail, pattern) for pattern in QUICK):
+        if any(tail == p or (p.endswith("*") and tail.startswith(p[:-1])) for p in QUICK):
             item.add_marker(pytest.mark.quick)
 
 
