@@ -253,6 +253,13 @@ class DecoderLayer:
             batch.wrote_layer(self.index)
         return self._leave(self._finish(x, att, self._result(x, out, host_out)), host_out)
 
+    def decode_step(self):
+        """The bound native decode step of one generated row (a CPU layer whose projections are
+        all quantized), or None: what Model runs a whole stack through in one call."""
+        if not self.placement.is_cpu or profiling_enabled():
+            return None
+        return self._buffers(1).get("decode_step")
+
     def _rollback_all(self, caches, starts) -> None:
         for c, s in zip(caches, starts):
             c._rollback_layer(self.index, s)

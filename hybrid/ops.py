@@ -341,7 +341,7 @@ class BoundOps:
 
     def __getattr__(self, name):
         """Kernels only some devices have (the ragged step's), resolved on first use."""
-        if name == "attend_step":
+        if name in ("attend_step", "decode_stack"):
             fn = registry.lookup(name, self.device)
             setattr(self, name, fn)
             return fn

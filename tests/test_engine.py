@@ -277,3 +277,20 @@ def test_a_failed_step_leaves_every_cache_as_it_was(tiny_q8, rng, monkeypatch):
     with pytest.raises(hybrid.PoolExhaustedError):  # more than the pool holds: nothing taken
         model.forward_step([(c, [4] * 60) for c in caches])
     assert pool.num_used == used
+
+
+@pytest.mark.parametrize("arch", ["llama q8_0", "qwen3 q4_0"])
+def test_one_call_decode_stack_equals_layer_by_layer(tiny_q8, tiny_qwen3_q4, rng, arch):
+    """A generated row runs the whole quantized CPU stack in one native call (Model's
+    decode stack); the same step layer by layer (profiling forces it) gives the same bits."""
+    model = tiny_q8 if arch.startswith("llama") else tiny_qwen3_q4
+    prompt = [int(t) for t in rng.integers(3, VOCAB, 21)]
+    fast, slow = model.new_cache(), model.new_cache()
+    model.forward(prompt, fast, role="prompt")
+    model.forward(prompt, slow, role="prompt")
+    for tok in [int(t) for t in rng.integers(3, VOCAB, 5)]:
+        a = model.forward([tok], fast, role="decode")
+        with hybrid.profiling():
+            b = model.forward([tok], slow, role="decode")
+        np.testing.assert_array_equal(a, b)
+    assert all(layer.decode_step() is not None for layer in model.layers)

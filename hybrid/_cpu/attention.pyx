@@ -23,27 +23,6 @@ import numpy as np
 cdef extern from "simd.h" nogil:
     void hy_f32_to_f16(const float *src, unsigned short *dst, long n)
 
-cdef extern from "attention_core.h" nogil:
-    ctypedef struct hy_attn_shape:
-        int num_heads
-        int num_kv_heads
-        int head_dim
-        int block_size
-        int kv_f16
-        long head_stride
-        float scale
-    ctypedef struct hy_attn_scratch:
-        float *q
-        float *kbuf
-        float *vbuf
-        float *s
-        float *m
-        float *l
-        float *acc
-    void hy_attn_task(const hy_attn_shape *sh, hy_attn_scratch *w, const float *q,
-                      const int64_t *row_pos, long r0, long r1, const int64_t *kblk,
-                      const int64_t *vblk, int g0, int g1, long kb, long ke)
-
 _NO_PARTIAL2 = np.zeros((1, 1), dtype=np.float32)
 _NO_PARTIAL3 = np.zeros((1, 1, 1), dtype=np.float32)
 
@@ -401,16 +380,6 @@ cdef class RaggedStep:
     ``layer(q, k, v, k_addr, v_addr, out)`` writes each row's K/V (float32 in, converted to the
     cache dtype here) into its slot and attends: the block addresses of a layer come from its
     address table (block id -> K / V address) and the step's block ids, gathered in C."""
-    cdef object _keep
-    cdef object tasks, merges, pm_a, pl_a, pacc_a, kp_a, vp_a
-    cdef hy_attn_shape sh
-    cdef int maxnq, nthreads
-    cdef long T, nblocks, max_id
-    cdef const int64_t *row_pos
-    cdef const int64_t *table_ids
-    cdef const int64_t *row_block
-    cdef const int64_t *row_slot
-
     def __init__(self, const int64_t[::1] row_pos,    # [T] position of each row
                  const int64_t[::1] seg_rows,         # [S+1]
                  const int64_t[::1] seg_table,        # [S] offsets into table_ids
@@ -465,6 +434,14 @@ cdef class RaggedStep:
         self.T = T
         self.row_pos, self.table_ids = &row_pos[0], &table_ids[0] if self.nblocks else NULL
         self.row_block, self.row_slot = &row_block[0], &row_slot[0]
+        self.tv, self.mv = self.tasks, self.merges
+        cdef float[:, ::1] pm = self.pm_a
+        cdef float[:, ::1] pl = self.pl_a
+        cdef float[:, :, ::1] pacc = self.pacc_a
+        cdef int64_t[::1] kp = self.kp_a
+        cdef int64_t[::1] vp = self.vp_a
+        self.pm, self.pl, self.pacc = &pm[0, 0], &pl[0, 0], &pacc[0, 0, 0]
+        self.kp, self.vp = &kp[0], &vp[0]
 
     def layer(self, float[:, ::1] q,          # IN  [T, num_heads*head_dim]
               const float[:, ::1] k,          # IN  [T, num_kv_heads*head_dim] float32
@@ -473,44 +450,51 @@ cdef class RaggedStep:
               const int64_t[::1] v_addr,      # IN  [pool blocks] its V block addresses
               float[:, ::1] out):             # OUT [T, num_heads*head_dim]
         """Write the step's K/V rows of one layer into their slots, then attend."""
+        cdef int D = self.sh.head_dim
+        cdef long kvd = <long> self.sh.num_kv_heads * D
+        cdef int failed
+        if q.shape[0] != self.T or k.shape[0] != self.T or v.shape[0] != self.T \
+                or out.shape[0] != self.T or q.shape[1] != self.sh.num_heads * D \
+                or out.shape[1] != q.shape[1] or k.shape[1] != kvd or v.shape[1] != kvd:
+            raise ValueError("ragged step: q/out [T, H*D] and k/v [T, KVH*D] for the planned T")
+        self.check_tables(k_addr.shape[0], v_addr.shape[0])
+        with nogil:
+            failed = self.run(&q[0, 0], &k[0, 0], &v[0, 0], &k_addr[0], &v_addr[0], &out[0, 0])
+        if failed:
+            raise MemoryError("paged attention: could not allocate per-thread scratch")
+
+    cpdef check_tables(self, long k_blocks, long v_blocks):
+        """The address tables must cover every block id the step uses."""
+        if k_blocks <= self.max_id or v_blocks <= self.max_id:
+            raise ValueError(f"ragged step: the address tables hold {k_blocks} blocks, "
+                             f"the step uses block {self.max_id}")
+
+    cdef int run(self, float *q, const float *k, const float *v, const int64_t *k_addr,
+                 const int64_t *v_addr, float *out) noexcept nogil:
+        """The layer's work on checked arguments (q/out [T, H*D], k/v [T, KVH*D] contiguous;
+        the address tables cover the step's blocks).  Returns 1 when scratch allocation failed."""
         cdef int D = self.sh.head_dim, KVH = self.sh.num_kv_heads, h
         cdef long r, b, kvd = <long> KVH * D
         cdef size_t esize = 2 if self.sh.kv_f16 else 4
         cdef size_t row_off, hs = <size_t> self.sh.head_stride * esize
         cdef char *kd
         cdef char *vd
-        cdef int64_t[::1] kp = self.kp_a
-        cdef int64_t[::1] vp = self.vp_a
-        cdef float[:, ::1] pm = self.pm_a
-        cdef float[:, ::1] pl = self.pl_a
-        cdef float[:, :, ::1] pacc = self.pacc_a
-        cdef const int64_t[:, ::1] tv = self.tasks
-        cdef const int64_t[:, ::1] mv = self.merges
         cdef int failed = 0
-        if q.shape[0] != self.T or k.shape[0] != self.T or v.shape[0] != self.T \
-                or out.shape[0] != self.T or q.shape[1] != self.sh.num_heads * D \
-                or out.shape[1] != q.shape[1] or k.shape[1] != kvd or v.shape[1] != kvd:
-            raise ValueError("ragged step: q/out [T, H*D] and k/v [T, KVH*D] for the planned T")
-        if k_addr.shape[0] <= self.max_id or v_addr.shape[0] <= self.max_id:
-            raise ValueError(f"ragged step: the address tables hold {k_addr.shape[0]} blocks, "
-                             f"the step uses block {self.max_id}")
-        with nogil:
-            for b in range(self.nblocks):
-                kp[b] = k_addr[self.table_ids[b]]
-                vp[b] = v_addr[self.table_ids[b]]
-            for r in range(self.T):  # row r's K/V heads into its slot (head h: h*hs further)
-                row_off = <size_t> self.row_slot[r] * D * esize
-                kd = <char *> <size_t> k_addr[self.row_block[r]] + row_off
-                vd = <char *> <size_t> v_addr[self.row_block[r]] + row_off
-                for h in range(KVH):
-                    if self.sh.kv_f16:
-                        hy_f32_to_f16(&k[r, h * D], <unsigned short *> (kd + h * hs), D)
-                        hy_f32_to_f16(&v[r, h * D], <unsigned short *> (vd + h * hs), D)
-                    else:
-                        memcpy(kd + h * hs, &k[r, h * D], D * 4)
-                        memcpy(vd + h * hs, &v[r, h * D], D * 4)
-            _run(&self.sh, &q[0, 0], self.row_pos, &kp[0], &vp[0], tv, mv, self.maxnq,
-                 &pm[0, 0], &pl[0, 0], &pacc[0, 0, 0], &out[0, 0], self.nthreads, &failed)
-        if failed:
-            raise MemoryError("paged attention: could not allocate per-thread scratch")
+        for b in range(self.nblocks):
+            self.kp[b] = k_addr[self.table_ids[b]]
+            self.vp[b] = v_addr[self.table_ids[b]]
+        for r in range(self.T):  # row r's K/V heads into its slot (head h: h*hs further)
+            row_off = <size_t> self.row_slot[r] * D * esize
+            kd = <char *> <size_t> k_addr[self.row_block[r]] + row_off
+            vd = <char *> <size_t> v_addr[self.row_block[r]] + row_off
+            for h in range(KVH):
+                if self.sh.kv_f16:
+                    hy_f32_to_f16(k + r * kvd + h * D, <unsigned short *> (kd + h * hs), D)
+                    hy_f32_to_f16(v + r * kvd + h * D, <unsigned short *> (vd + h * hs), D)
+                else:
+                    memcpy(kd + h * hs, k + r * kvd + h * D, D * 4)
+                    memcpy(vd + h * hs, v + r * kvd + h * D, D * 4)
+        _run(&self.sh, q, self.row_pos, self.kp, self.vp, self.tv, self.mv, self.maxnq,
+             self.pm, self.pl, self.pacc, out, self.nthreads, &failed)
+        return failed
 

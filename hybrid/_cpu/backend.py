@@ -162,10 +162,8 @@ def paged_attention(q, start_pos, k_ptrs, v_ptrs, num_heads, num_kv_heads, head_
                                   get_num_threads())
 
 
-def attend_step(batch, layer, q, k, v, num_heads, scale, out):
-    """One layer of a ragged step: write every row's K/V (float32 [T, KVH*D]) into its slot and
-    attend (hybrid/step.py's StepBatch).  The attention plan is made on the step's first layer
-    and reused by the others (attention.RaggedStep)."""
+def _step_plan(batch, num_heads, scale):
+    """The step's attention plan (attention.RaggedStep), made by its first layer and reused."""
     nt = get_num_threads()
     key = (num_heads, scale, nt)
     plan = batch.attention_plans.get(key)
@@ -174,7 +172,24 @@ def attend_step(batch, layer, q, k, v, num_heads, scale, out):
             batch.positions, batch.seg_rows, batch.seg_table, batch.table_ids, batch.row_block,
             batch.row_slot, num_heads, batch.num_kv_heads, batch.head_dim, batch.block_size,
             batch.head_stride, batch.dtype == np.float16, scale, nt)
-    plan.layer(q, k, v, batch.pool.k_addr[layer], batch.pool.v_addr[layer], out)
+    return plan
+
+
+def attend_step(batch, layer, q, k, v, num_heads, scale, out):
+    """One layer of a ragged step: write every row's K/V (float32 [T, KVH*D]) into its slot and
+    attend (hybrid/step.py's StepBatch).  The attention plan is made on the step's first layer
+    and reused by the others (attention.RaggedStep)."""
+    _step_plan(batch, num_heads, scale).layer(q, k, v, batch.pool.k_addr[layer],
+                                              batch.pool.v_addr[layer], out)
+
+
+def decode_stack(steps, batch, x, att, num_heads, scale):
+    """One decode row (a one-row batch) through layers 0..len(steps)-1, each a DecodeStep, in
+    one native call: x [1, hidden] in, the last layer's output written over it."""
+    n = len(steps)
+    quant.decode_stack([s.native for s in steps], _step_plan(batch, num_heads, scale),
+                       batch.pool.k_addr[:n], batch.pool.v_addr[:n], x, att,
+                       int(batch.positions[0]), get_num_threads())
 
 
 def paged_attention_batch(q, kv_lens, indptr, k_ptrs, v_ptrs, num_heads, num_kv_heads, head_dim,
@@ -195,7 +210,7 @@ def to_device(array, placement):
 def register(registrar):
     for name in ("rmsnorm", "rope", "swiglu", "add", "linear", "bind_linear_many",
                  "bind_decode_step", "paged_attention",
-                 "paged_attention_batch", "attend_step",
+                 "paged_attention_batch", "attend_step", "decode_stack",
                  "to_device"):
         registrar.op(name, globals()[name])
     from ..quant.formats import FORMATS

@@ -10,6 +10,8 @@ from libc.stdint cimport int8_t, int32_t, int64_t, uint8_t
 from libc.stdlib cimport free, malloc
 from libc.string cimport memset
 
+from hybrid._cpu.attention cimport RaggedStep
+
 cdef extern from "quant.h" nogil:
     const char *hy_q_simd()
     int hy_q_block_values(int type)
@@ -458,39 +460,81 @@ cdef class DecodeLayer:
     def prologue(self, const float[:, ::1] x,   # IN  [1, hidden] the layer's input
                  int64_t position, int num_threads):
         """RMSNorm, Q/K/V, QK-norm, RoPE into the bound q, k, v buffers."""
-        cdef int i, D = self.D
-        cdef float cs[512]
-        cdef float sn[512]
         if x.shape[0] != 1 or x.shape[1] != self.dim:
             raise ValueError(f"decode prologue: x must be [1, {self.dim}], got {tuple(x.shape)[:2]}")
         with nogil:
-            hy_rmsnorm_row(&x[0, 0], self.attn_norm, self.eps, self.h, self.dim)
-            self._project(0, 3, self.h, self.dim, num_threads)
-            if self.q_norm != NULL:
-                for i in range(self.H):
-                    hy_rmsnorm_row(self.q + i * D, self.q_norm, self.eps, self.q + i * D, D)
-                for i in range(self.KVH):
-                    hy_rmsnorm_row(self.k + i * D, self.k_norm, self.eps, self.k + i * D, D)
-            if self.inv_freq != NULL:
-                hy_rope_row(self.q, position, self.inv_freq, self.H, D, self.neox, cs, sn)
-                hy_rope_row(self.k, position, self.inv_freq, self.KVH, D, self.neox, cs, sn)
+            self.prologue_c(&x[0, 0], position, num_threads)
+
+    cdef void prologue_c(self, const float *x, int64_t position, int num_threads) noexcept nogil:
+        cdef int i, D = self.D
+        cdef float cs[512]
+        cdef float sn[512]
+        hy_rmsnorm_row(x, self.attn_norm, self.eps, self.h, self.dim)
+        self._project(0, 3, self.h, self.dim, num_threads)
+        if self.q_norm != NULL:
+            for i in range(self.H):
+                hy_rmsnorm_row(self.q + i * D, self.q_norm, self.eps, self.q + i * D, D)
+            for i in range(self.KVH):
+                hy_rmsnorm_row(self.k + i * D, self.k_norm, self.eps, self.k + i * D, D)
+        if self.inv_freq != NULL:
+            hy_rope_row(self.q, position, self.inv_freq, self.H, D, self.neox, cs, sn)
+            hy_rope_row(self.k, position, self.inv_freq, self.KVH, D, self.neox, cs, sn)
 
     def epilogue(self, const float[:, ::1] att,   # IN  [1, H*D] attention output
                  const float[:, ::1] x,           # IN  [1, hidden] the layer's input
                  float[:, ::1] out,               # OUT [1, hidden] (may be x)
                  int num_threads):
         """O, residual, RMSNorm, gate/up, SwiGLU, down, residual into out."""
-        cdef Py_ssize_t d, dim = self.dim
         if att.shape[0] != 1 or att.shape[1] != self.H * self.D or x.shape[0] != 1 \
-                or x.shape[1] != dim or out.shape[0] != 1 or out.shape[1] != dim:
+                or x.shape[1] != self.dim or out.shape[0] != 1 or out.shape[1] != self.dim:
             raise ValueError("decode epilogue: att [1, H*D], x and out [1, hidden]")
         with nogil:
-            self._project(3, 1, &att[0, 0], self.H * self.D, num_threads)
-            for d in range(dim):
-                self.x1[d] = x[0, d] + self.o[d]
-            hy_rmsnorm_row(self.x1, self.mlp_norm, self.eps, self.h, dim)
-            self._project(4, 2, self.h, dim, num_threads)
-            hy_silu_mul(self.gate, self.up, self.gate, self.inter)
-            self._project(6, 1, self.gate, self.inter, num_threads)
-            for d in range(dim):
-                out[0, d] = self.x1[d] + self.o[d]
+            self.epilogue_c(&att[0, 0], &x[0, 0], &out[0, 0], num_threads)
+
+    cdef void epilogue_c(self, const float *att, const float *x, float *out,
+                         int num_threads) noexcept nogil:
+        cdef Py_ssize_t d, dim = self.dim
+        self._project(3, 1, att, self.H * self.D, num_threads)
+        for d in range(dim):
+            self.x1[d] = x[d] + self.o[d]
+        hy_rmsnorm_row(self.x1, self.mlp_norm, self.eps, self.h, dim)
+        self._project(4, 2, self.h, dim, num_threads)
+        hy_silu_mul(self.gate, self.up, self.gate, self.inter)
+        self._project(6, 1, self.gate, self.inter, num_threads)
+        for d in range(dim):
+            out[d] = self.x1[d] + self.o[d]
+
+
+def decode_stack(list layers,            # [L] DecodeLayer, in order
+                 RaggedStep plan,        # the step's attention (one decode row)
+                 list k_addrs, list v_addrs,   # [L] each layer's K / V block address tables
+                 float[:, ::1] x,        # IN/OUT [1, hidden]: the step's input, then its output
+                 float[:, ::1] att,      # scratch [1, H*D]
+                 int64_t position, int num_threads):
+    """One decode row through every layer of a quantized CPU stack without returning to Python:
+    per layer the prologue, the K/V write and attention of the planned step, the epilogue (the
+    same calls DecoderLayer.forward_step makes one by one, so the same bits).  The GIL is
+    released around each layer's work."""
+    cdef Py_ssize_t i, n = len(layers)
+    cdef DecodeLayer L
+    cdef const int64_t[::1] ka
+    cdef const int64_t[::1] va
+    cdef int failed = 0
+    if len(k_addrs) != n or len(v_addrs) != n:
+        raise ValueError("decode_stack: one K and one V address table per layer")
+    for i in range(n):
+        L = layers[i]
+        if x.shape[0] != 1 or x.shape[1] != L.dim or att.shape[0] != 1 \
+                or att.shape[1] != L.H * L.D or plan.T != 1:
+            raise ValueError("decode_stack: x [1, hidden], att [1, H*D] and a one-row plan")
+        ka = k_addrs[i]
+        va = v_addrs[i]
+        plan.check_tables(ka.shape[0], va.shape[0])
+        with nogil:
+            L.prologue_c(&x[0, 0], position, num_threads)
+            failed = plan.run(L.q, L.k, L.mats[2].out, &ka[0], &va[0], &att[0, 0])
+            if not failed:
+                L.epilogue_c(&att[0, 0], &x[0, 0], &x[0, 0], num_threads)
+        if failed:
+            raise MemoryError("paged attention: could not allocate per-thread scratch")
+
