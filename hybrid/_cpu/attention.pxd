@@ -40,6 +40,7 @@ cdef class RaggedStep:
     cdef float *pacc
     cdef int64_t *kp
     cdef int64_t *vp
+    cdef hy_attn_scratch *serial
     cpdef check_tables(self, long k_blocks, long v_blocks)
     cdef int run(self, float *q, const float *k, const float *v, const int64_t *k_addr,
                  const int64_t *v_addr, float *out) noexcept nogil

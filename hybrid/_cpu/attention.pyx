@@ -205,15 +205,43 @@ cdef inline int _splits(long keys, int block_size, long *chunk) noexcept:
     return <int> max(1, (keys + c - 1) // c)
 
 
+cdef inline void _task(const hy_attn_shape *sh, hy_attn_scratch *w, const float *q,
+                       const int64_t *row_pos, const int64_t *kptr, const int64_t *vptr,
+                       const int64_t[:, ::1] tasks, long t, int maxnq, float *pm, float *pl,
+                       float *pacc, float *out) noexcept nogil:
+    """Task t, then its output (direct) or its partial state (into its slot)."""
+    cdef int i, D = sh.head_dim
+    cdef long slot
+    hy_attn_task(sh, w, q, row_pos, tasks[t, 0], tasks[t, 1], kptr + tasks[t, 2],
+                 vptr + tasks[t, 2], <int> tasks[t, 3], <int> tasks[t, 4], tasks[t, 5], tasks[t, 6])
+    slot = tasks[t, 7]
+    if slot < 0:
+        _finish_direct(sh, w, tasks[t, 0], tasks[t, 1], <int> tasks[t, 3], <int> tasks[t, 4], out)
+    else:
+        i = <int> ((tasks[t, 1] - tasks[t, 0]) * (tasks[t, 4] - tasks[t, 3])
+                   * (sh.num_heads // sh.num_kv_heads))
+        memcpy(pm + slot * maxnq, w.m, sizeof(float) * i)
+        memcpy(pl + slot * maxnq, w.l, sizeof(float) * i)
+        memcpy(pacc + slot * maxnq * D, w.acc, sizeof(float) * i * D)
+
+
 cdef void _run(const hy_attn_shape *sh, const float *q, const int64_t *row_pos,
                const int64_t *kptr, const int64_t *vptr, const int64_t[:, ::1] tasks,
                const int64_t[:, ::1] merges, int maxnq, float *pm, float *pl, float *pacc,
-               float *out, int nthreads, int *failed) noexcept nogil:
+               float *out, int nthreads, int *failed, hy_attn_scratch *serial=NULL) noexcept nogil:
+    """Run the tasks on nthreads threads, then the merges.  With one thread and a caller's
+    scratch (``serial``) no parallel region is opened and nothing is allocated."""
     cdef hy_attn_scratch *w = NULL
-    cdef long t, slot
-    cdef int i, D = sh.head_dim
+    cdef long t
     cdef long n_tasks = tasks.shape[0]
     cdef long n_merges = merges.shape[0]
+    if nthreads == 1 and serial != NULL:
+        for t in range(n_tasks):
+            _task(sh, serial, q, row_pos, kptr, vptr, tasks, t, maxnq, pm, pl, pacc, out)
+        for t in range(n_merges):
+            _merge_splits(sh, merges[t, 0], merges[t, 1], <int> merges[t, 2], <int> merges[t, 3],
+                          merges[t, 4], <int> merges[t, 5], maxnq, pm, pl, pacc, out)
+        return
     with parallel(num_threads=nthreads):
         w = _alloc_scratch(maxnq, sh.head_dim, sh.block_size)
         if not _scratch_ok(w):
@@ -221,19 +249,7 @@ cdef void _run(const hy_attn_shape *sh, const float *q, const int64_t *row_pos,
         for t in prange(n_tasks, schedule="dynamic"):
             if failed[0]:
                 continue
-            hy_attn_task(sh, w, q, row_pos, tasks[t, 0], tasks[t, 1], kptr + tasks[t, 2],
-                         vptr + tasks[t, 2], <int> tasks[t, 3], <int> tasks[t, 4], tasks[t, 5],
-                         tasks[t, 6])
-            slot = tasks[t, 7]
-            if slot < 0:
-                _finish_direct(sh, w, tasks[t, 0], tasks[t, 1], <int> tasks[t, 3],
-                               <int> tasks[t, 4], out)
-            else:
-                i = <int> ((tasks[t, 1] - tasks[t, 0]) * (tasks[t, 4] - tasks[t, 3])
-                           * (sh.num_heads // sh.num_kv_heads))
-                memcpy(pm + slot * maxnq, w.m, sizeof(float) * i)
-                memcpy(pl + slot * maxnq, w.l, sizeof(float) * i)
-                memcpy(pacc + slot * maxnq * D, w.acc, sizeof(float) * i * D)
+            _task(sh, w, q, row_pos, kptr, vptr, tasks, t, maxnq, pm, pl, pacc, out)
         _free_scratch(w)
     if n_merges > 0 and not failed[0]:
         for t in prange(n_merges, schedule="dynamic", num_threads=nthreads):
@@ -442,6 +458,16 @@ cdef class RaggedStep:
         cdef int64_t[::1] vp = self.vp_a
         self.pm, self.pl, self.pacc = &pm[0, 0], &pl[0, 0], &pacc[0, 0, 0]
         self.kp, self.vp = &kp[0], &vp[0]
+        self.serial = NULL
+        if self.nthreads == 1:  # run on the calling thread with this scratch, every layer
+            self.serial = _alloc_scratch(self.maxnq, head_dim, block_size)
+            if not _scratch_ok(self.serial):
+                _free_scratch(self.serial)
+                self.serial = NULL
+                raise MemoryError("paged attention: could not allocate scratch")
+
+    def __dealloc__(self):
+        _free_scratch(self.serial)
 
     def layer(self, float[:, ::1] q,          # IN  [T, num_heads*head_dim]
               const float[:, ::1] k,          # IN  [T, num_kv_heads*head_dim] float32
@@ -495,6 +521,6 @@ cdef class RaggedStep:
                     memcpy(kd + h * hs, k + r * kvd + h * D, D * 4)
                     memcpy(vd + h * hs, v + r * kvd + h * D, D * 4)
         _run(&self.sh, q, self.row_pos, self.kp, self.vp, self.tv, self.mv, self.maxnq,
-             self.pm, self.pl, self.pacc, out, self.nthreads, &failed)
+             self.pm, self.pl, self.pacc, out, self.nthreads, &failed, self.serial)
         return failed
 

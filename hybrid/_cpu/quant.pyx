@@ -446,6 +446,13 @@ cdef class DecodeLayer:
         if integer:
             hy_q_act(x, n_in, self.qa, self.da, self.sa, self.s16)
         cdef int nt = num_threads if total >= PARALLEL_MIN_BYTES else 1
+        if nt == 1:  # small matrices: no parallel region at all
+            for i in range(count):
+                m = first + i
+                hy_q_matvec_range(self.mats[m].code, self.mats[m].w, self.mats[m].row_bytes, n_in,
+                                  0, self.mats[m].n_out, 1, self.qa, self.da, self.sa, self.s16,
+                                  x, self.mats[m].bias, self.mats[m].out, self.mats[m].n_out)
+            return
         for c in prange(first_chunk[count], num_threads=nt, schedule="static"):
             i = 0
             while c >= first_chunk[i + 1]:
