@@ -72,8 +72,9 @@ class StepBatch:
                 raise ValueError(f"every sequence of a step needs at least one row, got {n}")
             if c.pool is not caches[0].pool:
                 raise ValueError("the sequences of one step must share one KV pool")
-            for layer in range(c.num_layers):
-                if c.layer_len(layer) != c.seq_len:
+            committed = c.seq_len
+            for layer, t in enumerate(c._tables):
+                if t.length != committed:
                     raise ValueError(f"a cache holds uncommitted tokens in layer {layer}; "
                                      f"commit or truncate before the next step")
         starts = [c.seq_len for c in caches]
@@ -105,6 +106,12 @@ class StepBatch:
         """Every sequence's ``layer`` now holds its new rows."""
         for c, s, n in zip(self.caches, self.starts, self.counts):
             c._tables[layer].length = s + n
+
+    def wrote_layers(self, num_layers: int) -> None:
+        """Layers 0..num_layers-1 of every sequence now hold their new rows."""
+        for c, s, n in zip(self.caches, self.starts, self.counts):
+            for t in c._tables[:num_layers]:
+                t.length = s + n
 
     def commit(self) -> None:
         for c, n in zip(self.caches, self.counts):

@@ -256,8 +256,7 @@ class Model:
         first = self.layers[0]
         first._k.decode_stack(steps, batch, x, first._bufs[1]["att"], self.config.num_heads,
                               first._scale)
-        for layer in self.layers:
-            batch.wrote_layer(layer.index)
+        batch.wrote_layers(len(self.layers))
         return True
 
     def _moved(self, x, placement: Placement):
