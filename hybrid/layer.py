@@ -475,3 +475,22 @@ def _optional_op(op: str, placement: Placement):
         return registry.lookup(op, placement)
     except registry.NoBackendError:
         return None
+
+
+def decode_stack(layers, batch, x) -> bool:
+    """Run one generated row (``batch`` of one row, x [1, hidden] float32, overwritten with the
+    output) through ``layers`` in one native call when every one is a quantized CPU layer with a
+    bound decode step: the same kernels in the same order as ``forward_step`` layer by layer.
+    Returns False, having done nothing, where that does not apply."""
+    if batch.num_rows != 1 or kernel_role.current() == kernel_role.PROMPT \
+            or type(x) is not np.ndarray or x.dtype != np.float32 or not x.flags.c_contiguous:
+        return False
+    steps = [layer.decode_step() for layer in layers]
+    if any(s is None for s in steps):
+        return False
+    first = layers[0]
+    first._k.decode_stack(steps, batch, x, first._bufs[1]["att"], first.config.num_heads,
+                          first._scale)
+    batch.wrote_layers(len(layers))
+    return True
+

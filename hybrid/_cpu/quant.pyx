@@ -201,6 +201,55 @@ def gemm(int qtype,
         free(qa); free(da); free(sa); free(a16); free(scratch)
 
 
+cdef struct _Mat:
+    int code
+    const uint8_t *w
+    long row_bytes
+    long n_out
+    const float *bias
+    float *out      # [rows, n_out]
+
+
+cdef inline bint _integer(int code) noexcept nogil:
+    """Formats quantized with 8-bit activations (INTEGER_FORMATS)."""
+    return 3 <= code <= 10
+
+
+cdef void _matvec_group(const _Mat *mats, int count, const float *x, long n_in, int rows,
+                        int8_t *qa, float *da, float *sa, float *s16,
+                        int num_threads) noexcept nogil:
+    """out_i = x @ W_i.T (+ bias_i) for `count` (<= 4) matrices reading the same x [rows, n_in]:
+    x quantized once into qa/da/sa/s16 (rows * n_in, rows * n_in/32, the same, twice that), then
+    one parallel region over every matrix's chunks of MATVEC_CHUNK rows, or none when the
+    matrices are small.  Each output row takes the same operations either way."""
+    cdef long first_chunk[5]
+    cdef long total = 0, o0, o1, nb = n_in // 32
+    cdef int i, m, r, integer = 0
+    cdef Py_ssize_t c
+    first_chunk[0] = 0
+    for i in range(count):
+        total += mats[i].n_out * mats[i].row_bytes
+        integer = integer or _integer(mats[i].code)
+        first_chunk[i + 1] = first_chunk[i] + (mats[i].n_out + MATVEC_CHUNK - 1) // MATVEC_CHUNK
+    if integer:
+        for r in range(rows):
+            hy_q_act(x + r * n_in, n_in, qa + r * n_in, da + r * nb, sa + r * nb, s16 + r * 2 * nb)
+    cdef int nt = num_threads if total >= PARALLEL_MIN_BYTES else 1
+    if nt == 1:  # small matrices: no parallel region at all
+        for i in range(count):
+            hy_q_matvec_range(mats[i].code, mats[i].w, mats[i].row_bytes, n_in, 0, mats[i].n_out,
+                              rows, qa, da, sa, s16, x, mats[i].bias, mats[i].out, mats[i].n_out)
+        return
+    for c in prange(first_chunk[count], num_threads=nt, schedule="static"):
+        m = 0
+        while c >= first_chunk[m + 1]:
+            m = m + 1
+        o0 = (c - first_chunk[m]) * MATVEC_CHUNK
+        o1 = min(o0 + MATVEC_CHUNK, mats[m].n_out)
+        hy_q_matvec_range(mats[m].code, mats[m].w, mats[m].row_bytes, n_in, o0, o1, rows, qa, da,
+                          sa, s16, x, mats[m].bias, mats[m].out, mats[m].n_out)
+
+
 def matvec_many(list mats,                    # [(code, w [out_i, row_bytes_i] uint8, bias or None,
                                               #   out_i [rows, out_i] float32)], up to 4
                 const float[:, ::1] x,        # IN  [rows, in] float32, shared by every matrix
@@ -211,46 +260,34 @@ def matvec_many(list mats,                    # [(code, w [out_i, row_bytes_i] u
     cdef int k, nm = len(mats)
     if nm < 1 or nm > 4:
         raise ValueError(f"matvec_many takes 1..4 matrices, got {nm}")
-    cdef int codes[4]
-    cdef const uint8_t *wp[4]
-    cdef const float *bp[4]
-    cdef float *op[4]
-    cdef long rb[4]
-    cdef long nout[4]
-    cdef long first_chunk[5]
+    cdef _Mat ms[4]
     cdef const uint8_t[:, ::1] w
     cdef const float[::1] b
     cdef float[:, ::1] o
     cdef bint integer = False
-    cdef long total_bytes = 0
-    first_chunk[0] = 0
     for k in range(nm):
         code, w, bias, o = mats[k]
-        codes[k] = code
-        rb[k] = _check(code, w, n_in)
-        nout[k] = w.shape[0]
-        if o.shape[0] != rows or o.shape[1] != nout[k]:
-            raise ValueError(f"out {k} has shape {tuple(o.shape)[:2]}, expected {(rows, nout[k])}")
-        wp[k] = &w[0, 0]
-        op[k] = &o[0, 0]
-        bp[k] = NULL
+        ms[k].code = code
+        ms[k].row_bytes = _check(code, w, n_in)
+        ms[k].n_out = w.shape[0]
+        if o.shape[0] != rows or o.shape[1] != ms[k].n_out:
+            raise ValueError(f"out {k} has shape {tuple(o.shape)[:2]}, expected "
+                             f"{(rows, ms[k].n_out)}")
+        ms[k].w = &w[0, 0]
+        ms[k].out = &o[0, 0]
+        ms[k].bias = NULL
         if bias is not None:
             b = bias
-            if b.shape[0] != nout[k]:
-                raise ValueError(f"bias {k} has {b.shape[0]} entries for {nout[k]} outputs")
-            bp[k] = &b[0]
-        integer = integer or code in INTEGER_FORMATS
-        total_bytes += nout[k] * rb[k]
-        first_chunk[k + 1] = first_chunk[k] + (nout[k] + MATVEC_CHUNK - 1) // MATVEC_CHUNK
+            if b.shape[0] != ms[k].n_out:
+                raise ValueError(f"bias {k} has {b.shape[0]} entries for {ms[k].n_out} outputs")
+            ms[k].bias = &b[0]
+        integer = integer or _integer(code)
     if rows == 0:
         return
     cdef int8_t *qa = NULL
     cdef float *da = NULL
     cdef float *sa = NULL
     cdef float *s16 = NULL
-    cdef Py_ssize_t r, c
-    cdef long o0, o1
-    cdef int nt = num_threads if total_bytes >= PARALLEL_MIN_BYTES else 1
     if integer:
         qa = <int8_t *> malloc(rows * n_in)
         da = <float *> malloc(sizeof(float) * rows * nb)
@@ -261,18 +298,7 @@ def matvec_many(list mats,                    # [(code, w [out_i, row_bytes_i] u
             raise MemoryError()
     try:
         with nogil:
-            if integer:
-                for r in range(rows):
-                    hy_q_act(&x[r, 0], n_in, qa + r * n_in, da + r * nb, sa + r * nb,
-                             s16 + r * 2 * nb)
-            for c in prange(first_chunk[nm], num_threads=nt, schedule="static"):
-                k = 0
-                while c >= first_chunk[k + 1]:
-                    k = k + 1
-                o0 = (c - first_chunk[k]) * MATVEC_CHUNK
-                o1 = min(o0 + MATVEC_CHUNK, nout[k])
-                hy_q_matvec_range(codes[k], wp[k], rb[k], n_in, o0, o1, <int> rows, qa, da, sa,
-                                  s16, &x[0, 0], bp[k], op[k], nout[k])
+            _matvec_group(ms, nm, &x[0, 0], n_in, <int> rows, qa, da, sa, s16, num_threads)
     finally:
         free(qa); free(da); free(sa); free(s16)
 
@@ -318,15 +344,6 @@ def matvec_f32(const float[:, ::1] w,   # IN  [out, in] float32 weight rows
         for o in range(c * MATVEC_CHUNK, min((c + 1) * MATVEC_CHUNK, n_out)):
             for r in range(rows):
                 out[r, o] = hy_dot_stream(&w[o, 0], &x[r, 0], n) + (bp[o] if bp != NULL else 0.0)
-
-
-cdef struct _Mat:
-    int code
-    const uint8_t *w
-    long row_bytes
-    long n_out
-    const float *bias
-    float *out
 
 
 cdef const float *_fptr(a) except? NULL:
@@ -431,38 +448,9 @@ cdef class DecodeLayer:
 
     cdef void _project(self, int first, int count, const float *x, long n_in,
                        int num_threads) noexcept nogil:
-        """out_i = x @ W_i.T (+ bias_i) for mats [first, first+count): what matvec_many does
-        for one row (x quantized once, one parallel region over every matrix's chunks)."""
-        cdef long first_chunk[5]
-        cdef long total = 0, o0, o1
-        cdef int i, m, integer = 0
-        cdef Py_ssize_t c
-        first_chunk[0] = 0
-        for i in range(count):
-            m = first + i
-            total += self.mats[m].n_out * self.mats[m].row_bytes
-            integer = integer or (self.mats[m].code >= 3 and self.mats[m].code <= 10)
-            first_chunk[i + 1] = first_chunk[i] + (self.mats[m].n_out + MATVEC_CHUNK - 1) // MATVEC_CHUNK
-        if integer:
-            hy_q_act(x, n_in, self.qa, self.da, self.sa, self.s16)
-        cdef int nt = num_threads if total >= PARALLEL_MIN_BYTES else 1
-        if nt == 1:  # small matrices: no parallel region at all
-            for i in range(count):
-                m = first + i
-                hy_q_matvec_range(self.mats[m].code, self.mats[m].w, self.mats[m].row_bytes, n_in,
-                                  0, self.mats[m].n_out, 1, self.qa, self.da, self.sa, self.s16,
-                                  x, self.mats[m].bias, self.mats[m].out, self.mats[m].n_out)
-            return
-        for c in prange(first_chunk[count], num_threads=nt, schedule="static"):
-            i = 0
-            while c >= first_chunk[i + 1]:
-                i = i + 1
-            m = first + i
-            o0 = (c - first_chunk[i]) * MATVEC_CHUNK
-            o1 = min(o0 + MATVEC_CHUNK, self.mats[m].n_out)
-            hy_q_matvec_range(self.mats[m].code, self.mats[m].w, self.mats[m].row_bytes, n_in, o0,
-                              o1, 1, self.qa, self.da, self.sa, self.s16, x, self.mats[m].bias,
-                              self.mats[m].out, self.mats[m].n_out)
+        """out_i = x @ W_i.T (+ bias_i) for mats [first, first+count): matvec_many for one row."""
+        _matvec_group(&self.mats[first], count, x, n_in, 1, self.qa, self.da, self.sa, self.s16,
+                      num_threads)
 
     def prologue(self, const float[:, ::1] x,   # IN  [1, hidden] the layer's input
                  int64_t position, int num_threads):
@@ -529,14 +517,16 @@ def decode_stack(list layers,            # [L] DecodeLayer, in order
     cdef int failed = 0
     if len(k_addrs) != n or len(v_addrs) != n:
         raise ValueError("decode_stack: one K and one V address table per layer")
-    for i in range(n):
+    for i in range(n):  # every check before any layer runs: a bad argument changes nothing
         L = layers[i]
         if x.shape[0] != 1 or x.shape[1] != L.dim or att.shape[0] != 1 \
                 or att.shape[1] != L.H * L.D or plan.T != 1:
             raise ValueError("decode_stack: x [1, hidden], att [1, H*D] and a one-row plan")
+        plan.check_tables(len(k_addrs[i]), len(v_addrs[i]))
+    for i in range(n):
+        L = layers[i]
         ka = k_addrs[i]
         va = v_addrs[i]
-        plan.check_tables(ka.shape[0], va.shape[0])
         with nogil:
             L.prologue_c(&x[0, 0], position, num_threads)
             failed = plan.run(L.q, L.k, L.mats[2].out, &ka[0], &va[0], &att[0, 0])

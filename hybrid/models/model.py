@@ -19,7 +19,7 @@ import numpy as np
 
 from .. import kernel_role, ops
 from ..kvcache import PagedKVCache
-from ..layer import DecoderLayer
+from ..layer import DecoderLayer, decode_stack
 from ..placement import (CPU, Placement, copy_between, is_device_array, placement_of,
                          to_device)
 from ..quant import QuantizedTensor, dequantize
@@ -202,7 +202,7 @@ class Model:
         batch = StepBatch.plan([(c, t.size) for c, t in zip(caches, ids)])
         x = self._embed(np.concatenate(ids))  # [T, hidden]
         try:
-            if not self._decode_stack(batch, x):
+            if not decode_stack(self.layers, batch, x):
                 x = self._through_layers(x, lambda layer, h, out: layer.forward_step(h, batch,
                                                                                      out=out))
         except BaseException:
@@ -243,21 +243,6 @@ class Model:
                 x = self._moved(x, layer.placement)
             x = step(layer, x, x if is_device_array(x) else None)
         return self._moved(x, self._head_at) if placement_of(x) != self._head_at else x
-
-    def _decode_stack(self, batch, x) -> bool:
-        """A step of one generated row through a stack of quantized CPU layers in one native
-        call (the same kernels and order as layer by layer); False where that does not apply."""
-        if batch.num_rows != 1 or kernel_role.current() == kernel_role.PROMPT \
-                or type(x) is not np.ndarray or x.dtype != np.float32 or not x.flags.c_contiguous:
-            return False
-        steps = [layer.decode_step() for layer in self.layers]
-        if any(s is None for s in steps):
-            return False
-        first = self.layers[0]
-        first._k.decode_stack(steps, batch, x, first._bufs[1]["att"], self.config.num_heads,
-                              first._scale)
-        batch.wrote_layers(len(self.layers))
-        return True
 
     def _moved(self, x, placement: Placement):
         buf = self._scratch.get("model_x", x.shape, placement=placement)
