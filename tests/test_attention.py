@@ -257,3 +257,66 @@ def test_a_sequence_does_not_depend_on_the_others_in_its_batch(rng, dtype, lengt
         hybrid.set_num_threads(None)
     np.testing.assert_array_equal(alone[0], crowd[0])
     np.testing.assert_array_equal(single[0], crowd[0])
+
+
+def _ragged(rng, dtype, n, d=64, kvh=2, group=2):
+    from hybrid.step import StepBatch
+
+    cache = _cache(kvh, d, BS, dtype)
+    batch = StepBatch.plan([(cache, n)])
+    q = rng.standard_normal((n, kvh * group * d), dtype=np.float32)
+    return cache, batch, q
+
+
+def test_step_writes_float16_rows_rounded_as_numpy_does(rng):
+    """K/V rows are converted to float16 in C when a step writes them: the same bits as
+    NumPy's astype (round to nearest even, subnormals, overflow to inf, signed zeros)."""
+    from hybrid.registry import lookup
+
+    n, d = 37, 64
+    cache, batch, q = _ragged(rng, "float16", n, d)
+    special = np.array([0.0, -0.0, 65504.0, 65520.0, 65519.99, -1e9, np.inf, -np.inf, 6e-8,
+                        3e-8, 2.98e-8, 1e-5, -6.1e-5, 1.0 + 2 ** -11, 1.0 + 3 * 2 ** -11,
+                        0.1, 2 ** -24, 2 ** -25, 3 * 2 ** -25], dtype=np.float32)
+    k = (rng.standard_normal((n, cache.kv_dim)) * np.float32(10.0) ** rng.integers(
+        -9, 5, (n, cache.kv_dim))).astype(np.float32)
+    k.flat[:special.size] = special
+    v = -k[::-1].copy()
+    out = np.empty_like(q)
+    lookup("attend_step", hybrid.Placement.parse("cpu"))(batch, 0, q, k, v, 4, 0.125, out)
+    batch.wrote_layer(0)
+    batch.commit()
+    ks, vs = cache.dense(0)
+    with np.errstate(over="ignore"):  # the values past 65504 are meant to become inf
+        k16, v16 = k.astype(np.float16), v.astype(np.float16)
+    np.testing.assert_array_equal(ks.view(np.uint16), k16.view(np.uint16))
+    np.testing.assert_array_equal(vs.view(np.uint16), v16.view(np.uint16))
+
+
+def test_ragged_step_rejects_bad_descriptions(rng):
+    from hybrid._cpu import attention
+
+    cache, batch, q = _ragged(rng, "float32", 5)
+    args = [batch.positions, batch.seg_rows, batch.seg_table, batch.table_ids, batch.row_block,
+            batch.row_slot, 4, 2, 64, BS, cache.head_stride, False, 0.125, 1]
+    plan = attention.RaggedStep(*args)
+    bad = list(args)
+    bad[4] = batch.row_block + 1  # a row stored in a block its position does not name
+    with pytest.raises(ValueError, match="not stored where its position puts it"):
+        attention.RaggedStep(*bad)
+    bad = list(args)
+    bad[3] = batch.table_ids[:0]  # no blocks for the rows
+    with pytest.raises(ValueError, match="blocks from table offset"):
+        attention.RaggedStep(*bad)
+    bad = list(args)
+    bad[6], bad[7] = 3, 2  # heads not a multiple of the KV heads
+    with pytest.raises(ValueError, match="inconsistent heads"):
+        attention.RaggedStep(*bad)
+    k = np.zeros((5, cache.kv_dim), np.float32)
+    out = np.zeros_like(q)
+    short = np.zeros(int(batch.table_ids.max()), np.int64)  # misses the step's last block
+    with pytest.raises(ValueError, match="address tables hold"):
+        plan.layer(q, k, k, short, short, out)
+    with pytest.raises(ValueError, match="planned T"):
+        plan.layer(q[:4], k[:4], k[:4], cache.pool.k_addr[0], cache.pool.v_addr[0], out[:4])
+    assert not out.any()  # nothing was written
