@@ -797,6 +797,83 @@ hy_q45_matvec16(const uint8_t *w, long row_bytes, long nb, const int R, const in
 }
 #endif
 
+#if defined(HY_Q512)
+/* Q8_0 for 16 weight rows at once, as hy_q45_matvec16: the 16 rows' 32 values of a block are
+ * transposed (two rows per register, an 8x8 dword transpose in each half) so that lane i holds
+ * row i.  vpdpbusd wants unsigned weights: w + 128 (the sign bit flipped) times a, less
+ * 128 * d * (scale * sum of a), the same offset term as Q4_0's with -128 for -8.  Per activation
+ * row the operations do not depend on R. */
+static inline __attribute__((always_inline)) void
+hy_q8_matvec16(const uint8_t *w, long row_bytes, long nb, const int R, const int8_t *qa,
+               const float *da, const float *sa, float *out, long ldo) {
+    const long n = 32 * nb;
+    const __m512i flip = _mm512_set1_epi8((char)0x80);
+    const __m512i lo_q = _mm512_set_epi64(13, 12, 5, 4, 9, 8, 1, 0);    /* 128-bit lanes 0 of each half */
+    const __m512i hi_q = _mm512_set_epi64(15, 14, 7, 6, 11, 10, 3, 2);  /* lanes 1 */
+    const __m512i pick01 = _mm512_set_epi32(29, 25, 21, 17, 13, 9, 5, 1, 28, 24, 20, 16, 12, 8, 4, 0);
+    const __m512i lo8 = _mm512_set_epi32(23, 22, 21, 20, 19, 18, 17, 16, 7, 6, 5, 4, 3, 2, 1, 0);
+    __m512 acc[HY_MR], off[HY_MR];
+    for (int r = 0; r < R; r++) acc[r] = off[r] = _mm512_setzero_ps();
+    const uint8_t *pf = w + 32 * row_bytes;  /* two groups ahead, one forward stream */
+    const int pf_lines = (int)((16 * row_bytes / 64 + nb - 1) / nb);
+    for (long b = 0; b < nb; b++) {
+        const uint8_t *blk = w + 34 * b;
+        for (int l = 0; l < pf_lines; l++, pf += 64) _mm_prefetch((const char *)pf, _MM_HINT_T0);
+        /* z[k]: row k's 32 values in the low half, row k+8's in the high half */
+        __m512i z[8];
+        for (int k = 0; k < 8; k++)
+            z[k] = _mm512_inserti64x4(
+                _mm512_castsi256_si512(_mm256_loadu_si256((const __m256i *)(blk + 2 + k * row_bytes))),
+                _mm256_loadu_si256((const __m256i *)(blk + 2 + (k + 8) * row_bytes)), 1);
+        __m512i t[8], u[8], wc[8];  /* wc[c] lane i: dword c (values 4c..4c+3) of row i */
+        for (int k = 0; k < 4; k++) {
+            t[2 * k] = _mm512_unpacklo_epi32(z[2 * k], z[2 * k + 1]);
+            t[2 * k + 1] = _mm512_unpackhi_epi32(z[2 * k], z[2 * k + 1]);
+        }
+        for (int k = 0; k < 2; k++) {
+            u[4 * k] = _mm512_unpacklo_epi64(t[4 * k], t[4 * k + 2]);
+            u[4 * k + 1] = _mm512_unpackhi_epi64(t[4 * k], t[4 * k + 2]);
+            u[4 * k + 2] = _mm512_unpacklo_epi64(t[4 * k + 1], t[4 * k + 3]);
+            u[4 * k + 3] = _mm512_unpackhi_epi64(t[4 * k + 1], t[4 * k + 3]);
+        }
+        for (int c = 0; c < 4; c++) {
+            wc[c] = _mm512_xor_si512(_mm512_permutex2var_epi64(u[c], lo_q, u[4 + c]), flip);
+            wc[4 + c] = _mm512_xor_si512(_mm512_permutex2var_epi64(u[c], hi_q, u[4 + c]), flip);
+        }
+        /* the 16 rows' scales: dword 0 of each row's block, by loads and permutes */
+        __m512i hz[4];
+        for (int j = 0; j < 4; j++) {
+            const uint8_t *p = blk + 4 * j * row_bytes;
+            __m512i h = _mm512_castsi128_si512(_mm_loadu_si128((const __m128i *)p));
+            h = _mm512_inserti32x4(h, _mm_loadu_si128((const __m128i *)(p + row_bytes)), 1);
+            h = _mm512_inserti32x4(h, _mm_loadu_si128((const __m128i *)(p + 2 * row_bytes)), 2);
+            hz[j] = _mm512_inserti32x4(h, _mm_loadu_si128((const __m128i *)(p + 3 * row_bytes)), 3);
+        }
+        const __m512i dw = _mm512_permutex2var_epi32(_mm512_permutex2var_epi32(hz[0], pick01, hz[1]), lo8,
+                                                     _mm512_permutex2var_epi32(hz[2], pick01, hz[3]));
+        const __m512 d = _mm512_cvtph_ps(_mm512_cvtepi32_epi16(dw));
+        for (int r = 0; r < R; r++) {
+            const int32_t *a = (const int32_t *)(qa + r * n + 32 * b);
+            /* four independent chains (integer sums: exact in any order) */
+            __m512i p0 = _mm512_dpbusd_epi32(_mm512_setzero_si512(), wc[0], _mm512_set1_epi32(a[0]));
+            __m512i p1 = _mm512_dpbusd_epi32(_mm512_setzero_si512(), wc[1], _mm512_set1_epi32(a[1]));
+            __m512i p2 = _mm512_dpbusd_epi32(_mm512_setzero_si512(), wc[2], _mm512_set1_epi32(a[2]));
+            __m512i p3 = _mm512_dpbusd_epi32(_mm512_setzero_si512(), wc[3], _mm512_set1_epi32(a[3]));
+            p0 = _mm512_dpbusd_epi32(p0, wc[4], _mm512_set1_epi32(a[4]));
+            p1 = _mm512_dpbusd_epi32(p1, wc[5], _mm512_set1_epi32(a[5]));
+            p2 = _mm512_dpbusd_epi32(p2, wc[6], _mm512_set1_epi32(a[6]));
+            p3 = _mm512_dpbusd_epi32(p3, wc[7], _mm512_set1_epi32(a[7]));
+            const __m512i p = _mm512_add_epi32(_mm512_add_epi32(p0, p1), _mm512_add_epi32(p2, p3));
+            acc[r] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(p),
+                                     _mm512_mul_ps(d, _mm512_set1_ps(da[r * nb + b])), acc[r]);
+            off[r] = _mm512_fmadd_ps(d, _mm512_set1_ps(sa[r * nb + b]), off[r]);
+        }
+    }
+    for (int r = 0; r < R; r++)
+        _mm512_storeu_ps(out + r * ldo, _mm512_fmadd_ps(off[r], _mm512_set1_ps(-128.0f), acc[r]));
+}
+#endif
+
 static inline float hy_q_dot(int type, const uint8_t *w, long n, const int8_t *qa, const float *da,
                              const float *sa, const float *s16, const float *x) {
     switch (type) {
@@ -831,16 +908,31 @@ static inline void hy_q_matvec_range(int type, const uint8_t *w, long row_bytes,
 #else
     const int rows16 = type == HY_Q_Q4_0 || type == HY_Q_Q4_1;
 #endif
-    if (rows16 && qa != NULL) {  /* 16 weight rows per pass */
+    if ((rows16 || type == HY_Q_Q8_0) && qa != NULL) {  /* 16 weight rows per pass */
         const int mn = type == HY_Q_Q4_1 || type == HY_Q_Q5_1;
         for (; o + 16 <= o1; o += 16) {
             int r = 0;
-            for (; r + HY_MR <= rows; r += HY_MR)
-                hy_q45_matvec16(w + o * row_bytes, row_bytes, nb, HY_MR, qa + r * n, da + r * nb,
-                                sa + r * nb, five, mn, out + r * ldo + o, ldo);
-            for (; r < rows; r++)
-                hy_q45_matvec16(w + o * row_bytes, row_bytes, nb, 1, qa + r * n, da + r * nb,
-                                sa + r * nb, five, mn, out + r * ldo + o, ldo);
+            /* activation rows HY_MR at a time, then the rest in one pass (R a constant in each
+             * case, so the sums stay in registers) */
+            while (r < rows) {
+                const int left = rows - r < HY_MR ? rows - r : HY_MR;
+                const uint8_t *wo = w + o * row_bytes;
+                const int8_t *q = qa + r * n;
+                const float *d = da + r * nb, *sb = sa + r * nb;
+                float *y = out + r * ldo + o;
+#define HY_R16(R) case R: \
+                    if (type == HY_Q_Q8_0) hy_q8_matvec16(wo, row_bytes, nb, R, q, d, sb, y, ldo); \
+                    else hy_q45_matvec16(wo, row_bytes, nb, R, q, d, sb, five, mn, y, ldo); \
+                    break;
+                switch (left) {
+                HY_R16(1) HY_R16(2) HY_R16(3) HY_R16(4)
+#if HY_MR == 8
+                HY_R16(5) HY_R16(6) HY_R16(7) HY_R16(8)
+#endif
+                }
+#undef HY_R16
+                r += left;
+            }
             if (bias)
                 for (r = 0; r < rows; r++)
                     for (int i = 0; i < 16; i++) out[r * ldo + o + i] += bias[o + i];
