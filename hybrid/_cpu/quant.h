@@ -53,11 +53,11 @@
 #define HY_DPBUSD(acc, u, s) _mm256_dpbusd_avx_epi32((acc), (u), (s))
 #endif
 
-/* The prefill GEMM runs 16 weight rows per 512-bit vector where the build targets AVX-512 (F, BW)
- * with VNNI, else 8 per 256-bit vector. */
+/* The prefill GEMM runs panels of 32 weight rows, two 512-bit vectors of 16, where the build
+ * targets AVX-512 (F, BW) with VNNI, else 8 per 256-bit vector. */
 #if defined(HY_VNNI) && defined(__AVX512VNNI__) && defined(__AVX512F__) && defined(__AVX512BW__)
 #define HY_Q512 1
-#define HY_GEMM_P 16
+#define HY_GEMM_P 32
 #else
 #define HY_GEMM_P 8
 #endif
@@ -798,6 +798,33 @@ hy_q45_matvec16(const uint8_t *w, long row_bytes, long nb, const int R, const in
 #endif
 
 #if defined(HY_Q512)
+/* The 32 bytes at src + i*stride for i < 16, as dwords: wc[c] lane i = dword c of row i.
+ * Two rows per register (row k low, row k+8 high), then an 8x8 dword transpose in each half. */
+static inline __attribute__((always_inline)) void hy_transpose_16x8(const uint8_t *src, long stride,
+                                                                    __m512i wc[8]) {
+    const __m512i lo_q = _mm512_set_epi64(13, 12, 5, 4, 9, 8, 1, 0);    /* 128-bit lanes 0 of each half */
+    const __m512i hi_q = _mm512_set_epi64(15, 14, 7, 6, 11, 10, 3, 2);  /* lanes 1 */
+    __m512i z[8], t[8], u[8];
+    for (int k = 0; k < 8; k++)
+        z[k] = _mm512_inserti64x4(
+            _mm512_castsi256_si512(_mm256_loadu_si256((const __m256i *)(src + k * stride))),
+            _mm256_loadu_si256((const __m256i *)(src + (k + 8) * stride)), 1);
+    for (int k = 0; k < 4; k++) {
+        t[2 * k] = _mm512_unpacklo_epi32(z[2 * k], z[2 * k + 1]);
+        t[2 * k + 1] = _mm512_unpackhi_epi32(z[2 * k], z[2 * k + 1]);
+    }
+    for (int k = 0; k < 2; k++) {
+        u[4 * k] = _mm512_unpacklo_epi64(t[4 * k], t[4 * k + 2]);
+        u[4 * k + 1] = _mm512_unpackhi_epi64(t[4 * k], t[4 * k + 2]);
+        u[4 * k + 2] = _mm512_unpacklo_epi64(t[4 * k + 1], t[4 * k + 3]);
+        u[4 * k + 3] = _mm512_unpackhi_epi64(t[4 * k + 1], t[4 * k + 3]);
+    }
+    for (int c = 0; c < 4; c++) {
+        wc[c] = _mm512_permutex2var_epi64(u[c], lo_q, u[4 + c]);
+        wc[4 + c] = _mm512_permutex2var_epi64(u[c], hi_q, u[4 + c]);
+    }
+}
+
 /* Q8_0 for 16 weight rows at once, as hy_q45_matvec16: the 16 rows' 32 values of a block are
  * transposed (two rows per register, an 8x8 dword transpose in each half) so that lane i holds
  * row i.  vpdpbusd wants unsigned weights: w + 128 (the sign bit flipped) times a, less
@@ -808,8 +835,6 @@ hy_q8_matvec16(const uint8_t *w, long row_bytes, long nb, const int R, const int
                const float *da, const float *sa, float *out, long ldo) {
     const long n = 32 * nb;
     const __m512i flip = _mm512_set1_epi8((char)0x80);
-    const __m512i lo_q = _mm512_set_epi64(13, 12, 5, 4, 9, 8, 1, 0);    /* 128-bit lanes 0 of each half */
-    const __m512i hi_q = _mm512_set_epi64(15, 14, 7, 6, 11, 10, 3, 2);  /* lanes 1 */
     const __m512i pick01 = _mm512_set_epi32(29, 25, 21, 17, 13, 9, 5, 1, 28, 24, 20, 16, 12, 8, 4, 0);
     const __m512i lo8 = _mm512_set_epi32(23, 22, 21, 20, 19, 18, 17, 16, 7, 6, 5, 4, 3, 2, 1, 0);
     __m512 acc[HY_MR], off[HY_MR];
@@ -819,27 +844,9 @@ hy_q8_matvec16(const uint8_t *w, long row_bytes, long nb, const int R, const int
     for (long b = 0; b < nb; b++) {
         const uint8_t *blk = w + 34 * b;
         for (int l = 0; l < pf_lines; l++, pf += 64) _mm_prefetch((const char *)pf, _MM_HINT_T0);
-        /* z[k]: row k's 32 values in the low half, row k+8's in the high half */
-        __m512i z[8];
-        for (int k = 0; k < 8; k++)
-            z[k] = _mm512_inserti64x4(
-                _mm512_castsi256_si512(_mm256_loadu_si256((const __m256i *)(blk + 2 + k * row_bytes))),
-                _mm256_loadu_si256((const __m256i *)(blk + 2 + (k + 8) * row_bytes)), 1);
-        __m512i t[8], u[8], wc[8];  /* wc[c] lane i: dword c (values 4c..4c+3) of row i */
-        for (int k = 0; k < 4; k++) {
-            t[2 * k] = _mm512_unpacklo_epi32(z[2 * k], z[2 * k + 1]);
-            t[2 * k + 1] = _mm512_unpackhi_epi32(z[2 * k], z[2 * k + 1]);
-        }
-        for (int k = 0; k < 2; k++) {
-            u[4 * k] = _mm512_unpacklo_epi64(t[4 * k], t[4 * k + 2]);
-            u[4 * k + 1] = _mm512_unpackhi_epi64(t[4 * k], t[4 * k + 2]);
-            u[4 * k + 2] = _mm512_unpacklo_epi64(t[4 * k + 1], t[4 * k + 3]);
-            u[4 * k + 3] = _mm512_unpackhi_epi64(t[4 * k + 1], t[4 * k + 3]);
-        }
-        for (int c = 0; c < 4; c++) {
-            wc[c] = _mm512_xor_si512(_mm512_permutex2var_epi64(u[c], lo_q, u[4 + c]), flip);
-            wc[4 + c] = _mm512_xor_si512(_mm512_permutex2var_epi64(u[c], hi_q, u[4 + c]), flip);
-        }
+        __m512i wc[8];  /* wc[c] lane i: dword c (values 4c..4c+3) of row i, sign bit flipped */
+        hy_transpose_16x8(blk + 2, row_bytes, wc);
+        for (int c = 0; c < 8; c++) wc[c] = _mm512_xor_si512(wc[c], flip);
         /* the 16 rows' scales: dword 0 of each row's block, by loads and permutes */
         __m512i hz[4];
         for (int j = 0; j < 4; j++) {
@@ -991,7 +998,12 @@ static inline void hy_q_panel_row(int type, const uint8_t *row, long n, uint8_t 
             float mn = 0.0f;
             uint8_t *vb = v + 32 * b;
             if (type == HY_Q_Q8_0) {
+#if defined(HY_Q512)  /* w + 128, unsigned for vpdpbusd; the GEMM takes 128 * sum(a) back out */
+                _mm256_storeu_si256((__m256i *)vb, _mm256_xor_si256(
+                    _mm256_loadu_si256((const __m256i *)(blk + 2)), _mm256_set1_epi8((char)0x80)));
+#else
                 memcpy(vb, blk + 2, 32);
+#endif
             } else {
                 const int with_min = (type == HY_Q_Q4_1 || type == HY_Q_Q5_1);
                 const int five = (type == HY_Q_Q5_0 || type == HY_Q_Q5_1);
@@ -1075,10 +1087,20 @@ static inline int hy_q_gemm_panel_rows(void) { return HY_GEMM_P; }
 static inline void hy_q_interleave(long n, const uint8_t *v, const float *c, uint8_t *vi,
                                    float *cT) {
     const int P = HY_GEMM_P;
+#if defined(HY_Q512)
+    for (long b = 0; b < n / 32; b++)
+        for (int g = 0; g < P / 16; g++) {  /* 16 rows' 32 values at a time */
+            __m512i wc[8];
+            hy_transpose_16x8(v + 16 * g * n + 32 * b, n, wc);
+            for (int j = 0; j < 8; j++)
+                _mm512_storeu_si512((void *)(vi + 32 * P * b + 4 * P * j + 64 * g), wc[j]);
+        }
+#else
     for (long b = 0; b < n / 32; b++)
         for (int j = 0; j < 8; j++)
             for (int i = 0; i < P; i++)
                 memcpy(vi + 32 * P * b + 4 * P * j + 4 * i, v + i * n + 32 * b + 4 * j, 4);
+#endif
     for (long h = 0; h < n / 16; h++)
         for (int i = 0; i < P; i++) cT[P * h + i] = c[i * (n / 16) + h];
 }
@@ -1093,7 +1115,9 @@ static inline void hy_q_half_sums(const int8_t *qa, long n, int32_t *asum16) {
 }
 
 /* Activation rows per GEMM tile: 8 where AVX-512VL gives 32 vector registers, else 4 */
-#if defined(HY_AVX2) && defined(__AVX512VL__)  /* also HY_Q512 */
+#if defined(HY_Q512)  /* 6 rows x 2 vectors of sums and accumulators: 24 of 32 registers */
+#define HY_GEMM_RB 6
+#elif defined(HY_AVX2) && defined(__AVX512VL__)
 #define HY_GEMM_RB 8
 #else
 #define HY_GEMM_RB 4
@@ -1116,47 +1140,68 @@ static inline void hy_q_gemm_tile(const int RB, const int G, const int is_signed
 #define HY_IOFF(r, b, h) (ioff * (per32 ? a16[(r) * 2 * nb + 2 * (b)] + a16[(r) * 2 * nb + 2 * (b) + 1] \
                                          : a16[(r) * 2 * nb + 2 * (b) + (h)]))
 #if defined(HY_Q512)
+    /* two vectors of 16 panel rows each: every broadcast activation serves both */
     (void)G;
-    __m512 acc[HY_GEMM_RB];
-    for (int r = 0; r < RB; r++) acc[r] = _mm512_setzero_ps();
+    __m512 acc[HY_GEMM_RB][2];
+    for (int r = 0; r < RB; r++) acc[r][0] = acc[r][1] = _mm512_setzero_ps();
     for (long b = 0; b < nb; b++) {
-        const uint8_t *vb = vi + 512 * b;
+        const uint8_t *vb = vi + 1024 * b;
         for (int h = 0; h < nseg; h++) {
-            __m512i s32[HY_GEMM_RB];
-            for (int r = 0; r < RB; r++) s32[r] = _mm512_setzero_si512();
+            __m512i s32[HY_GEMM_RB][2];
+            for (int r = 0; r < RB; r++) s32[r][0] = s32[r][1] = _mm512_setzero_si512();
             for (int j = 0; j < cps; j++) {
                 const int jj = cps * h + j;
-                __m512i w = _mm512_loadu_si512((const void *)(vb + 64 * jj));
-                __m512i wa = w;
-                __mmask64 neg = 0;
+                __m512i w0 = _mm512_loadu_si512((const void *)(vb + 128 * jj));
+                __m512i w1 = _mm512_loadu_si512((const void *)(vb + 128 * jj + 64));
+                __m512i wa0 = w0, wa1 = w1;
+                __mmask64 neg0 = 0, neg1 = 0;
                 if (is_signed) {  /* |w| times a with w's sign */
-                    wa = _mm512_abs_epi8(w);
-                    neg = _mm512_movepi8_mask(w);
+                    wa0 = _mm512_abs_epi8(w0);
+                    wa1 = _mm512_abs_epi8(w1);
+                    neg0 = _mm512_movepi8_mask(w0);
+                    neg1 = _mm512_movepi8_mask(w1);
                 }
                 for (int r = 0; r < RB; r++) {
                     int32_t a4;
                     memcpy(&a4, qa + r * lda + 32 * b + 4 * jj, 4);
-                    __m512i a = _mm512_set1_epi32(a4);
-                    if (is_signed) a = _mm512_mask_sub_epi8(a, neg, _mm512_setzero_si512(), a);
-                    s32[r] = _mm512_dpbusd_epi32(s32[r], wa, a);
+                    const __m512i a = _mm512_set1_epi32(a4);
+                    if (is_signed) {
+                        s32[r][0] = _mm512_dpbusd_epi32(s32[r][0], wa0, _mm512_mask_sub_epi8(a, neg0, _mm512_setzero_si512(), a));
+                        s32[r][1] = _mm512_dpbusd_epi32(s32[r][1], wa1, _mm512_mask_sub_epi8(a, neg1, _mm512_setzero_si512(), a));
+                    } else {
+                        s32[r][0] = _mm512_dpbusd_epi32(s32[r][0], wa0, a);
+                        s32[r][1] = _mm512_dpbusd_epi32(s32[r][1], wa1, a);
+                    }
                 }
             }
-            if (ioff)
-                for (int r = 0; r < RB; r++)
-                    s32[r] = _mm512_sub_epi32(s32[r], _mm512_set1_epi32(HY_IOFF(r, b, h)));
-            __m512 ch = _mm512_loadu_ps(cT + 16 * (2 * b + h));
-            for (int r = 0; r < RB; r++)
-                acc[r] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(s32[r]),
-                                         _mm512_mul_ps(ch, _mm512_set1_ps(da[r * nb + b])), acc[r]);
+            const __m512 ch0 = _mm512_loadu_ps(cT + 32 * (2 * b + h));
+            const __m512 ch1 = _mm512_loadu_ps(cT + 32 * (2 * b + h) + 16);
+            for (int r = 0; r < RB; r++) {
+                if (ioff) {
+                    const __m512i o = _mm512_set1_epi32(HY_IOFF(r, b, h));
+                    s32[r][0] = _mm512_sub_epi32(s32[r][0], o);
+                    s32[r][1] = _mm512_sub_epi32(s32[r][1], o);
+                }
+                const __m512 dr = _mm512_set1_ps(da[r * nb + b]);
+                acc[r][0] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(s32[r][0]), _mm512_mul_ps(ch0, dr), acc[r][0]);
+                acc[r][1] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(s32[r][1]), _mm512_mul_ps(ch1, dr), acc[r][1]);
+            }
         }
         if (fmin) {
-            __m512 mb = _mm512_loadu_ps(mT + 16 * b);
-            for (int r = 0; r < RB; r++)
-                acc[r] = _mm512_fmadd_ps(mb, _mm512_set1_ps(sa[r * nb + b]), acc[r]);
+            const __m512 mb0 = _mm512_loadu_ps(mT + 32 * b), mb1 = _mm512_loadu_ps(mT + 32 * b + 16);
+            for (int r = 0; r < RB; r++) {
+                const __m512 sr = _mm512_set1_ps(sa[r * nb + b]);
+                acc[r][0] = _mm512_fmadd_ps(mb0, sr, acc[r][0]);
+                acc[r][1] = _mm512_fmadd_ps(mb1, sr, acc[r][1]);
+            }
         }
     }
-    for (int r = 0; r < RB; r++)
-        _mm512_mask_storeu_ps(out + r * ldo, (__mmask16)((1u << np) - 1u), acc[r]);
+    const __mmask16 k0 = (__mmask16)(np >= 16 ? 0xFFFFu : (1u << np) - 1u);
+    const __mmask16 k1 = (__mmask16)(np >= 32 ? 0xFFFFu : np <= 16 ? 0u : (1u << (np - 16)) - 1u);
+    for (int r = 0; r < RB; r++) {
+        _mm512_mask_storeu_ps(out + r * ldo, k0, acc[r][0]);
+        _mm512_mask_storeu_ps(out + r * ldo + 16, k1, acc[r][1]);
+    }
 #elif defined(HY_AVX2)
     __m256 acc[HY_GEMM_RB];
     for (int r = 0; r < RB; r++) acc[r] = _mm256_setzero_ps();
@@ -1261,7 +1306,11 @@ static inline void hy_q_gemm_rows(const int RB, int type, long nb, const int8_t 
 #define HY_TILE(G, SGN, PER32, IOFF, FMIN) \
     hy_q_gemm_tile(RB, G, SGN, PER32, IOFF, FMIN, nb, qa, n, da, sa, a16, vi, cT, mT, out, ldo, np)
     switch (type) {
+#if defined(HY_Q512)  /* panels hold w + 128: integer sums less 128 * sum(a), exactly sum(w * a) */
+    case HY_Q_Q8_0: HY_TILE(1, 0, 1, 128, 0); break;
+#else
     case HY_Q_Q8_0: HY_TILE(1, 1, 1, 0, 0); break;
+#endif
     case HY_Q_Q4_0: HY_TILE(4, 0, 1, 8, 0); break;
     case HY_Q_Q5_0: HY_TILE(4, 0, 1, 16, 0); break;
     case HY_Q_Q6_K: HY_TILE(2, 0, 0, 32, 0); break;
@@ -1286,11 +1335,22 @@ static inline void hy_q_gemm_panel(int type, long rows, long n, const int8_t *qa
     long r = 0;
 #define HY_ROWS(RB) hy_q_gemm_rows(RB, type, nb, qa + r * n, da + r * nb, sa + r * nb, \
                                    a16 + r * 2 * nb, vi, cT, mT, out + r * ldo, ldo, np)
+#if HY_GEMM_RB == 6  /* groups of 6 rows, then the rest in one pass */
+    for (; r + 6 <= rows; r += 6) HY_ROWS(6);
+    switch (rows - r) {
+    case 5: HY_ROWS(5); break;
+    case 4: HY_ROWS(4); break;
+    case 3: HY_ROWS(3); break;
+    case 2: HY_ROWS(2); break;
+    case 1: HY_ROWS(1); break;
+    }
+#else
 #if HY_GEMM_RB == 8
     for (; r + 8 <= rows; r += 8) HY_ROWS(8);
 #endif
     for (; r + 4 <= rows; r += 4) HY_ROWS(4);
     for (; r < rows; r++) HY_ROWS(1);
+#endif
 #undef HY_ROWS
 }
 
