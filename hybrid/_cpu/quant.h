@@ -915,7 +915,13 @@ static inline void hy_q_matvec_range(int type, const uint8_t *w, long row_bytes,
 #else
     const int rows16 = type == HY_Q_Q4_0 || type == HY_Q_Q4_1;
 #endif
-    if ((rows16 || type == HY_Q_Q8_0) && qa != NULL) {  /* 16 weight rows per pass */
+    /* Q8_0 takes the 16-row kernel only where 16 rows are a short span (12 KiB: up to 704
+     * values per row), read as one stream; on wider rows it read memory slower than one row at
+     * a time (2 threads, from memory: 37-41 against 49-57 GB/s at 1536 and 2048 wide, while at
+     * 576 wide it was 47-53 against 33-44), and one row's cheap integer work is no bottleneck.
+     * The choice depends on the matrix only, never on the number of activation rows. */
+    const int q8_rows16 = type == HY_Q_Q8_0 && 16 * row_bytes <= 12288;
+    if ((rows16 || q8_rows16) && qa != NULL) {  /* 16 weight rows per pass */
         const int mn = type == HY_Q_Q4_1 || type == HY_Q_Q5_1;
         for (; o + 16 <= o1; o += 16) {
             int r = 0;
