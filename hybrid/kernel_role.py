@@ -11,8 +11,10 @@ in the last bits.  The serving engine says what the rows are instead:
     with kernel_role.rows_are("decode"):   # generated tokens, the LM head: always the mat-vec
 
 so a request's tokens are the same alone or in any batch, however its prompt is chunked (batch
-invariance).  Attention already reduces each row in a fixed order.  Float weights served by BLAS
-(float32) are not covered: BLAS may block rows differently by batch size.
+invariance).  Attention already reduces each row in a fixed order.  Float32 weights: decode rows
+take our mat-vec and prompt rows our AVX-512 GEMM, each summing in a fixed order; on builds
+without AVX-512 prompt rows go to BLAS, which may block rows differently by batch size, so there
+float32 prompts are not covered.
 """
 
 from __future__ import annotations

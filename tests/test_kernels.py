@@ -96,3 +96,58 @@ def test_ops_convert_without_touching_inputs(rng):
         ops.rmsnorm(np.ones((2, 128), np.int32), w, 1e-6)
     with pytest.raises(TypeError, match="out must be"):
         ops.rmsnorm(keep_s, w, 1e-6, out=np.empty((4, 128), np.float64))
+
+
+# ------------------------------------------------------------------ float32 prefill GEMM
+from hybrid._cpu import quant as _qk  # noqa: E402
+
+needs_gemm_f32 = pytest.mark.skipif(not _qk.GEMM_F32, reason="this build has no AVX-512 float32 "
+                                                          "GEMM (BLAS serves float32 prompts)")
+
+
+# sizes at and around the 4-row x 6-weight tile, the 16-lane vector and the 768-value pass
+@needs_gemm_f32
+@pytest.mark.parametrize("rows,fin,fout", [(1, 1, 1), (3, 15, 5), (4, 16, 6), (5, 17, 7),
+                                           (7, 767, 13), (9, 768, 49), (17, 769, 96),
+                                           (100, 1537, 53), (256, 576, 97)])
+def test_gemm_f32_against_float64(rng, rows, fin, fout):
+    x = rng.standard_normal((rows, fin), dtype=np.float32)
+    w = rng.standard_normal((fout, fin), dtype=np.float32)
+    b = rng.standard_normal(fout, dtype=np.float32)
+    out = np.full((rows, fout), np.nan, np.float32)
+    _qk.gemm_f32(w, x, b, out, 2)
+    # float32 sums of fin products: a few ulps times sqrt(fin) of the row scale
+    assert rel_err(out, ref.linear(x, w, b)) < 4e-7 * max(4.0, np.sqrt(fin))
+    _qk.gemm_f32(w, x, None, out, 2)
+    assert rel_err(out, ref.linear(x, w)) < 4e-7 * max(4.0, np.sqrt(fin))
+
+
+@needs_gemm_f32
+def test_gemm_f32_rows_do_not_depend_on_the_batch_or_threads(rng):
+    """Each output is summed in one fixed order: a row alone, in any batch and on any number
+    of threads gives the same bits (the prompt-side half of batch invariance for float32)."""
+    fin, fout = 1541, 203
+    x = rng.standard_normal((29, fin), dtype=np.float32)
+    w = rng.standard_normal((fout, fin), dtype=np.float32)
+    full = np.empty((29, fout), np.float32)
+    _qk.gemm_f32(w, x, None, full, 2)
+    for lo, hi, threads in [(0, 1, 1), (3, 4, 2), (5, 12, 1), (13, 29, 2), (28, 29, 2)]:
+        part = np.empty((hi - lo, fout), np.float32)
+        _qk.gemm_f32(w, np.ascontiguousarray(x[lo:hi]), None, part, threads)
+        np.testing.assert_array_equal(part, full[lo:hi])
+
+
+@needs_gemm_f32
+def test_gemm_f32_writes_a_column_slice_and_rejects_bad_shapes(rng):
+    x = rng.standard_normal((6, 40), dtype=np.float32)
+    w = rng.standard_normal((10, 40), dtype=np.float32)
+    big = np.full((6, 30), 7.0, np.float32)
+    _qk.gemm_f32(w, x, None, big[:, 5:15], 2)
+    assert rel_err(big[:, 5:15], ref.linear(x, w)) < 4e-6
+    assert np.all(big[:, :5] == 7.0) and np.all(big[:, 15:] == 7.0)
+    with pytest.raises(ValueError, match="do not fit"):
+        _qk.gemm_f32(w, x, None, np.empty((6, 11), np.float32), 2)
+    with pytest.raises(ValueError, match="bias has 3 entries"):
+        _qk.gemm_f32(w, x, np.ones(3, np.float32), np.empty((6, 10), np.float32), 2)
+    with pytest.raises(ValueError, match="contiguous"):
+        _qk.gemm_f32(w, x, None, np.empty((6, 20), np.float32)[:, ::2], 2)

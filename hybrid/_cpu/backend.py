@@ -42,9 +42,18 @@ def add(a, b, out):
 def linear(x, weight, bias, out):
     """x [rows, in] @ W.T (+ bias) for float32 W [out, in]: decode rows (few, or the role says
     so) through our mat-vec (each weight row streamed once, prefetched; the same sums for a row
-    whatever the batch), prompt rows through BLAS sgemm."""
+    whatever the batch), prompt rows through our AVX-512 GEMM where the build has it (also the
+    same sums whatever the batch), else BLAS sgemm."""
     if _matvec_rows(x.shape[0]) and weight.flags.c_contiguous:
         quant.matvec_f32(weight, x, bias, out, get_num_threads())
+        return
+    _gemm_f32(x, weight, bias, out)
+
+
+def _gemm_f32(x, weight, bias, out):
+    """out [rows, out] (rows contiguous) = x @ W.T (+ bias) for float32 W."""
+    if quant.GEMM_F32 and weight.flags.c_contiguous:
+        quant.gemm_f32(weight, x, bias, out, get_num_threads())
         return
     np.matmul(x, weight.T, out=out)
     if bias is not None:
@@ -90,7 +99,7 @@ def linear_quantized(x, weight, bias, out):
         r1 = min(n_out, r0 + step)
         panel = _panel(r1 - r0, n_in)  # [r1 - r0, in] float32
         quant.decode_rows(code, weight.data, n_in, r0, r1, panel, get_num_threads())
-        np.matmul(x, panel.T, out=out[:, r0:r1])
+        _gemm_f32(x, panel, None, out[:, r0:r1])
     if bias is not None:
         out += bias
 

@@ -30,7 +30,14 @@ cdef extern from "quant.h" nogil:
                          const float *m, int np, uint8_t *vi, float *cT, float *mT, float *out,
                          long ldo)
 
+cdef extern from "gemm_f32.h" nogil:
+    int hy_gemm_f32_available()
+    void hy_gemm_f32_range(const float *x, long rows, const float *w, long n, long o0, long o1,
+                           const float *bias, float *out, long ldo)
+
 cdef enum:
+    # Weight rows per parallel chunk of the float32 GEMM (a multiple of its 6-row tile).
+    GEMM_F32_CHUNK = 48
     # Output rows per parallel chunk of a mat-vec.
     MATVEC_CHUNK = 16
     # Below this many weight bytes a mat-vec runs on the calling thread: waking a team costs
@@ -42,6 +49,9 @@ cdef enum:
 cdef int GEMM_PANEL = hy_q_gemm_panel_rows()
 
 INTEGER_FORMATS = frozenset([3, 4, 5, 6, 7, 8, 9, 10])  # quantized with 8-bit activations
+
+# Whether this build has its own float32 GEMM (AVX-512); without it BLAS multiplies float32 rows.
+GEMM_F32 = bool(hy_gemm_f32_available())
 
 
 cdef long _check(int qtype, const uint8_t[:, ::1] w, Py_ssize_t n_in) except -1:
@@ -344,6 +354,43 @@ def matvec_f32(const float[:, ::1] w,   # IN  [out, in] float32 weight rows
         for o in range(c * MATVEC_CHUNK, min((c + 1) * MATVEC_CHUNK, n_out)):
             for r in range(rows):
                 out[r, o] = hy_dot_stream(&w[o, 0], &x[r, 0], n) + (bp[o] if bp != NULL else 0.0)
+
+
+def gemm_f32(const float[:, ::1] w,   # IN  [out, in] float32 weight rows
+             const float[:, ::1] x,   # IN  [rows, in] float32 activations
+             bias,                    # IN  [out] float32 or None
+             float[:, :] out,         # OUT [rows, out], rows contiguous (a column slice is fine)
+             int num_threads):
+    """out = x @ W.T (+ bias) for many rows (prefill) with the AVX-512 tile of gemm_f32.h, threads
+    over chunks of weight rows.  Each output's sums run in a fixed order that depends on neither
+    the number of rows nor the thread count.  Only where GEMM_F32 is true."""
+    cdef Py_ssize_t n = x.shape[1], rows = x.shape[0], n_out = w.shape[0], c, o
+    cdef const float[::1] bv
+    cdef const float *bp = NULL
+    if not GEMM_F32:
+        raise RuntimeError("gemm_f32: this build has no AVX-512 float32 GEMM (use BLAS)")
+    if w.shape[1] != n or out.shape[0] != rows or out.shape[1] != n_out:
+        raise ValueError(f"gemm_f32: w {tuple(w.shape)[:2]}, x {tuple(x.shape)[:2]}, "
+                         f"out {tuple(out.shape)[:2]} do not fit")
+    if out.strides[1] != sizeof(float):
+        raise ValueError("gemm_f32: out's rows must be contiguous")
+    if bias is not None:
+        bv = bias
+        if bv.shape[0] != n_out:
+            raise ValueError(f"gemm_f32: bias has {bv.shape[0]} entries for {n_out} outputs")
+        bp = &bv[0]
+    if rows == 0 or n_out == 0:
+        return
+    if n == 0:
+        for c in range(rows):
+            for o in range(n_out):
+                out[c, o] = bp[o] if bp != NULL else 0.0
+        return
+    cdef Py_ssize_t nchunks = (n_out + GEMM_F32_CHUNK - 1) // GEMM_F32_CHUNK
+    cdef long ldo = out.strides[0] // sizeof(float)
+    for c in prange(nchunks, nogil=True, num_threads=num_threads, schedule="static"):
+        hy_gemm_f32_range(&x[0, 0], rows, &w[0, 0], n, c * GEMM_F32_CHUNK,
+                          min((c + 1) * GEMM_F32_CHUNK, n_out), bp, &out[0, 0], ldo)
 
 
 cdef const float *_fptr(a) except? NULL:

@@ -40,7 +40,8 @@ def kernel_paths():
     elementwise = {3: "avx512", 2: "avx2+fma", 1: "avx2+fma", 0: "portable C"}[level]
     return {"attention": attention,
             "elementwise (rmsnorm, swiglu, exp)": elementwise,
-            "quantized weights": quant.simd()}
+            "quantized weights": quant.simd(),
+            "float32 weights, prompt rows": "avx512 GEMM" if quant.GEMM_F32 else "BLAS sgemm"}
 
 
 def omp_max_threads():
