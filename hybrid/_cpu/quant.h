@@ -484,8 +484,65 @@ static inline void hy_k4_scales_u32(const uint8_t *s, uint32_t *sc_lo, uint32_t 
     *mn_hi = ((c >> 4) & 0x0f0f0f0fu) | (((b >> 6) & 0x03030303u) << 4);
 }
 
+#if defined(HY_Q512)
+/* Q4_K / Q5_K with 512-bit vectors: 64 nibble bytes (sub-blocks 2g..2g+3) per load, sub-blocks
+ * 2g and 2g+2 (low nibbles) or 2g+1 and 2g+3 (high) side by side; otherwise as below. */
+static float hy_dot_q45_k_512(const uint8_t *w, long nsb, const int8_t *qa, const float *da,
+                              const float *sa, int five) {
+    const int bb = five ? 176 : 144;
+    __m512 acc0 = _mm512_setzero_ps(), acc1 = _mm512_setzero_ps();
+    __m256 accm = _mm256_setzero_ps();
+    const __m512i low4 = _mm512_set1_epi8(0x0F), one = _mm512_set1_epi8(1);
+    /* 2 in the upper 256 bits: as 32-bit lanes (factor index) and as 16-bit lanes (bit shift) */
+    const __m512i half = _mm512_mask_blend_epi32((__mmask16)0xFF00, _mm512_setzero_si512(), _mm512_set1_epi32(2));
+    const __m512i half16 = _mm512_mask_blend_epi32((__mmask16)0xFF00, _mm512_setzero_si512(), _mm512_set1_epi16(2));
+    for (long s = 0; s < nsb; s++) {
+        const uint8_t *blk = w + bb * s;
+        const uint8_t *qh = blk + 16, *q = five ? blk + 48 : blk + 16;
+        const long a0 = 8 * s;
+        HY_PREFETCH(blk);
+        HY_PREFETCH(blk + 64);
+        HY_PREFETCH(blk + 128);
+        uint32_t sc_lo, sc_hi, mn_lo, mn_hi;
+        hy_k4_scales_u32(blk + 4, &sc_lo, &sc_hi, &mn_lo, &mn_hi);
+        __m256 scf = _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_set_epi32(0, 0, (int)sc_hi, (int)sc_lo)));
+        __m256 mnf = _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_set_epi32(0, 0, (int)mn_hi, (int)mn_lo)));
+        const __m512 coef = _mm512_castps256_ps512(
+            _mm256_mul_ps(_mm256_mul_ps(_mm256_set1_ps(hy_f16(blk)), scf), _mm256_loadu_ps(da + a0)));
+        accm = _mm256_fmadd_ps(_mm256_mul_ps(mnf, _mm256_loadu_ps(sa + a0)), _mm256_set1_ps(hy_f16(blk + 2)), accm);
+        const __m512i hb = five ? _mm512_broadcast_i64x4(_mm256_loadu_si256((const __m256i *)qh))
+                                : _mm512_setzero_si512();
+        for (int g = 0; g < 4; g += 2) {
+            const __m512i raw = _mm512_loadu_si512((const void *)(q + 32 * g));
+            __m512i lo = _mm512_and_si512(raw, low4);
+            __m512i hi = _mm512_and_si512(_mm512_srli_epi16(raw, 4), low4);
+            if (five) {  /* bits 2g / 2g+1 (low half), 2g+2 / 2g+3 (high half) */
+                const __m512i cnt = _mm512_add_epi16(_mm512_set1_epi16((short)(2 * g)), half16);
+                const __m512i hs = _mm512_srlv_epi16(hb, cnt);
+                lo = _mm512_or_si512(lo, _mm512_slli_epi16(_mm512_and_si512(hs, one), 4));
+                hi = _mm512_or_si512(hi, _mm512_slli_epi16(_mm512_and_si512(_mm512_srli_epi16(hs, 1), one), 4));
+            }
+            const __m512i alo = _mm512_inserti64x4(_mm512_castsi256_si512(HY_LOADA(a0 + 2 * g)),
+                                                   HY_LOADA(a0 + 2 * g + 2), 1);
+            const __m512i ahi = _mm512_inserti64x4(_mm512_castsi256_si512(HY_LOADA(a0 + 2 * g + 1)),
+                                                   HY_LOADA(a0 + 2 * g + 3), 1);
+            const __m512i p0 = _mm512_dpbusd_epi32(_mm512_setzero_si512(), lo, alo);
+            const __m512i p1 = _mm512_dpbusd_epi32(_mm512_setzero_si512(), hi, ahi);
+            const __m512i l0 = _mm512_add_epi32(_mm512_set1_epi32(2 * g), half);
+            acc0 = _mm512_fmadd_ps(_mm512_cvtepi32_ps(p0), _mm512_permutexvar_ps(l0, coef), acc0);
+            acc1 = _mm512_fmadd_ps(_mm512_cvtepi32_ps(p1),
+                                   _mm512_permutexvar_ps(_mm512_add_epi32(l0, _mm512_set1_epi32(1)), coef), acc1);
+        }
+    }
+    return _mm512_reduce_add_ps(_mm512_add_ps(acc0, acc1)) - hy_hsum256(accm);
+}
+#endif
+
 static float hy_dot_q45_k(const uint8_t *w, long nsb, const int8_t *qa, const float *da,
                           const float *sa, int five) {
+#if defined(HY_Q512)
+    return hy_dot_q45_k_512(w, nsb, qa, da, sa, five);
+#endif
     const int bb = five ? 176 : 144;
 #ifdef HY_AVX2
     __m256 acc0 = _mm256_setzero_ps(), acc1 = _mm256_setzero_ps(), accm = _mm256_setzero_ps();
@@ -553,8 +610,72 @@ static float hy_dot_q45_k(const uint8_t *w, long nsb, const int8_t *qa, const fl
  * sum = d * sum_g sc_g * (da_b * sum n*qa  -  32 * s16_g), where s16_g = da_b * (sum of qa over
  * the 16 values of g).  The integer products use unsigned n (no sign trick) and the scales enter
  * through _mm256_madd_epi16; the -32 offsets are one vector FMA per 8 groups. */
+#if defined(HY_Q512)
+/* Q6_K with 512-bit vectors: the two 128-value halves of a super-block side by side (half n in
+ * 256-bit lane n), so each step serves 64 values; otherwise the AVX2 scheme below. */
+static float hy_dot_q6_k_512(const uint8_t *w, long nsb, const int8_t *qa, const float *da,
+                             const float *s16) {
+    __m512 acc[4] = {_mm512_setzero_ps(), _mm512_setzero_ps(), _mm512_setzero_ps(), _mm512_setzero_ps()};
+    __m512 acco = _mm512_setzero_ps();
+    const __m512i low4 = _mm512_set1_epi8(0x0F);
+    __m512i pick[4], lane[4];  /* int16 scale 2k / 2k+1 of each half; factor lanes k / 4+k */
+    for (int k = 0; k < 4; k++) {
+        const __m512i lo = _mm512_set1_epi16((short)((4 * k + 1) << 8 | (4 * k)));
+        const __m512i hi = _mm512_set1_epi16((short)((4 * k + 3) << 8 | (4 * k + 2)));
+        /* 128-bit lanes 0, 2: scale 2k; lanes 1, 3: scale 2k+1 */
+        pick[k] = _mm512_mask_blend_epi64((__mmask8)0xCC, lo, hi);
+        lane[k] = _mm512_mask_blend_epi32((__mmask16)0xFF00, _mm512_set1_epi32(k), _mm512_set1_epi32(4 + k));
+    }
+    for (long s = 0; s < nsb; s++) {
+        const uint8_t *blk = w + 210 * s;
+        HY_PREFETCH(blk);
+        HY_PREFETCH(blk + 64);
+        HY_PREFETCH(blk + 128);
+        HY_PREFETCH(blk + 192);
+        const __m128i sc8 = _mm_loadu_si128((const __m128i *)(blk + 192));
+        const __m512 dv = _mm512_set1_ps(hy_f16(blk + 208));
+        acco = _mm512_fmadd_ps(_mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(sc8)), dv),
+                               _mm512_loadu_ps(s16 + 16 * s), acco);
+        const __m512 cf = _mm512_castps256_ps512(_mm256_mul_ps(_mm512_castps512_ps256(dv),
+                                                               _mm256_loadu_ps(da + 8 * s)));
+        /* half n: ql at 64n, qh at 128 + 32n, scales 8n.. */
+        const __m512i l0 = _mm512_inserti64x4(_mm512_castsi256_si512(_mm256_loadu_si256((const __m256i *)blk)),
+                                              _mm256_loadu_si256((const __m256i *)(blk + 64)), 1);
+        const __m512i l1 = _mm512_inserti64x4(_mm512_castsi256_si512(_mm256_loadu_si256((const __m256i *)(blk + 32))),
+                                              _mm256_loadu_si256((const __m256i *)(blk + 96)), 1);
+        const __m512i h = _mm512_loadu_si512((const void *)(blk + 128));
+        const __m512i scx = _mm512_inserti64x4(
+            _mm512_castsi256_si512(_mm256_broadcastsi128_si256(_mm_cvtepi8_epi16(sc8))),
+            _mm256_broadcastsi128_si256(_mm_cvtepi8_epi16(_mm_srli_si128(sc8, 8))), 1);
+        __m512i v[4];
+        v[0] = _mm512_or_si512(_mm512_and_si512(l0, low4),
+                               _mm512_slli_epi16(_mm512_and_si512(h, _mm512_set1_epi8(0x03)), 4));
+        v[1] = _mm512_or_si512(_mm512_and_si512(l1, low4),
+                               _mm512_slli_epi16(_mm512_and_si512(h, _mm512_set1_epi8(0x0C)), 2));
+        v[2] = _mm512_or_si512(_mm512_and_si512(_mm512_srli_epi16(l0, 4), low4),
+                               _mm512_and_si512(h, _mm512_set1_epi8(0x30)));
+        v[3] = _mm512_or_si512(_mm512_and_si512(_mm512_srli_epi16(l1, 4), low4),
+                               _mm512_srli_epi16(_mm512_and_si512(h, _mm512_set1_epi8((char)0xC0)), 2));
+        const int8_t *a = qa + 256 * s;
+        for (int k = 0; k < 4; k++) {
+            const __m512i av = _mm512_inserti64x4(
+                _mm512_castsi256_si512(_mm256_loadu_si256((const __m256i *)(a + 32 * k))),
+                _mm256_loadu_si256((const __m256i *)(a + 128 + 32 * k)), 1);
+            const __m512i p32 = _mm512_madd_epi16(_mm512_maddubs_epi16(v[k], av),
+                                                  _mm512_shuffle_epi8(scx, pick[k]));
+            acc[k] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(p32), _mm512_permutexvar_ps(lane[k], cf), acc[k]);
+        }
+    }
+    return _mm512_reduce_add_ps(_mm512_add_ps(_mm512_add_ps(acc[0], acc[1]), _mm512_add_ps(acc[2], acc[3])))
+           - 32.0f * _mm512_reduce_add_ps(acco);
+}
+#endif
+
 static float hy_dot_q6_k(const uint8_t *w, long nsb, const int8_t *qa, const float *da,
                          const float *s16) {
+#if defined(HY_Q512)
+    return hy_dot_q6_k_512(w, nsb, qa, da, s16);
+#endif
     float sum = 0.0f;
 #ifdef HY_AVX2
     __m256 acc[4] = {_mm256_setzero_ps(), _mm256_setzero_ps(), _mm256_setzero_ps(), _mm256_setzero_ps()};
