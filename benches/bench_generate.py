@@ -175,27 +175,16 @@ def test_llama_cpp_peer(benchmark, prompt, which, request):
     benchmark.pedantic(lambda: None, rounds=1)
     _quote(f"llama.cpp {which} prefill", PROMPT_TOKENS / prefill)
     _quote(f"llama.cpp {which} decode", NEW_TOKENS / decode)
-    if which == "f32":  # hybrid on the same float32 file, best of two like llama.cpp's below
+    if which == "f32":  # hybrid on the same float32 file, measured as bench_quant measures files
+        from bench_quant import _hybrid, _llama_cpp
+
         del llm
-        model = hybrid.load_model(path)
-        model.generate(prompt[:8], 2)
-        best_p = best_d = 0.0
-        for _ in range(2):
-            model.generate(prompt, NEW_TOKENS + 1, stop_tokens=[])
-            best_p = max(best_p, model.last_stats.prefill_tps)
-            best_d = max(best_d, model.last_stats.decode_tps)
-        llm = llama_cpp.Llama(model_path=path, n_ctx=1024, n_threads=THREADS, n_batch=512,
-                              verbose=False)
-        lp = 0.0
-        for _ in range(2):
-            llm.reset()
-            t0 = time.perf_counter()
-            llm.eval(prompt)
-            lp = max(lp, PROMPT_TOKENS / (time.perf_counter() - t0))
-        _quote("hybrid f32 prefill (same file)", best_p)
-        _quote("hybrid f32 decode (same file)", best_d)
+        lp, _ = _llama_cpp(path)
+        hp, hd, _ = _hybrid(path)
+        _quote("hybrid f32 prefill (same file)", hp)
+        _quote("hybrid f32 decode (same file)", hd)
         record_ratio("generate", "float32 prefill vs llama.cpp (the same float32 file)",
-                     best_p, lp, "target >= 1.1")
+                     hp, lp, "target >= 1.1")
     if which == "q4_1" and "hybrid decode" in _tps:  # hybrid reads the Q4_1 file in place too
         record_ratio("generate", "decode vs llama.cpp (the same Q4_1 file)",
                      _tps["hybrid decode"], NEW_TOKENS / decode, "target >= 1.2")

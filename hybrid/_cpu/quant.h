@@ -793,9 +793,54 @@ static float hy_dot_half(const uint8_t *w, long n, const float *x, int bf16) {
     return sum;
 }
 
-/* One weight row of `n` values times one activation row: qa/da/sa for the integer formats,
- * x (float32) for F16/BF16. */
 #if defined(HY_Q512)
+/* Shared by the 16-row mat-vecs: the first 16 bytes of the 16 rows' blocks (row i at
+ * blk + i*row_bytes), four rows per register, then dwords 0 and 1 of every row as lanes:
+ * dw0 lane i = dword 0 of row i, dw1 the same for dword 1 (NULL: not wanted).  128-bit loads and
+ * permutes measured faster than gathers. */
+static inline __attribute__((always_inline)) __m512i hy16_header(const uint8_t *blk, long row_bytes,
+                                                                 __m512i *dw1) {
+    const __m512i pick01 = _mm512_set_epi32(29, 25, 21, 17, 13, 9, 5, 1, 28, 24, 20, 16, 12, 8, 4, 0);
+    const __m512i lo8 = _mm512_set_epi32(23, 22, 21, 20, 19, 18, 17, 16, 7, 6, 5, 4, 3, 2, 1, 0);
+    const __m512i hi8 = _mm512_set_epi32(31, 30, 29, 28, 27, 26, 25, 24, 15, 14, 13, 12, 11, 10, 9, 8);
+    __m512i hz[4];
+    for (int j = 0; j < 4; j++) {
+        const uint8_t *p = blk + 4 * j * row_bytes;
+        __m512i t = _mm512_castsi128_si512(_mm_loadu_si128((const __m128i *)p));
+        t = _mm512_inserti32x4(t, _mm_loadu_si128((const __m128i *)(p + row_bytes)), 1);
+        t = _mm512_inserti32x4(t, _mm_loadu_si128((const __m128i *)(p + 2 * row_bytes)), 2);
+        hz[j] = _mm512_inserti32x4(t, _mm_loadu_si128((const __m128i *)(p + 3 * row_bytes)), 3);
+    }
+    const __m512i h01 = _mm512_permutex2var_epi32(hz[0], pick01, hz[1]);
+    const __m512i g01 = _mm512_permutex2var_epi32(hz[2], pick01, hz[3]);
+    if (dw1) *dw1 = _mm512_permutex2var_epi32(h01, hi8, g01);
+    return _mm512_permutex2var_epi32(h01, lo8, g01);
+}
+
+/* Shared by the 16-row mat-vecs: one 32-value block of the 16 rows (v[c] lane i: unsigned values
+ * 4c..4c+3 of row i, c < 8) against R activation rows: acc[r] += (sum v*a) * d * da,
+ * off[r] += mn * sa. */
+static inline __attribute__((always_inline)) void
+hy16_block(const int R, const __m512i v[8], __m512 d, __m512 mn, const int8_t *qa, long n, long b,
+           long nb, const float *da, const float *sa, __m512 *acc, __m512 *off) {
+    for (int r = 0; r < R; r++) {
+        const int32_t *a = (const int32_t *)(qa + r * n + 32 * b);
+        /* four independent chains (integer sums: exact in any order) */
+        __m512i p0 = _mm512_dpbusd_epi32(_mm512_setzero_si512(), v[0], _mm512_set1_epi32(a[0]));
+        __m512i p1 = _mm512_dpbusd_epi32(_mm512_setzero_si512(), v[1], _mm512_set1_epi32(a[1]));
+        __m512i p2 = _mm512_dpbusd_epi32(_mm512_setzero_si512(), v[2], _mm512_set1_epi32(a[2]));
+        __m512i p3 = _mm512_dpbusd_epi32(_mm512_setzero_si512(), v[3], _mm512_set1_epi32(a[3]));
+        p0 = _mm512_dpbusd_epi32(p0, v[4], _mm512_set1_epi32(a[4]));
+        p1 = _mm512_dpbusd_epi32(p1, v[5], _mm512_set1_epi32(a[5]));
+        p2 = _mm512_dpbusd_epi32(p2, v[6], _mm512_set1_epi32(a[6]));
+        p3 = _mm512_dpbusd_epi32(p3, v[7], _mm512_set1_epi32(a[7]));
+        const __m512i p = _mm512_add_epi32(_mm512_add_epi32(p0, p1), _mm512_add_epi32(p2, p3));
+        acc[r] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(p), _mm512_mul_ps(d, _mm512_set1_ps(da[r * nb + b])),
+                                 acc[r]);
+        off[r] = _mm512_fmadd_ps(mn, _mm512_set1_ps(sa[r * nb + b]), off[r]);
+    }
+}
+
 /* Q4_0 / Q4_1 / Q5_0 / Q5_1 for 16 weight rows at once (rows o..o+15, row_bytes apart) against
  * R (<= HY_MR) activation rows: out[r*ldo + o + i] = row o+i . activation row r.
  * The 16 rows' nibbles of a block are transposed in registers so that 32-bit lane i holds
@@ -862,22 +907,11 @@ hy_q45_matvec16(const uint8_t *w, long row_bytes, long nb, const int R, const in
             lo[c] = _mm512_and_si512(wc[c], m4);
             hi[c] = _mm512_and_si512(_mm512_srli_epi16(wc[c], 4), m4);
         }
-        /* the 16 rows' first 8 bytes (d [, m] [, Q5's high bits]) the same way: dw0 lane i is
-         * dword 0 of row i, dw1 dword 1 (loads and permutes measured faster than gathers) */
-        __m512i hz[4];
-        for (int j = 0; j < 4; j++) {
-            const uint8_t *p = blk + 4 * j * row_bytes;
-            __m512i t = _mm512_castsi128_si512(_mm_loadu_si128((const __m128i *)p));
-            t = _mm512_inserti32x4(t, _mm_loadu_si128((const __m128i *)(p + row_bytes)), 1);
-            t = _mm512_inserti32x4(t, _mm_loadu_si128((const __m128i *)(p + 2 * row_bytes)), 2);
-            hz[j] = _mm512_inserti32x4(t, _mm_loadu_si128((const __m128i *)(p + 3 * row_bytes)), 3);
-        }
-        const __m512i h01 = _mm512_permutex2var_epi32(hz[0], pick01, hz[1]);
-        const __m512i g01 = _mm512_permutex2var_epi32(hz[2], pick01, hz[3]);
-        const __m512i dw = _mm512_permutex2var_epi32(h01, lo8, g01);
+        /* the 16 rows' first 8 bytes: d [, m] [, Q5's high bits] */
+        __m512i dw1;
+        const __m512i dw = hy16_header(blk, row_bytes, &dw1);
 #if defined(__AVX512BITALG__)  /* (Q5 takes this kernel only with BITALG) */
         if (five) {
-            const __m512i dw1 = _mm512_permutex2var_epi32(h01, hi8, g01);
             /* the 32 high bits: bytes 4..7 (Q5_1) or 2..5 (Q5_0) */
             const __m512i qh = with_min ? dw1 : _mm512_or_si512(_mm512_srli_epi32(dw, 16),
                                                                  _mm512_slli_epi32(dw1, 16));
@@ -893,22 +927,8 @@ hy_q45_matvec16(const uint8_t *w, long row_bytes, long nb, const int R, const in
         const __m512 d = _mm512_cvtph_ps(_mm512_cvtepi32_epi16(dw));
         const __m512 mn = with_min ? _mm512_cvtph_ps(_mm512_cvtepi32_epi16(_mm512_srli_epi32(dw, 16)))
                                    : d;
-        for (int r = 0; r < R; r++) {
-            const int32_t *a = (const int32_t *)(qa + r * n + 32 * b);
-            /* four independent chains (integer sums: exact in any order) */
-            __m512i p0 = _mm512_dpbusd_epi32(_mm512_setzero_si512(), lo[0], _mm512_set1_epi32(a[0]));
-            __m512i p1 = _mm512_dpbusd_epi32(_mm512_setzero_si512(), lo[1], _mm512_set1_epi32(a[1]));
-            __m512i p2 = _mm512_dpbusd_epi32(_mm512_setzero_si512(), lo[2], _mm512_set1_epi32(a[2]));
-            __m512i p3 = _mm512_dpbusd_epi32(_mm512_setzero_si512(), lo[3], _mm512_set1_epi32(a[3]));
-            p0 = _mm512_dpbusd_epi32(p0, hi[0], _mm512_set1_epi32(a[4]));
-            p1 = _mm512_dpbusd_epi32(p1, hi[1], _mm512_set1_epi32(a[5]));
-            p2 = _mm512_dpbusd_epi32(p2, hi[2], _mm512_set1_epi32(a[6]));
-            p3 = _mm512_dpbusd_epi32(p3, hi[3], _mm512_set1_epi32(a[7]));
-            const __m512i p = _mm512_add_epi32(_mm512_add_epi32(p0, p1), _mm512_add_epi32(p2, p3));
-            acc[r] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(p),
-                                     _mm512_mul_ps(d, _mm512_set1_ps(da[r * nb + b])), acc[r]);
-            off[r] = _mm512_fmadd_ps(mn, _mm512_set1_ps(sa[r * nb + b]), off[r]);
-        }
+        const __m512i v[8] = {lo[0], lo[1], lo[2], lo[3], hi[0], hi[1], hi[2], hi[3]};
+        hy16_block(R, v, d, mn, qa, n, b, nb, da, sa, acc, off);
     }
     /* Q4_0 / Q5_0 values are n - 8 / n - 16: the offset is -8 (-16) * d * (scale * sum); Q4_1's
      * and Q5_1's is + m * (scale * sum) */
@@ -956,8 +976,6 @@ hy_q8_matvec16(const uint8_t *w, long row_bytes, long nb, const int R, const int
                const float *da, const float *sa, float *out, long ldo) {
     const long n = 32 * nb;
     const __m512i flip = _mm512_set1_epi8((char)0x80);
-    const __m512i pick01 = _mm512_set_epi32(29, 25, 21, 17, 13, 9, 5, 1, 28, 24, 20, 16, 12, 8, 4, 0);
-    const __m512i lo8 = _mm512_set_epi32(23, 22, 21, 20, 19, 18, 17, 16, 7, 6, 5, 4, 3, 2, 1, 0);
     __m512 acc[HY_MR], off[HY_MR];
     for (int r = 0; r < R; r++) acc[r] = off[r] = _mm512_setzero_ps();
     const uint8_t *pf = w + 32 * row_bytes;  /* two groups ahead, one forward stream */
@@ -968,40 +986,17 @@ hy_q8_matvec16(const uint8_t *w, long row_bytes, long nb, const int R, const int
         __m512i wc[8];  /* wc[c] lane i: dword c (values 4c..4c+3) of row i, sign bit flipped */
         hy_transpose_16x8(blk + 2, row_bytes, wc);
         for (int c = 0; c < 8; c++) wc[c] = _mm512_xor_si512(wc[c], flip);
-        /* the 16 rows' scales: dword 0 of each row's block, by loads and permutes */
-        __m512i hz[4];
-        for (int j = 0; j < 4; j++) {
-            const uint8_t *p = blk + 4 * j * row_bytes;
-            __m512i h = _mm512_castsi128_si512(_mm_loadu_si128((const __m128i *)p));
-            h = _mm512_inserti32x4(h, _mm_loadu_si128((const __m128i *)(p + row_bytes)), 1);
-            h = _mm512_inserti32x4(h, _mm_loadu_si128((const __m128i *)(p + 2 * row_bytes)), 2);
-            hz[j] = _mm512_inserti32x4(h, _mm_loadu_si128((const __m128i *)(p + 3 * row_bytes)), 3);
-        }
-        const __m512i dw = _mm512_permutex2var_epi32(_mm512_permutex2var_epi32(hz[0], pick01, hz[1]), lo8,
-                                                     _mm512_permutex2var_epi32(hz[2], pick01, hz[3]));
-        const __m512 d = _mm512_cvtph_ps(_mm512_cvtepi32_epi16(dw));
-        for (int r = 0; r < R; r++) {
-            const int32_t *a = (const int32_t *)(qa + r * n + 32 * b);
-            /* four independent chains (integer sums: exact in any order) */
-            __m512i p0 = _mm512_dpbusd_epi32(_mm512_setzero_si512(), wc[0], _mm512_set1_epi32(a[0]));
-            __m512i p1 = _mm512_dpbusd_epi32(_mm512_setzero_si512(), wc[1], _mm512_set1_epi32(a[1]));
-            __m512i p2 = _mm512_dpbusd_epi32(_mm512_setzero_si512(), wc[2], _mm512_set1_epi32(a[2]));
-            __m512i p3 = _mm512_dpbusd_epi32(_mm512_setzero_si512(), wc[3], _mm512_set1_epi32(a[3]));
-            p0 = _mm512_dpbusd_epi32(p0, wc[4], _mm512_set1_epi32(a[4]));
-            p1 = _mm512_dpbusd_epi32(p1, wc[5], _mm512_set1_epi32(a[5]));
-            p2 = _mm512_dpbusd_epi32(p2, wc[6], _mm512_set1_epi32(a[6]));
-            p3 = _mm512_dpbusd_epi32(p3, wc[7], _mm512_set1_epi32(a[7]));
-            const __m512i p = _mm512_add_epi32(_mm512_add_epi32(p0, p1), _mm512_add_epi32(p2, p3));
-            acc[r] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(p),
-                                     _mm512_mul_ps(d, _mm512_set1_ps(da[r * nb + b])), acc[r]);
-            off[r] = _mm512_fmadd_ps(d, _mm512_set1_ps(sa[r * nb + b]), off[r]);
-        }
+        /* the 16 rows' scales: dword 0 of each row's block */
+        const __m512 d = _mm512_cvtph_ps(_mm512_cvtepi32_epi16(hy16_header(blk, row_bytes, NULL)));
+        hy16_block(R, wc, d, d, qa, n, b, nb, da, sa, acc, off);
     }
     for (int r = 0; r < R; r++)
         _mm512_storeu_ps(out + r * ldo, _mm512_fmadd_ps(off[r], _mm512_set1_ps(-128.0f), acc[r]));
 }
 #endif
 
+/* One weight row of `n` values times one activation row: qa/da/sa for the integer formats,
+ * x (float32) for F16/BF16. */
 static inline float hy_q_dot(int type, const uint8_t *w, long n, const int8_t *qa, const float *da,
                              const float *sa, const float *s16, const float *x) {
     switch (type) {

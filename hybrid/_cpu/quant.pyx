@@ -126,6 +126,19 @@ def quantize_activations(const float[:, ::1] x,   # IN  [rows, n] float32, n % 3
             hy_q_act(&x[r, 0], n, &qa[r, 0], &da[r, 0], &sa[r, 0], NULL)
 
 
+cdef const float *_bias_ptr(bias, Py_ssize_t n_out, str who) except? NULL:
+    """Address of a float32 bias of n_out entries (None: NULL); the caller keeps `bias` alive."""
+    cdef const float[::1] b
+    if bias is None:
+        return NULL
+    b = bias
+    if b.shape[0] != n_out:
+        raise ValueError(f"{who}bias has {b.shape[0]} entries for {n_out} outputs")
+    if n_out == 0:
+        return NULL
+    return &b[0]
+
+
 def matvec(int qtype,
            const uint8_t[:, ::1] w,          # IN  [out, row_bytes] encoded rows
            const float[:, ::1] x,            # IN  [rows, in] float32 activations
@@ -153,13 +166,8 @@ def gemm(int qtype,
         raise ValueError(f"gemm serves the integer formats, not code {qtype}")
     if out.shape[0] != rows or out.shape[1] != n_out:
         raise ValueError(f"out has shape {tuple(out.shape)[:2]}, expected {(rows, n_out)}")
-    cdef const float[::1] b
     cdef const float *bp = NULL
-    if bias is not None:
-        b = bias
-        if b.shape[0] != n_out:
-            raise ValueError(f"bias has {b.shape[0]} entries for {n_out} outputs")
-        bp = &b[0]
+    bp = _bias_ptr(bias, n_out, "")
     if rows == 0 or n_out == 0:
         return
     cdef Py_ssize_t nb = n_in // 32, n16 = n_in // 16, r, p, i, j
@@ -272,7 +280,6 @@ def matvec_many(list mats,                    # [(code, w [out_i, row_bytes_i] u
         raise ValueError(f"matvec_many takes 1..4 matrices, got {nm}")
     cdef _Mat ms[4]
     cdef const uint8_t[:, ::1] w
-    cdef const float[::1] b
     cdef float[:, ::1] o
     cdef bint integer = False
     for k in range(nm):
@@ -286,11 +293,7 @@ def matvec_many(list mats,                    # [(code, w [out_i, row_bytes_i] u
         ms[k].w = &w[0, 0]
         ms[k].out = &o[0, 0]
         ms[k].bias = NULL
-        if bias is not None:
-            b = bias
-            if b.shape[0] != ms[k].n_out:
-                raise ValueError(f"bias {k} has {b.shape[0]} entries for {ms[k].n_out} outputs")
-            ms[k].bias = &b[0]
+        ms[k].bias = _bias_ptr(bias, ms[k].n_out, f"matrix {k}: ")
         integer = integer or _integer(code)
     if rows == 0:
         return
@@ -332,16 +335,11 @@ def matvec_f32(const float[:, ::1] w,   # IN  [out, in] float32 weight rows
     """out = x @ W.T (+ bias) for float32 weights, each weight row streamed from memory once
     (prefetched) for all rows of x; every row's sums in the same order whatever the row count."""
     cdef Py_ssize_t n = x.shape[1], rows = x.shape[0], n_out = w.shape[0], c, o, r
-    cdef const float[::1] bv
     cdef const float *bp = NULL
     if w.shape[1] != n or out.shape[0] != rows or out.shape[1] != n_out:
         raise ValueError(f"matvec_f32: w {tuple(w.shape)[:2]}, x {tuple(x.shape)[:2]}, "
                          f"out {tuple(out.shape)[:2]} do not fit")
-    if bias is not None:
-        bv = bias
-        if bv.shape[0] != n_out:
-            raise ValueError(f"matvec_f32: bias has {bv.shape[0]} entries for {n_out} outputs")
-        bp = &bv[0]
+    bp = _bias_ptr(bias, n_out, "matvec_f32: ")
     if rows == 0 or n_out == 0 or n == 0:
         if n == 0:
             for r in range(rows):
@@ -365,7 +363,6 @@ def gemm_f32(const float[:, ::1] w,   # IN  [out, in] float32 weight rows
     over chunks of weight rows.  Each output's sums run in a fixed order that depends on neither
     the number of rows nor the thread count.  Only where GEMM_F32 is true."""
     cdef Py_ssize_t n = x.shape[1], rows = x.shape[0], n_out = w.shape[0], c, o
-    cdef const float[::1] bv
     cdef const float *bp = NULL
     if not GEMM_F32:
         raise RuntimeError("gemm_f32: this build has no AVX-512 float32 GEMM (use BLAS)")
@@ -374,11 +371,7 @@ def gemm_f32(const float[:, ::1] w,   # IN  [out, in] float32 weight rows
                          f"out {tuple(out.shape)[:2]} do not fit")
     if out.strides[1] != sizeof(float):
         raise ValueError("gemm_f32: out's rows must be contiguous")
-    if bias is not None:
-        bv = bias
-        if bv.shape[0] != n_out:
-            raise ValueError(f"gemm_f32: bias has {bv.shape[0]} entries for {n_out} outputs")
-        bp = &bv[0]
+    bp = _bias_ptr(bias, n_out, "gemm_f32: ")
     if rows == 0 or n_out == 0:
         return
     if n == 0:
