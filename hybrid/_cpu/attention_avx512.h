@@ -49,14 +49,18 @@ HY512_AI void hy512_scores(const int NQ, const int f16, const float *q, const vo
     int j = 0;
     for (; j + 2 <= c; j += 2) {
         __m512 a0[4] = {z, z, z, z}, a1[4] = {z, z, z, z};
-        {   /* software prefetch 24 KiB ahead of these rows, as much per pass as the pass
-             * consumes (two K rows and, later, their V rows): a head's K and V rows and the
-             * next heads' follow in memory (the cache's block layout).  From memory, one core,
-             * 32q/8kv heads, head_dim 128: float32 72 -> 52 ns per key and KV head, float16
-             * 32 -> 27. */
-            const char *pk = (const char *)k + (long)j * D * (f16 ? 2 : 4) + 24576;
-            const long span = 4L * D * (f16 ? 2 : 4);
-            for (long o = 0; o < span; o += 64) _mm_prefetch(pk + o, _MM_HINT_T0);
+        {   /* software prefetch as much per pass as the pass consumes (two K rows and, later,
+             * their V rows): a head's K and V rows and the next heads' follow in memory (the
+             * cache's block layout).  Two distances: 16 rows ahead into L1 and 32 KiB ahead
+             * into L2.  From memory, one core, 32q/8kv heads, head_dim 128, ns per key and KV
+             * head: float32 72 (none) -> 50 (24 KiB, L1 only) -> 38-42; float16 32 -> 25-26
+             * -> 20-21. */
+            const long row = (long)D * (f16 ? 2 : 4), span = 4 * row;
+            const char *pk = (const char *)k + (long)j * row;
+            for (long o = 0; o < span; o += 64) {
+                _mm_prefetch(pk + 16 * row + o, _MM_HINT_T0);
+                _mm_prefetch(pk + 32768 + o, _MM_HINT_T1);
+            }
         }
         for (int d = 0; d < D; d += 16) {
             const __m512 x0 = hy512_ld(k, (long)j * D + d, f16);
