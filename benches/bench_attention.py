@@ -1,4 +1,4 @@
-"""Decode attention: one query, 32 query heads / 8 KV heads, head_dim 128, contexts 1k/4k/16k,
+"""Decode attention: one query, 32 query heads / 8 KV heads, head_dim 128, contexts 1k/4k/16k/32k,
 float32 and float16 KV.  hybrid's paged kernel reads the cache's blocks; the peer, torch's
 scaled_dot_product_attention, gets a contiguous copy of the same keys and values."""
 
@@ -11,7 +11,7 @@ import hybrid
 from conftest import RESULTS, record, record_ratio
 
 H, KVH, D, BS = 32, 8, 128, 16
-CONTEXTS = [1024, 4096, 16384]
+CONTEXTS = [1024, 4096, 16384, 32768]
 _times: dict = {}
 
 
