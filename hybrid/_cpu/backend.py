@@ -1,4 +1,5 @@
-"""The CPU backend: registers the Cython/OpenMP kernels (and BLAS for linear) with the registry.
+"""The CPU backend: registers the Cython/OpenMP kernels (and BLAS for float32 prompt rows where
+the build has no AVX-512) with the registry.
 
 Every function here receives arrays already validated by hybrid/ops.py (float32, C-contiguous,
 consistent shapes) and reads the thread count from hybrid.threads, the one place that sets it.
@@ -62,10 +63,10 @@ def _gemm_f32(x, weight, bias, out):
 
 # Up to this many rows a quantized projection runs the mat-vec kernel (each weight row streamed
 # once for all rows); above it, the integer formats run the int8 GEMM on decoded panels, and F16/BF16
-# decode panels into a float32 tile that BLAS multiplies (HYBRID_INT8_GEMM=0: BLAS for all).
+# decode panels into a float32 tile for the float32 GEMM (HYBRID_INT8_GEMM=0: that path for all).
 MATVEC_MAX_ROWS = 16
 INT8_GEMM = os.environ.get("HYBRID_INT8_GEMM", "1") != "0"
-# floats in one decoded panel (16 MiB): big enough for BLAS to run at speed, small enough to stay
+# floats in one decoded panel (16 MiB): big enough for the GEMM to run at speed, small enough to stay
 # in the last-level cache between decoding and multiplying
 PANEL_FLOATS = 1 << 22
 _panels = threading.local()
@@ -91,7 +92,7 @@ def linear_quantized(x, weight, bias, out):
     if _matvec_rows(x.shape[0]):
         quant.matvec(code, weight.data, x, bias, out, get_num_threads())
         return
-    if weight.format.integer and INT8_GEMM:  # our int8 GEMM, no BLAS
+    if weight.format.integer and INT8_GEMM:  # our int8 GEMM
         quant.gemm(code, weight.data, x, bias, out, get_num_threads())
         return
     step = max(1, min(n_out, PANEL_FLOATS // n_in))

@@ -484,6 +484,20 @@ static inline void hy_k4_scales_u32(const uint8_t *s, uint32_t *sc_lo, uint32_t 
     *mn_hi = ((c >> 4) & 0x0f0f0f0fu) | (((b >> 6) & 0x03030303u) << 4);
 }
 
+#ifdef HY_AVX2
+/* Q4_K / Q5_K super-block factors: lane j = d * scale_j * da[j] for its 8 sub-blocks (returned),
+ * and the mins term dmin * sum_j min_j * sa[j] added to *accm (one FMA per super-block). */
+static inline __m256 hy_k4_factors(const uint8_t *blk, const float *da, const float *sa,
+                                   __m256 *accm) {
+    uint32_t sc_lo, sc_hi, mn_lo, mn_hi;
+    hy_k4_scales_u32(blk + 4, &sc_lo, &sc_hi, &mn_lo, &mn_hi);
+    const __m256 scf = _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_set_epi32(0, 0, (int)sc_hi, (int)sc_lo)));
+    const __m256 mnf = _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_set_epi32(0, 0, (int)mn_hi, (int)mn_lo)));
+    *accm = _mm256_fmadd_ps(_mm256_mul_ps(mnf, _mm256_loadu_ps(sa)), _mm256_set1_ps(hy_f16(blk + 2)), *accm);
+    return _mm256_mul_ps(_mm256_mul_ps(_mm256_set1_ps(hy_f16(blk)), scf), _mm256_loadu_ps(da));
+}
+#endif
+
 #if defined(HY_Q512)
 /* Q4_K / Q5_K with 512-bit vectors: 64 nibble bytes (sub-blocks 2g..2g+3) per load, sub-blocks
  * 2g and 2g+2 (low nibbles) or 2g+1 and 2g+3 (high) side by side; otherwise as below. */
@@ -503,13 +517,7 @@ static float hy_dot_q45_k_512(const uint8_t *w, long nsb, const int8_t *qa, cons
         HY_PREFETCH(blk);
         HY_PREFETCH(blk + 64);
         HY_PREFETCH(blk + 128);
-        uint32_t sc_lo, sc_hi, mn_lo, mn_hi;
-        hy_k4_scales_u32(blk + 4, &sc_lo, &sc_hi, &mn_lo, &mn_hi);
-        __m256 scf = _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_set_epi32(0, 0, (int)sc_hi, (int)sc_lo)));
-        __m256 mnf = _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_set_epi32(0, 0, (int)mn_hi, (int)mn_lo)));
-        const __m512 coef = _mm512_castps256_ps512(
-            _mm256_mul_ps(_mm256_mul_ps(_mm256_set1_ps(hy_f16(blk)), scf), _mm256_loadu_ps(da + a0)));
-        accm = _mm256_fmadd_ps(_mm256_mul_ps(mnf, _mm256_loadu_ps(sa + a0)), _mm256_set1_ps(hy_f16(blk + 2)), accm);
+        const __m512 coef = _mm512_castps256_ps512(hy_k4_factors(blk, da + a0, sa + a0, &accm));
         const __m512i hb = five ? _mm512_broadcast_i64x4(_mm256_loadu_si256((const __m256i *)qh))
                                 : _mm512_setzero_si512();
         for (int g = 0; g < 4; g += 2) {
@@ -554,12 +562,7 @@ static float hy_dot_q45_k(const uint8_t *w, long nsb, const int8_t *qa, const fl
         HY_PREFETCH(blk);
         HY_PREFETCH(blk + 64);
         HY_PREFETCH(blk + 128);
-        uint32_t sc_lo, sc_hi, mn_lo, mn_hi;
-        hy_k4_scales_u32(blk + 4, &sc_lo, &sc_hi, &mn_lo, &mn_hi);
-        __m256 scf = _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_set_epi32(0, 0, (int)sc_hi, (int)sc_lo)));
-        __m256 mnf = _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_set_epi32(0, 0, (int)mn_hi, (int)mn_lo)));
-        __m256 coef = _mm256_mul_ps(_mm256_mul_ps(_mm256_set1_ps(hy_f16(blk)), scf), _mm256_loadu_ps(da + a0));
-        accm = _mm256_fmadd_ps(_mm256_mul_ps(mnf, _mm256_loadu_ps(sa + a0)), _mm256_set1_ps(hy_f16(blk + 2)), accm);
+        const __m256 coef = hy_k4_factors(blk, da + a0, sa + a0, &accm);
         __m256i hbits = five ? _mm256_loadu_si256((const __m256i *)qh) : _mm256_setzero_si256();
         for (int g = 0; g < 4; g++) {
             __m256i raw = _mm256_loadu_si256((const __m256i *)(q + 32 * g));

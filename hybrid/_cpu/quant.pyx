@@ -327,6 +327,25 @@ cdef extern from "simd.h" nogil:
     float hy_dot_stream(const float *a, const float *b, long n)
 
 
+cdef const float *_f32_args(const float[:, ::1] w, const float[:, ::1] x, bias, float[:, :] out,
+                            str who) except? NULL:
+    """Checks the float32 kernels' arguments (out [rows, out] with contiguous rows); returns the
+    bias address (NULL: none).  With no input values out is just the bias (or zeros)."""
+    cdef Py_ssize_t r, o
+    cdef const float *bp
+    if w.shape[1] != x.shape[1] or out.shape[0] != x.shape[0] or out.shape[1] != w.shape[0]:
+        raise ValueError(f"{who}: w {tuple(w.shape)[:2]}, x {tuple(x.shape)[:2]}, "
+                         f"out {tuple(out.shape)[:2]} do not fit")
+    if out.shape[1] > 0 and out.strides[1] != sizeof(float):
+        raise ValueError(f"{who}: out's rows must be contiguous")
+    bp = _bias_ptr(bias, w.shape[0], who + ": ")
+    if x.shape[1] == 0:
+        for r in range(out.shape[0]):
+            for o in range(out.shape[1]):
+                out[r, o] = bp[o] if bp != NULL else 0.0
+    return bp
+
+
 def matvec_f32(const float[:, ::1] w,   # IN  [out, in] float32 weight rows
                const float[:, ::1] x,   # IN  [rows, in] float32 activations
                bias,                    # IN  [out] float32 or None
@@ -335,16 +354,8 @@ def matvec_f32(const float[:, ::1] w,   # IN  [out, in] float32 weight rows
     """out = x @ W.T (+ bias) for float32 weights, each weight row streamed from memory once
     (prefetched) for all rows of x; every row's sums in the same order whatever the row count."""
     cdef Py_ssize_t n = x.shape[1], rows = x.shape[0], n_out = w.shape[0], c, o, r
-    cdef const float *bp = NULL
-    if w.shape[1] != n or out.shape[0] != rows or out.shape[1] != n_out:
-        raise ValueError(f"matvec_f32: w {tuple(w.shape)[:2]}, x {tuple(x.shape)[:2]}, "
-                         f"out {tuple(out.shape)[:2]} do not fit")
-    bp = _bias_ptr(bias, n_out, "matvec_f32: ")
+    cdef const float *bp = _f32_args(w, x, bias, out, "matvec_f32")
     if rows == 0 or n_out == 0 or n == 0:
-        if n == 0:
-            for r in range(rows):
-                for o in range(n_out):
-                    out[r, o] = bp[o] if bp != NULL else 0.0
         return
     cdef Py_ssize_t nchunks = (n_out + MATVEC_CHUNK - 1) // MATVEC_CHUNK
     cdef int nt = num_threads if n_out * n * 4 >= PARALLEL_MIN_BYTES else 1
@@ -362,22 +373,11 @@ def gemm_f32(const float[:, ::1] w,   # IN  [out, in] float32 weight rows
     """out = x @ W.T (+ bias) for many rows (prefill) with the AVX-512 tile of gemm_f32.h, threads
     over chunks of weight rows.  Each output's sums run in a fixed order that depends on neither
     the number of rows nor the thread count.  Only where GEMM_F32 is true."""
-    cdef Py_ssize_t n = x.shape[1], rows = x.shape[0], n_out = w.shape[0], c, o
-    cdef const float *bp = NULL
+    cdef Py_ssize_t n = x.shape[1], rows = x.shape[0], n_out = w.shape[0], c
     if not GEMM_F32:
         raise RuntimeError("gemm_f32: this build has no AVX-512 float32 GEMM (use BLAS)")
-    if w.shape[1] != n or out.shape[0] != rows or out.shape[1] != n_out:
-        raise ValueError(f"gemm_f32: w {tuple(w.shape)[:2]}, x {tuple(x.shape)[:2]}, "
-                         f"out {tuple(out.shape)[:2]} do not fit")
-    if out.strides[1] != sizeof(float):
-        raise ValueError("gemm_f32: out's rows must be contiguous")
-    bp = _bias_ptr(bias, n_out, "gemm_f32: ")
-    if rows == 0 or n_out == 0:
-        return
-    if n == 0:
-        for c in range(rows):
-            for o in range(n_out):
-                out[c, o] = bp[o] if bp != NULL else 0.0
+    cdef const float *bp = _f32_args(w, x, bias, out, "gemm_f32")
+    if rows == 0 or n_out == 0 or n == 0:
         return
     cdef Py_ssize_t nchunks = (n_out + GEMM_F32_CHUNK - 1) // GEMM_F32_CHUNK
     cdef long ldo = out.strides[0] // sizeof(float)
