@@ -139,18 +139,25 @@ def test_block_sizes(rng, bs):
     assert rel_err(got, ref.paged_attention(q, kb, vb, 0, kvh * group, kvh, d)) < 2e-5
 
 
-def test_scores_with_large_dynamic_range(rng):
-    """Online softmax must rescale correctly when a later block holds a much larger score."""
-    kvh, d = 1, 64
-    cache = _cache(kvh, d, BS, "float32")
-    k = rng.standard_normal((100, d), dtype=np.float32)
-    k[70] *= 40  # one dominant key late in the sequence
-    v = rng.standard_normal((100, d), dtype=np.float32)
+@pytest.mark.parametrize("dtype", ["float32", "float16"])
+@pytest.mark.parametrize("group", [1, 3, 4, 8])
+def test_scores_with_large_dynamic_range(rng, dtype, group):
+    """Online softmax must rescale correctly when a later block holds a much larger score.  Each
+    query head of the GQA group has its own dominant key (scores near 3000, so exp overflows
+    unless every head's running max is its own), in different blocks."""
+    kvh, d, n = 1, 64, 200
+    cache = _cache(kvh, d, BS, dtype)
+    k = rng.standard_normal((n, d), dtype=np.float32)
+    dominant = [70 + 17 * h for h in range(group)]
+    k[dominant] *= 40
+    v = rng.standard_normal((n, d), dtype=np.float32)
     cache.append(0, k, v)
-    q = np.tile(k[70] / 4, (100, 1)).astype(np.float32)
-    got = ops.paged_attention(q, cache, 0)
     kb, vb = cache.blocks(0)
-    assert rel_err(got, ref.paged_attention(q, kb, vb, 0, 1, 1, d)) < 2e-5
+    stored = ref.gather_blocks(kb, n).reshape(n, d).astype(np.float32)  # the keys as the cache holds them
+    q = np.concatenate([np.tile(stored[p] / 4, (n, 1)) for p in dominant], axis=1)
+    got = ops.paged_attention(q.astype(np.float32), cache, 0)
+    assert np.isfinite(got).all()
+    assert rel_err(got, ref.paged_attention(q, kb, vb, 0, group, kvh, d)) < 2e-5
 
 
 def test_scale_argument(rng):

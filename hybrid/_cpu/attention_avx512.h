@@ -7,7 +7,10 @@
  *   1. scores   s[g, j] = q_g . k_j       two keys per pass, 16 lanes, one FMA chain per (g, key);
  *                                         four chains reduced together (hy512_hsum4)
  *   2. softmax  m_new = max(m, max_j s),  p = exp(s - m_new),  l = l*alpha + sum p,
- *               alpha = exp(m - m_new)    16 scores per vector, masked tails
+ *               alpha = exp(m - m_new)    16 scores per vector, masked tails; the NQ vectors
+ *                                         side by side, their maxima and sums reduced in one
+ *                                         transposed tree (one block's softmax per vector was a
+ *                                         latency chain: in L1, c = 16, 8 -> 2.5 ns per key)
  *   3. values   acc_g = alpha_g*acc_g + sum_j p[g, j] v_j     64 dimensions at a time held in
  *                                         registers for all NQ queries across the c rows
  *
@@ -89,29 +92,54 @@ HY512_AI void hy512_scores(const int NQ, const int f16, const float *q, const vo
     }
 }
 
-/* Step 2 for query vector g: updates m, l; leaves probabilities in s; returns alpha. */
-HY512_AI float hy512_softmax(float *s, int c, float *m, float *l) {
-    __m512 mv = _mm512_set1_ps(-INFINITY);
+/* [max(a), max(b), max(c), max(d)] */
+HY512_AI __m128 hy512_hmax4(__m512 a, __m512 b, __m512 c, __m512 d) {
+    const __m256 a8 = _mm256_max_ps(_mm512_castps512_ps256(a), _mm512_extractf32x8_ps(a, 1));
+    const __m256 b8 = _mm256_max_ps(_mm512_castps512_ps256(b), _mm512_extractf32x8_ps(b, 1));
+    const __m256 c8 = _mm256_max_ps(_mm512_castps512_ps256(c), _mm512_extractf32x8_ps(c, 1));
+    const __m256 d8 = _mm256_max_ps(_mm512_castps512_ps256(d), _mm512_extractf32x8_ps(d, 1));
+    /* per 128-bit half: [a0 v a2, b0 v b2, a1 v a3, b1 v b3], the same for c, d */
+    const __m256 ab = _mm256_max_ps(_mm256_unpacklo_ps(a8, b8), _mm256_unpackhi_ps(a8, b8));
+    const __m256 cd = _mm256_max_ps(_mm256_unpacklo_ps(c8, d8), _mm256_unpackhi_ps(c8, d8));
+    const __m256 abcd = _mm256_max_ps(_mm256_shuffle_ps(ab, cd, _MM_SHUFFLE(1, 0, 1, 0)),
+                                      _mm256_shuffle_ps(ab, cd, _MM_SHUFFLE(3, 2, 3, 2)));
+    return _mm_max_ps(_mm256_castps256_ps128(abcd), _mm256_extractf128_ps(abcd, 1));
+}
+
+/* Step 2 for NQ query vectors together (row g of the scores at s + g*ldp): updates m, l [NQ];
+ * leaves probabilities in s; alpha[g] = exp(m_old - m_new).  The NQ chains run side by side
+ * and their reductions share one transposed tree; lanes past NQ carry -inf / 0 and are dropped,
+ * so a vector's result does not depend on NQ. */
+HY512_AI void hy512_softmax_n(const int NQ, float *s, int ldp, int c, float *m, float *l,
+                              float *alpha) {
+    const __mmask8 live = (__mmask8)((1u << NQ) - 1u);
+    __m512 mv[4], sum[4];
+    for (int g = 0; g < 4; g++) { mv[g] = _mm512_set1_ps(-INFINITY); sum[g] = _mm512_setzero_ps(); }
     for (int j = 0; j < c; j += 16) {
         const __mmask16 t = c - j >= 16 ? (__mmask16)0xFFFF : hy512_first(c - j);
-        mv = _mm512_mask_max_ps(mv, t, mv, _mm512_maskz_loadu_ps(t, s + j));
+        for (int g = 0; g < NQ; g++)
+            mv[g] = _mm512_mask_max_ps(mv[g], t, mv[g], _mm512_maskz_loadu_ps(t, s + g * ldp + j));
     }
-    const float bm = _mm512_reduce_max_ps(mv);
-    const float m_new = *m > bm ? *m : bm;
-    const __m512 mn = _mm512_set1_ps(m_new);
-    __m512 sum = _mm512_setzero_ps();
+    const __m128 m_old = _mm_mask_loadu_ps(_mm_set1_ps(-INFINITY), live, m);
+    const __m128 bm = hy512_hmax4(mv[0], mv[1], mv[2], mv[3]);
+    const __m128 m_new = _mm_max_ps(m_old, bm); /* m_old > bm ? m_old : bm */
+    __m512 mn[4];
+    for (int g = 0; g < NQ; g++) mn[g] = _mm512_permutexvar_ps(_mm512_set1_epi32(g), _mm512_castps128_ps512(m_new));
     for (int j = 0; j < c; j += 16) {
         const __mmask16 t = c - j >= 16 ? (__mmask16)0xFFFF : hy512_first(c - j);
-        const __m512 e = hy_exp512(_mm512_sub_ps(_mm512_maskz_loadu_ps(t, s + j), mn));
-        _mm512_mask_storeu_ps(s + j, t, e);
-        sum = _mm512_mask_add_ps(sum, t, sum, e);
+        for (int g = 0; g < NQ; g++) {
+            const __m512 e = hy_exp512(_mm512_sub_ps(_mm512_maskz_loadu_ps(t, s + g * ldp + j), mn[g]));
+            _mm512_mask_storeu_ps(s + g * ldp + j, t, e);
+            sum[g] = _mm512_mask_add_ps(sum[g], t, sum[g], e);
+        }
     }
-    /* exp(m_old - m_new): -inf before the first update gives 0 */
-    const float alpha = _mm_cvtss_f32(_mm512_castps512_ps128(hy_exp512(_mm512_set1_ps(*m - m_new))));
-    const __m512 z = _mm512_setzero_ps();
-    *l = *l * alpha + _mm_cvtss_f32(hy512_hsum4(sum, z, z, z));
-    *m = m_new;
-    return alpha;
+    /* exp(m_old - m_new): -inf before the first update gives 0 (dead lanes: -inf - -inf = NaN,
+     * never stored) */
+    const __m128 a = _mm512_castps512_ps128(hy_exp512(_mm512_castps128_ps512(_mm_sub_ps(m_old, m_new))));
+    const __m128 sums = hy512_hsum4(sum[0], sum[1], sum[2], sum[3]);
+    _mm_mask_storeu_ps(l, live, _mm_add_ps(_mm_mul_ps(_mm_maskz_loadu_ps(live, l), a), sums));
+    _mm_mask_storeu_ps(m, live, m_new);
+    _mm_mask_storeu_ps(alpha, live, a);
 }
 
 /* Step 3 over W vectors (16*W dimensions starting at d) for NQ queries, accumulators in registers */
@@ -140,7 +168,7 @@ HY512_AI void hy512_update_n(const int NQ, const int f16, const float *q, float 
                              int D) {
     float alpha[4];
     hy512_scores(NQ, f16, q, k, c, D, s, ldp);
-    for (int g = 0; g < NQ; g++) alpha[g] = hy512_softmax(s + g * ldp, c, m + g, l + g);
+    hy512_softmax_n(NQ, s, ldp, c, m, l, alpha);
     int d = 0;
     for (; d + 64 <= D; d += 64) hy512_values(NQ, 4, f16, acc, alpha, s, ldp, v, c, D, d);
     for (; d < D; d += 16) hy512_values(NQ, 1, f16, acc, alpha, s, ldp, v, c, D, d);
