@@ -176,11 +176,10 @@ def test_llama_cpp_peer(benchmark, prompt, which, request):
     _quote(f"llama.cpp {which} prefill", PROMPT_TOKENS / prefill)
     _quote(f"llama.cpp {which} decode", NEW_TOKENS / decode)
     if which == "f32":  # hybrid on the same float32 file, measured as bench_quant measures files
-        from bench_quant import _hybrid, _llama_cpp
+        from bench_quant import side_by_side
 
         del llm
-        lp, _ = _llama_cpp(path)
-        hp, hd, _ = _hybrid(path)
+        hp, hd, _, lp, _ = side_by_side(path)
         _quote("hybrid f32 prefill (same file)", hp)
         _quote("hybrid f32 decode (same file)", hd)
         record_ratio("generate", "float32 prefill vs llama.cpp (the same float32 file)",
