@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 import hybrid
-from conftest import RESULTS, record, record_ratio
+from conftest import RESULTS, figure, paired_share, record, record_ratio
 
 H, KVH, D, BS = 32, 8, 128, 16
 CONTEXTS = [1024, 4096, 16384, 32768]
@@ -40,6 +40,16 @@ def test_decode_attention_hybrid(benchmark, read_bandwidth, ctx, dtype):
                bandwidth=read_bandwidth)
     _times[("hybrid", ctx, dtype)] = t
     _ratios(ctx, dtype)
+    if ctx >= 16384:  # the targets' contexts: the share again, the probe run alongside
+        got, probe = paired_share(lambda: hybrid.ops.paged_attention(q, cache, 0, out=out),
+                                  kv_bytes)
+        share = got / probe
+        target = "target >= 0.75" if dtype == "float16" else "target >= 0.80"
+        RESULTS.append(("attention", f"hybrid ctx={ctx} {dtype}, share of read bw with the probe "
+                        f"alongside", share, "x", f"{got / 1e9:.1f} of {probe / 1e9:.1f} GB/s; "
+                        f"{target}"))
+        figure(f"attention: hybrid ctx={ctx} {dtype} | share of read bandwidth, probe alongside",
+               share, "bandwidth_share")
 
 
 @pytest.mark.parametrize("dtype", ["float32", "float16"])

@@ -69,24 +69,45 @@ def figure(name: str, value: float, kind: str, higher_is_better: bool = True):
                          "higher_is_better": bool(higher_is_better)}
 
 
-@pytest.fixture(scope="session")
-def read_bandwidth():
-    """Bytes/s this machine streams from memory with THREADS threads (best of several passes over
-    512 MiB, the better of hybrid's OpenMP reader and NumPy/BLAS dot)."""
+def read_probe(x, passes_reader=1, passes_dot=1) -> float:
+    """Bytes/s of the best pass over x (far larger than the caches) by hybrid's OpenMP reader and
+    by NumPy/BLAS dot on its two halves, THREADS threads."""
     from hybrid._cpu import runtime
 
-    x = np.ones(128 * 1024 * 1024, dtype=np.float32)  # 512 MiB
     best = 0.0
-    for _ in range(4):
+    for _ in range(passes_reader):
         t0 = time.perf_counter()
         runtime.read_sum(x, THREADS)
         best = max(best, x.nbytes / (time.perf_counter() - t0))
     half = x.size // 2
     a, b = x[:half], x[half:]
-    for _ in range(3):
+    for _ in range(passes_dot):
         t0 = time.perf_counter()
         np.dot(a, b)
         best = max(best, x.nbytes / (time.perf_counter() - t0))
+    return best
+
+
+def paired_share(fn, bytes_moved: int, rounds: int = 8):
+    """fn's best bytes/s and the read probe's, measured in alternation round by round, so both
+    see the same phases of a shared machine (the session's probe may have caught a faster or
+    slower moment).  Returns (fn bytes/s, probe bytes/s)."""
+    x = np.ones(128 * 1024 * 1024, dtype=np.float32)  # 512 MiB
+    best_fn = best_probe = 0.0
+    for _ in range(rounds):
+        t0 = time.perf_counter()
+        fn()
+        best_fn = max(best_fn, bytes_moved / (time.perf_counter() - t0))
+        best_probe = max(best_probe, read_probe(x))
+    return best_fn, best_probe
+
+
+@pytest.fixture(scope="session")
+def read_bandwidth():
+    """Bytes/s this machine streams from memory with THREADS threads (best of several passes over
+    512 MiB, the better of hybrid's OpenMP reader and NumPy/BLAS dot)."""
+    x = np.ones(128 * 1024 * 1024, dtype=np.float32)  # 512 MiB
+    best = read_probe(x, passes_reader=4, passes_dot=3)
     RESULTS.append(("machine", f"read bandwidth, {THREADS} threads", best / 1e9, "GB/s", ""))
     _MACHINE["read_bandwidth_GBps"] = best / 1e9
     return best
