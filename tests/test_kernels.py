@@ -42,6 +42,31 @@ def test_rope(rng, style, rows, heads, head_dim):
     np.testing.assert_array_equal(zero, x)
 
 
+def test_rope_angle_table_is_shared_only_for_equal_inputs(rng):
+    """The CPU backend keeps the last positions' cos/sin table for the next call (the other
+    layers of a step, K after Q): the same bits as the per-row kernel, and never reused for other
+    positions, other frequencies or another row count."""
+    from hybrid._cpu import elementwise
+
+    def direct(x, pos, f, heads, d):
+        y = x.copy()
+        elementwise.rope(y, np.asarray(pos, np.int64), f, heads, d, True, 1)
+        return y
+
+    x = rng.standard_normal((7, 3 * 64), dtype=np.float32)
+    f1, f2 = ref.rope_inv_freq(64, 10000.0), ref.rope_inv_freq(64, 500000.0)
+    p1 = rng.integers(0, 9000, 7)
+    p2 = p1.copy()
+    p2[3] += 1  # one position differs
+    for pos, f, rows in [(p1, f1, 7), (p1, f1, 7), (p2, f1, 7), (p2, f2, 7), (p2[:5], f2, 5),
+                         (p1, f1, 7)]:
+        got = ops.rope(x[:rows], pos, f, num_heads=3, head_dim=64)
+        np.testing.assert_array_equal(got, direct(x[:rows], pos, f, 3, 64))
+    k = rng.standard_normal((7, 64), dtype=np.float32)  # K after Q: one head, same positions
+    np.testing.assert_array_equal(ops.rope(k, p1, f1, num_heads=1, head_dim=64),
+                                  direct(k, p1, f1, 1, 64))
+
+
 def test_rope_styles_are_different_rotations(rng):
     x = rng.standard_normal((1, 64), dtype=np.float32)
     f = ref.rope_inv_freq(64, 10000.0)

@@ -15,6 +15,9 @@ cdef extern from "rowops.h" nogil:
     void hy_rmsnorm_row(const float *x, const float *weight, float eps, float *out, long dim)
     void hy_rope_row(float *x, int64_t position, const double *inv_freq, int num_heads,
                      int head_dim, int neox, float *cs, float *sn)
+    void hy_rope_angles(int64_t position, const double *inv_freq, int half, float *cs, float *sn)
+    void hy_rope_apply(float *x, int num_heads, int head_dim, int neox, const float *cs,
+                       const float *sn)
 
 cdef enum:
     # Elements per parallel chunk of the flat kernels (SwiGLU, add).
@@ -77,6 +80,45 @@ def rope(float[:, ::1] x,               # IN/OUT [rows, num_heads*head_dim] floa
             hy_rope_row(&x[r, 0], positions[r], &inv_freq[0], num_heads, head_dim, neox, cs, sn)
         free(cs)
         free(sn)
+
+
+def rope_angles(const int64_t[::1] positions,  # IN  [rows] position of each row
+                const double[::1] inv_freq,     # IN  [half] angle per position of each pair
+                float[:, ::1] cs,               # OUT [rows, half] cos of each angle
+                float[:, ::1] sn,               # OUT [rows, half] sin
+                int num_threads):
+    """The cos/sin tables of `rope` for a set of rows (float64 angles, as rope computes them), so
+    that every layer of a step and both Q and K can share them (rope_apply)."""
+    cdef Py_ssize_t rows = positions.shape[0], r
+    cdef int half = inv_freq.shape[0]
+    if cs.shape[0] != rows or sn.shape[0] != rows or cs.shape[1] != half or sn.shape[1] != half:
+        raise ValueError(f"rope_angles: cs and sn must be [{rows}, {half}]")
+    if rows == 0 or half == 0:
+        return
+    for r in prange(rows, nogil=True, num_threads=_threads_for(rows * half * 16, num_threads),
+                    schedule="static"):
+        hy_rope_angles(positions[r], &inv_freq[0], half, &cs[r, 0], &sn[r, 0])
+
+
+def rope_apply(float[:, ::1] x,          # IN/OUT [rows, num_heads*head_dim] float32
+               const float[:, ::1] cs,   # IN  [rows, head_dim/2] from rope_angles
+               const float[:, ::1] sn,   # IN  [rows, head_dim/2]
+               int num_heads, int head_dim, bint neox, int num_threads):
+    """rope with the angles' cos/sin given: the same bits as rope for the same positions."""
+    cdef Py_ssize_t rows = x.shape[0], r
+    if head_dim <= 0 or head_dim % 2 != 0:
+        raise ValueError(f"rope_apply: head_dim must be even and positive, got {head_dim}")
+    if x.shape[1] != <Py_ssize_t> num_heads * head_dim:
+        raise ValueError(f"rope_apply: rows have {x.shape[1]} values, expected num_heads*head_dim "
+                         f"= {num_heads * head_dim}")
+    if cs.shape[0] != rows or sn.shape[0] != rows or cs.shape[1] != head_dim // 2 \
+            or sn.shape[1] != head_dim // 2:
+        raise ValueError(f"rope_apply: cs and sn must be [{rows}, {head_dim // 2}]")
+    if rows == 0:
+        return
+    for r in prange(rows, nogil=True, num_threads=_threads_for(rows * x.shape[1], num_threads),
+                    schedule="static"):
+        hy_rope_apply(&x[r, 0], num_heads, head_dim, neox, &cs[r, 0], &sn[r, 0])
 
 
 def swiglu(const float[::1] gate,  # IN  [n] float32 (flattened [rows, intermediate])

@@ -8,7 +8,7 @@ kernels themselves).
 from cython.parallel cimport parallel, prange, threadid
 from libc.stdint cimport int8_t, int32_t, int64_t, uint8_t
 from libc.stdlib cimport free, malloc
-from libc.string cimport memset
+from libc.string cimport memcmp, memset
 
 from hybrid._cpu.attention cimport RaggedStep
 
@@ -323,8 +323,9 @@ def matvec_many(list mats,                    # [(code, w [out_i, row_bytes_i] u
 # ------------------------------------------------------------------ a quantized layer's decode step
 cdef extern from "rowops.h" nogil:
     void hy_rmsnorm_row(const float *x, const float *weight, float eps, float *out, long dim)
-    void hy_rope_row(float *x, int64_t position, const double *inv_freq, int num_heads,
-                     int head_dim, int neox, float *cs, float *sn)
+    void hy_rope_angles(int64_t position, const double *inv_freq, int half, float *cs, float *sn)
+    void hy_rope_apply(float *x, int num_heads, int head_dim, int neox, const float *cs,
+                       const float *sn)
 
 cdef extern from "simd.h" nogil:
     void hy_silu_mul(const float *g, const float *u, float *out, long n)
@@ -502,13 +503,17 @@ cdef class DecodeLayer:
         """RMSNorm, Q/K/V, QK-norm, RoPE into the bound q, k, v buffers."""
         if x.shape[0] != 1 or x.shape[1] != self.dim:
             raise ValueError(f"decode prologue: x must be [1, {self.dim}], got {tuple(x.shape)[:2]}")
-        with nogil:
-            self.prologue_c(&x[0, 0], position, num_threads)
-
-    cdef void prologue_c(self, const float *x, int64_t position, int num_threads) noexcept nogil:
-        cdef int i, D = self.D
         cdef float cs[512]
         cdef float sn[512]
+        with nogil:
+            if self.inv_freq != NULL:
+                hy_rope_angles(position, self.inv_freq, self.D // 2, cs, sn)
+            self.prologue_c(&x[0, 0], cs, sn, num_threads)
+
+    cdef void prologue_c(self, const float *x, const float *cs, const float *sn,
+                         int num_threads) noexcept nogil:
+        """cs, sn [D/2]: the RoPE angles' cos/sin of the row's position (hy_rope_angles)."""
+        cdef int i, D = self.D
         hy_rmsnorm_row(x, self.attn_norm, self.eps, self.h, self.dim)
         self._project(0, 3, self.h, self.dim, num_threads)
         if self.q_norm != NULL:
@@ -517,8 +522,8 @@ cdef class DecodeLayer:
             for i in range(self.KVH):
                 hy_rmsnorm_row(self.k + i * D, self.k_norm, self.eps, self.k + i * D, D)
         if self.inv_freq != NULL:
-            hy_rope_row(self.q, position, self.inv_freq, self.H, D, self.neox, cs, sn)
-            hy_rope_row(self.k, position, self.inv_freq, self.KVH, D, self.neox, cs, sn)
+            hy_rope_apply(self.q, self.H, D, self.neox, cs, sn)
+            hy_rope_apply(self.k, self.KVH, D, self.neox, cs, sn)
 
     def epilogue(self, const float[:, ::1] att,   # IN  [1, H*D] attention output
                  const float[:, ::1] x,           # IN  [1, hidden] the layer's input
@@ -568,12 +573,21 @@ def decode_stack(list layers,            # [L] DecodeLayer, in order
                 or att.shape[1] != L.H * L.D or plan.T != 1:
             raise ValueError("decode_stack: x [1, hidden], att [1, H*D] and a one-row plan")
         plan.check_tables(len(k_addrs[i]), len(v_addrs[i]))
+    # the RoPE angles once for the step: layers with the same frequencies share them
+    cdef float cs[512]
+    cdef float sn[512]
+    cdef const double *freq = NULL
+    cdef int half = 0
     for i in range(n):
         L = layers[i]
         ka = k_addrs[i]
         va = v_addrs[i]
         with nogil:
-            L.prologue_c(&x[0, 0], position, num_threads)
+            if L.inv_freq != NULL and (freq == NULL or half != L.D // 2
+                                       or memcmp(freq, L.inv_freq, sizeof(double) * half) != 0):
+                freq, half = L.inv_freq, L.D // 2
+                hy_rope_angles(position, freq, half, cs, sn)
+            L.prologue_c(&x[0, 0], cs, sn, num_threads)
             failed = plan.run(L.q, L.k, L.mats[2].out, &ka[0], &va[0], &att[0, 0])
             if not failed:
                 L.epilogue_c(&att[0, 0], &x[0, 0], &x[0, 0], num_threads)

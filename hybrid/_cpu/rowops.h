@@ -4,6 +4,9 @@
  *   hy_rmsnorm_row   out = x / sqrt(mean(x^2) + eps) * weight       (out may be x)
  *   hy_rope_row      rotate the heads of one row by one position, angles in float64
  *                    (neox: pairs (i, i + D/2); gptj: pairs (2i, 2i + 1)); cs/sn: D/2 scratch
+ *   hy_rope_angles   its two steps: the cos/sin of a position (the costly part: 2*D/2 calls of
+ *   hy_rope_apply    libm, computed once per position and step by the callers that can), and
+ *                    the rotation of a row's heads by them
  */
 #ifndef HYBRID_ROWOPS_H
 #define HYBRID_ROWOPS_H
@@ -19,14 +22,20 @@ static inline void hy_rmsnorm_row(const float *x, const float *weight, float eps
     for (long d = 0; d < dim; d++) out[d] = (x[d] * inv) * weight[d];
 }
 
-static inline void hy_rope_row(float *x, int64_t position, const double *inv_freq, int num_heads,
-                               int head_dim, int neox, float *cs, float *sn) {
-    const int half = head_dim / 2;
+/* cs[i] = cos(position * inv_freq[i]), sn[i] = sin(...) for i < half, angles in float64 */
+static inline void hy_rope_angles(int64_t position, const double *inv_freq, int half, float *cs,
+                                  float *sn) {
     for (int i = 0; i < half; i++) {
         const double ang = (double)position * inv_freq[i];
         cs[i] = (float)cos(ang);
         sn[i] = (float)sin(ang);
     }
+}
+
+/* rotate the heads of one row by the angles cs, sn [head_dim / 2] */
+static inline void hy_rope_apply(float *x, int num_heads, int head_dim, int neox, const float *cs,
+                                 const float *sn) {
+    const int half = head_dim / 2;
     for (int h = 0; h < num_heads; h++) {
         float *v = x + (long)h * head_dim;
         if (neox) {
@@ -43,6 +52,12 @@ static inline void hy_rope_row(float *x, int64_t position, const double *inv_fre
             }
         }
     }
+}
+
+static inline void hy_rope_row(float *x, int64_t position, const double *inv_freq, int num_heads,
+                               int head_dim, int neox, float *cs, float *sn) {
+    hy_rope_angles(position, inv_freq, head_dim / 2, cs, sn);
+    hy_rope_apply(x, num_heads, head_dim, neox, cs, sn);
 }
 
 #endif
