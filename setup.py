@@ -119,7 +119,12 @@ def _extensions():
     debug = _flag("HYBRID_DEBUG")
     omp_c, omp_l = _openmp_flags()
     opt = ["-O0", "-g"] if debug else ["-O3"]
-    cflags = [*opt, *omp_c, *_arch_flags(), "-fno-math-errno", "-Wno-unused-function"]
+    # -fno-wrapv undoes the -fwrapv that Python's own CFLAGS pass to every extension: with
+    # wrapping signed arithmetic the compiler could not simplify the kernels' index arithmetic
+    # (attention, one core, cache-resident blocks: float16 23.6 -> 17.6, float32 30.0 -> 25.8 ns
+    # per key and KV head); the kernels never rely on signed overflow.
+    cflags = [*opt, *omp_c, *_arch_flags(), "-fno-math-errno", "-fno-wrapv",
+              "-Wno-unused-function"]
     macros = [("NPY_NO_DEPRECATED_API", "NPY_1_7_API_VERSION")]
     exts = [
         Extension(
