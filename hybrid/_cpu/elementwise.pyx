@@ -4,17 +4,14 @@ Each `def` is a thin wrapper: typed memoryviews reject wrong dtypes and non-cont
 shapes are checked, then the work runs without the GIL over OpenMP threads.  Callers (hybrid/ops.py)
 have already converted and validated user input; these wrappers are the last line of defence.
 """
-from cython.parallel cimport parallel, prange
+from cython.parallel cimport prange
 from libc.stdint cimport int64_t
-from libc.stdlib cimport free, malloc
 
 cdef extern from "simd.h" nogil:
     void hy_silu_mul(const float *g, const float *u, float *out, long n)
 
 cdef extern from "rowops.h" nogil:
     void hy_rmsnorm_row(const float *x, const float *weight, float eps, float *out, long dim)
-    void hy_rope_row(float *x, int64_t position, const double *inv_freq, int num_heads,
-                     int head_dim, int neox, float *cs, float *sn)
     void hy_rope_angles(int64_t position, const double *inv_freq, int half, float *cs, float *sn)
     void hy_rope_apply(float *x, int num_heads, int head_dim, int neox, const float *cs,
                        const float *sn)
@@ -50,45 +47,13 @@ def rmsnorm(const float[:, ::1] x,   # IN  [rows, dim] float32
         hy_rmsnorm_row(&x[r, 0], &weight[0], eps, &out[r, 0], dim)
 
 
-def rope(float[:, ::1] x,               # IN/OUT [rows, num_heads*head_dim] float32, rotated in place
-         const int64_t[::1] positions,  # IN  [rows] position of each row
-         const double[::1] inv_freq,    # IN  [head_dim/2] angle per position of each pair
-         int num_heads, int head_dim,
-         bint neox,                     # True: pairs (i, i+head_dim/2); False: (2i, 2i+1)
-         int num_threads):
-    """Rotary position embedding with per-row positions; angles computed in float64."""
-    cdef Py_ssize_t rows = x.shape[0]
-    cdef int half = head_dim // 2
-    if head_dim <= 0 or head_dim % 2 != 0:
-        raise ValueError(f"rope: head_dim must be even and positive, got {head_dim}")
-    if x.shape[1] != <Py_ssize_t> num_heads * head_dim:
-        raise ValueError(f"rope: rows have {x.shape[1]} values, expected num_heads*head_dim = "
-                         f"{num_heads * head_dim}")
-    if positions.shape[0] != rows:
-        raise ValueError(f"rope: {positions.shape[0]} positions for {rows} rows")
-    if inv_freq.shape[0] != half:
-        raise ValueError(f"rope: inv_freq has {inv_freq.shape[0]} entries, expected {half}")
-    if rows == 0:
-        return
-    cdef Py_ssize_t r
-    cdef float *cs = NULL
-    cdef float *sn = NULL
-    with nogil, parallel(num_threads=_threads_for(rows * x.shape[1], num_threads)):
-        cs = <float *> malloc(sizeof(float) * half)
-        sn = <float *> malloc(sizeof(float) * half)
-        for r in prange(rows, schedule="static"):
-            hy_rope_row(&x[r, 0], positions[r], &inv_freq[0], num_heads, head_dim, neox, cs, sn)
-        free(cs)
-        free(sn)
-
-
 def rope_angles(const int64_t[::1] positions,  # IN  [rows] position of each row
                 const double[::1] inv_freq,     # IN  [half] angle per position of each pair
                 float[:, ::1] cs,               # OUT [rows, half] cos of each angle
                 float[:, ::1] sn,               # OUT [rows, half] sin
                 int num_threads):
-    """The cos/sin tables of `rope` for a set of rows (float64 angles, as rope computes them), so
-    that every layer of a step and both Q and K can share them (rope_apply)."""
+    """Rotary position embedding, step 1: the cos/sin of each row's angles (formed in float64),
+    computed once and shared by every layer of a step and by Q and K (rope_apply)."""
     cdef Py_ssize_t rows = positions.shape[0], r
     cdef int half = inv_freq.shape[0]
     if cs.shape[0] != rows or sn.shape[0] != rows or cs.shape[1] != half or sn.shape[1] != half:
@@ -104,7 +69,8 @@ def rope_apply(float[:, ::1] x,          # IN/OUT [rows, num_heads*head_dim] flo
                const float[:, ::1] cs,   # IN  [rows, head_dim/2] from rope_angles
                const float[:, ::1] sn,   # IN  [rows, head_dim/2]
                int num_heads, int head_dim, bint neox, int num_threads):
-    """rope with the angles' cos/sin given: the same bits as rope for the same positions."""
+    """Rotary position embedding, step 2: rotate each row's heads by its angles' cos/sin
+    (neox: pairs (i, i+head_dim/2); otherwise (2i, 2i+1))."""
     cdef Py_ssize_t rows = x.shape[0], r
     if head_dim <= 0 or head_dim % 2 != 0:
         raise ValueError(f"rope_apply: head_dim must be even and positive, got {head_dim}")

@@ -2,11 +2,10 @@
  * and the fused decode step of quantized layers (quant.pyx):
  *
  *   hy_rmsnorm_row   out = x / sqrt(mean(x^2) + eps) * weight       (out may be x)
- *   hy_rope_row      rotate the heads of one row by one position, angles in float64
- *                    (neox: pairs (i, i + D/2); gptj: pairs (2i, 2i + 1)); cs/sn: D/2 scratch
- *   hy_rope_angles   its two steps: the cos/sin of a position (the costly part: 2*D/2 calls of
- *   hy_rope_apply    libm, computed once per position and step by the callers that can), and
- *                    the rotation of a row's heads by them
+ *   hy_rope_angles   cos/sin [D/2] of one position's RoPE angles, formed in float64 (the costly
+ *                    part, 2*D/2 libm calls: callers form them once per position and step)
+ *   hy_rope_apply    rotate the heads of one row by them (neox: pairs (i, i + D/2); gptj:
+ *                    pairs (2i, 2i + 1))
  */
 #ifndef HYBRID_ROWOPS_H
 #define HYBRID_ROWOPS_H
@@ -52,12 +51,6 @@ static inline void hy_rope_apply(float *x, int num_heads, int head_dim, int neox
             }
         }
     }
-}
-
-static inline void hy_rope_row(float *x, int64_t position, const double *inv_freq, int num_heads,
-                               int head_dim, int neox, float *cs, float *sn) {
-    hy_rope_angles(position, inv_freq, head_dim / 2, cs, sn);
-    hy_rope_apply(x, num_heads, head_dim, neox, cs, sn);
 }
 
 #endif
