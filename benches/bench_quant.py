@@ -88,59 +88,59 @@ def _prompt():
     return [int(t) for t in np.random.default_rng(1).integers(100, 30000, PROMPT_TOKENS)]
 
 
-def _llama_cpp(path, runs=2):
+def _llama_cpp(path):
+    """llama.cpp loaded, one prefill and decode run, freed: (prefill tok/s, decode tok/s)."""
     import llama_cpp
 
     llm = llama_cpp.Llama(model_path=path, n_ctx=1024, n_threads=THREADS,
                           n_threads_batch=THREADS, n_batch=512, verbose=False)
     prompt = _prompt()
-    llm.eval(prompt[:8])
-    best_p = best_d = 0.0
-    for _ in range(runs):
-        llm.reset()
-        t0 = time.perf_counter()
-        llm.eval(prompt)
-        best_p = max(best_p, PROMPT_TOKENS / (time.perf_counter() - t0))
+    llm.eval(prompt[:8])  # weights paged in
+    llm.reset()
+    t0 = time.perf_counter()
+    llm.eval(prompt)
+    prefill = PROMPT_TOKENS / (time.perf_counter() - t0)
+    tok = int(np.argmax(llm.scores[llm.n_tokens - 1]))
+    t0 = time.perf_counter()
+    for _ in range(NEW_TOKENS):
+        llm.eval([tok])
         tok = int(np.argmax(llm.scores[llm.n_tokens - 1]))
-        t0 = time.perf_counter()
-        for _ in range(NEW_TOKENS):
-            llm.eval([tok])
-            tok = int(np.argmax(llm.scores[llm.n_tokens - 1]))
-        best_d = max(best_d, NEW_TOKENS / (time.perf_counter() - t0))
-    return best_p, best_d
+    return prefill, NEW_TOKENS / (time.perf_counter() - t0)
 
 
-def _hybrid(path, runs=2):
+def _hybrid(path):
+    """hybrid loaded, one prefill and decode run, freed: (prefill tok/s, decode tok/s, weight
+    bytes)."""
     model = hybrid.load_model(path)
     prompt = _prompt()
-    model.generate(prompt[:8], 4)
-    best_p = best_d = 0.0
-    for _ in range(runs):
-        model.generate(prompt, NEW_TOKENS + 1, stop_tokens=[])
-        st = model.last_stats
-        best_p, best_d = max(best_p, st.prefill_tps), max(best_d, st.decode_tps)
-    return best_p, best_d, model.weights.nbytes()
+    model.generate(prompt[:8], 4)  # weights paged in
+    model.generate(prompt, NEW_TOKENS + 1, stop_tokens=[])
+    st = model.last_stats
+    return st.prefill_tps, st.decode_tps, model.weights.nbytes()
 
 
 ROUNDS = 3
 
 
-def side_by_side(path, rounds=ROUNDS):
-    """Best prefill and decode tokens/s of both engines on one file: `rounds` rounds, each engine
-    loaded, run once and freed in turn, the order swapped every round.  This machine's speed
-    drifts by 10-50% over seconds (shared cores), so each engine gets a turn in every phase;
-    only one engine is loaded at a time (llama.cpp's idle threads would compete with hybrid's).
-    Returns (hybrid prefill, hybrid decode, hybrid weight bytes, llama.cpp prefill, decode)."""
-    hp = hd = lp = ld = 0.0
-    weight_bytes = 0
+def alternating(runners, rounds=ROUNDS):
+    """Call each runner once per round, the order reversed every other round, and keep the best
+    of each figure it returns.  This machine's speed drifts by 10-50% over seconds (shared
+    cores), so every runner gets a turn in every phase; a runner loads its engine, runs and
+    frees it, so only one engine is loaded at a time (llama.cpp's idle threads would compete
+    with hybrid's).  Returns one tuple of best figures per runner."""
+    best = [None] * len(runners)
     for i in range(rounds):
-        for engine in ("llama.cpp", "hybrid") if i % 2 == 0 else ("hybrid", "llama.cpp"):
-            if engine == "hybrid":
-                p, d, weight_bytes = _hybrid(path, runs=1)
-                hp, hd = max(hp, p), max(hd, d)
-            else:
-                p, d = _llama_cpp(path, runs=1)
-                lp, ld = max(lp, p), max(ld, d)
+        for k in (range(len(runners)) if i % 2 == 0 else reversed(range(len(runners)))):
+            got = runners[k]()
+            best[k] = got if best[k] is None else tuple(map(max, best[k], got))
+    return best
+
+
+def side_by_side(path):
+    """(hybrid prefill, hybrid decode, hybrid weight bytes, llama.cpp prefill, llama.cpp decode)
+    on one file, best of ROUNDS alternating rounds."""
+    (lp, ld), (hp, hd, weight_bytes) = alternating([lambda: _llama_cpp(path),
+                                                    lambda: _hybrid(path)])
     return hp, hd, weight_bytes, lp, ld
 
 
@@ -180,7 +180,7 @@ def test_long_prompt_prefill_against_llama_cpp(benchmark, gguf_files):
         model.forward(ids[:8], model.new_cache(), role="prompt")  # weights paged in
         t0 = time.perf_counter()
         model.forward(ids, model.new_cache(), role="prompt")
-        return LONG_PROMPT / (time.perf_counter() - t0)
+        return (LONG_PROMPT / (time.perf_counter() - t0),)
 
     def run_llama_cpp():
         llm = llama_cpp.Llama(model_path=path, n_ctx=LONG_PROMPT + 16, n_threads=THREADS,
@@ -190,14 +190,9 @@ def test_long_prompt_prefill_against_llama_cpp(benchmark, gguf_files):
         llm.reset()
         t0 = time.perf_counter()
         llm.eval(ids)
-        return LONG_PROMPT / (time.perf_counter() - t0)
+        return (LONG_PROMPT / (time.perf_counter() - t0),)
 
-    # alternating rounds, one engine loaded at a time (as side_by_side)
-    best = {run_hybrid: 0.0, run_llama_cpp: 0.0}
-    for i in range(2):
-        for engine in (run_hybrid, run_llama_cpp) if i % 2 == 0 else (run_llama_cpp, run_hybrid):
-            best[engine] = max(best[engine], engine())
-    best_h, best_l = best[run_hybrid], best[run_llama_cpp]
+    (best_h,), (best_l,) = alternating([run_hybrid, run_llama_cpp], rounds=2)
     benchmark.pedantic(lambda: None, rounds=1)
     RESULTS.append(("gguf", f"smollm2 Q8_0 {LONG_PROMPT}-token prefill, hybrid", best_h, "tok/s", ""))
     RESULTS.append(("gguf", f"smollm2 Q8_0 {LONG_PROMPT}-token prefill, llama.cpp (no flash "
