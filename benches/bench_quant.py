@@ -19,7 +19,7 @@ import numpy as np
 import pytest
 
 import hybrid
-from conftest import RESULTS, THREADS, record, record_ratio
+from conftest import RESULTS, THREADS, figure, paired_share, record, record_ratio
 
 from hybrid._cpu import quant as kernels
 
@@ -53,6 +53,13 @@ def test_matvec(benchmark, name, shape, read_bandwidth):
                bytes_moved=w.nbytes * copies, bandwidth=read_bandwidth,
                note=f"{fmt.bits_per_weight:.2f} bits/weight")
     benchmark.extra_info["weights_per_s"] = n_out * n_in * copies / t
+    if n_in >= 4096 or n_out >= 4096:  # the target's matrices: the probe run alongside as well
+        got, probe = paired_share(run, w.nbytes * copies)
+        RESULTS.append(("matvec", f"{name} {shape}, share of read bw with the probe alongside",
+                        got / probe, "x", f"{got / 1e9:.1f} of {probe / 1e9:.1f} GB/s; "
+                        f"target >= 0.80"))
+        figure(f"matvec: {name} {shape} | share of read bandwidth, probe alongside",
+               got / probe, "bandwidth_share")
 
 
 # ------------------------------------------------------------------ end to end against llama.cpp

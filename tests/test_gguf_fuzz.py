@@ -15,6 +15,7 @@ from hybrid.models.model import Model
 gguf = pytest.importorskip("gguf")
 
 MUTATIONS = int(os.environ.get("HYBRID_FUZZ_MUTATIONS", "2000"))
+SEED = int(os.environ.get("HYBRID_FUZZ_SEED", "20261202"))  # CI's sanitized run uses another
 
 
 def _small_model(path):
@@ -74,7 +75,7 @@ def test_mutated_headers_and_tensor_tables(tmp_path):
     _small_model(src)
     data = src.read_bytes()
     end = _header_end(src)
-    rng = np.random.default_rng(20261202)
+    rng = np.random.default_rng(SEED)
     path = tmp_path / "x.gguf"
     loaded = failed = 0
     t0 = time.perf_counter()
@@ -127,6 +128,31 @@ def test_offset_past_the_end_names_the_tensor(tmp_path):
     bad.write_bytes(bytes(buf))
     with pytest.raises(ModelLoadError, match=r"tensor blk.0.ffn_down.weight .* needs bytes"):
         read_weights(bad)
+
+
+@pytest.mark.parametrize("key,value", [("llama.embedding_length", 2**31 + 256),
+                                       ("llama.feed_forward_length", 2**32 - 1),
+                                       ("llama.context_length", 2**32 - 1)])
+def test_metadata_wider_than_every_tensor_is_refused_at_once(tmp_path, key, value):
+    """A corrupt width (here 2**31 + 256: head_dim 2**29 + 64) must be refused before anything is
+    sized by it: the RoPE table alone would be 4 GiB.  A huge context length allocates nothing
+    (the cache is paged) and loads."""
+    src = tmp_path / "m.gguf"
+    _small_model(src)
+    field = gguf.GGUFReader(str(src)).fields[key]
+    at = int(field.offset) + sum(int(p.nbytes) for p in field.parts[:-1])  # the uint32 value
+    buf = bytearray(src.read_bytes())
+    buf[at:at + 4] = value.to_bytes(4, "little")
+    bad = tmp_path / "wide.gguf"
+    bad.write_bytes(bytes(buf))
+    t0 = time.perf_counter()
+    if key == "llama.context_length":
+        assert read_weights(bad).max_position == value
+        return
+    with pytest.raises(ModelLoadError, match=rf"{key} = {value} is wider than any tensor in the "
+                                             rf"file \(widest dimension 512\)"):
+        read_weights(bad)
+    assert time.perf_counter() - t0 < 1
 
 
 def test_types_without_kernels_are_reencoded_once(tmp_path):

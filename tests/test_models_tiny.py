@@ -174,7 +174,7 @@ def test_folder_errors(tiny, tmp_path):
     cfg_path = work / "config.json"
     cfg = json.loads(cfg_path.read_text())
     # config/weights shape mismatch
-    cfg_path.write_text(json.dumps({**cfg, "intermediate_size": 100}))
+    cfg_path.write_text(json.dumps({**cfg, "intermediate_size": 80}))
     with pytest.raises(ModelLoadError, match=r"layer 0: weight w_gate has shape"):
         load_model(work)
     # unsupported architecture
@@ -190,6 +190,61 @@ def test_folder_errors(tiny, tmp_path):
     for f in work.glob("*.safetensors"):
         f.unlink()
     with pytest.raises(ModelLoadError, match=r"no \*.safetensors files"):
+        load_model(work)
+
+
+HOSTILE_VALUES = [0, -1, 1, 3, 2**31, 2**40, 2**63, -2**63, 1.5, float("nan"), "64", "", None,
+                  True, [], [64], {}, {"a": 1}]
+CONFIG_KEYS = ["hidden_size", "num_attention_heads", "num_key_value_heads", "head_dim",
+               "intermediate_size", "num_hidden_layers", "rope_theta", "rms_norm_eps",
+               "max_position_embeddings", "rope_scaling", "architectures", "tie_word_embeddings"]
+
+
+def test_hostile_config_values_raise_model_load_error(tiny, tmp_path):
+    """Seeded mutations of config.json (hostile values in the size keys, missing keys, a config
+    that is not an object): each load raises ModelLoadError naming config.json, or loads a model
+    that runs; never another exception, a hang, or an allocation sized by a corrupt width."""
+    import time
+
+    _, folder, _ = tiny
+    work = tmp_path / "m"
+    shutil.copytree(folder, work)
+    cfg_path = work / "config.json"
+    cfg = json.loads(cfg_path.read_text())
+    rng = np.random.default_rng(20261203)
+    cases = [[], "[]", "{" * 100000]  # not an object, a list, too deep for the parser
+    for key in CONFIG_KEYS:
+        cases += [{**cfg, key: v} for v in HOSTILE_VALUES]
+        cases.append({k: v for k, v in cfg.items() if k != key})
+    for _ in range(200):  # two or three keys at once
+        mutated = dict(cfg)
+        for key in rng.choice(CONFIG_KEYS, int(rng.integers(2, 4)), replace=False):
+            mutated[str(key)] = HOSTILE_VALUES[int(rng.integers(len(HOSTILE_VALUES)))]
+        cases.append(mutated)
+    refused = 0
+    for case in cases:
+        cfg_path.write_text(case if isinstance(case, str) else json.dumps(case))
+        t0 = time.perf_counter()
+        try:
+            model = load_model(work, kv_dtype="float32")
+        except ModelLoadError as exc:
+            assert "config.json" in str(exc) or str(work) in str(exc)
+            refused += 1
+        else:
+            assert np.isfinite(model.logits([3])).all()  # one token fits any context length
+        assert time.perf_counter() - t0 < 5, f"config {case!r:.200} took too long"
+    assert refused > len(cases) // 2
+
+
+def test_width_wider_than_every_tensor_is_refused(tiny, tmp_path):
+    _, folder, _ = tiny
+    work = tmp_path / "m"
+    shutil.copytree(folder, work)
+    cfg_path = work / "config.json"
+    cfg = json.loads(cfg_path.read_text())
+    cfg_path.write_text(json.dumps({**cfg, "hidden_size": 2**31, "head_dim": None}))
+    with pytest.raises(ModelLoadError, match=r"config.json: hidden_size = 2147483648 is wider "
+                                             r"than any tensor in the folder"):
         load_model(work)
 
 

@@ -181,6 +181,10 @@ class _Tensors:
     def __contains__(self, name) -> bool:
         return name in self.where
 
+    def widest(self) -> int:
+        """The largest dimension of any tensor in the file (0 when it has none)."""
+        return max((max(dims) for dims, _, _, _ in self.where.values() if dims), default=0)
+
     def __len__(self) -> int:
         return len(self.where)
 
@@ -288,8 +292,22 @@ def read_gguf(path) -> ModelWeights:
     try:
         kv_heads = meta("attention.head_count_kv", heads)
         head_dim = meta("attention.key_length", hidden // heads)
+        # every width of a real model is some tensor's dimension: a wider value in the metadata
+        # is corrupt, and sizing anything by it (RoPE tables, scratch) could allocate far more
+        # than the file holds
+        widest = tensors.widest()
+        for key, value in (("embedding_length", hidden), ("attention.head_count", heads),
+                           ("attention.head_count_kv", kv_heads),
+                           ("attention.key_length", head_dim),
+                           ("feed_forward_length", meta("feed_forward_length"))):
+            if isinstance(value, int) and value > widest:
+                raise ModelLoadError(path, f"{arch}.{key} = {value} is wider than any tensor in "
+                                           f"the file (widest dimension {widest})")
         theta = float(meta("rope.freq_base", 10000.0))
-        max_pos = int(meta("context_length", 0) or 0)
+        max_pos = meta("context_length", 0) or 0
+        if isinstance(max_pos, bool) or not isinstance(max_pos, int) or max_pos < 0:
+            raise ValueError(f"{arch}.context_length must be a non-negative integer, got "
+                             f"{max_pos!r}")
         scaling = None
         kind = meta("rope.scaling.type")
         if kind and kind != "none":
@@ -305,6 +323,8 @@ def read_gguf(path) -> ModelWeights:
                             rope_inv_freq=inv_freq if scaling else None,
                             attn_scale=attn_factor ** 2 / np.sqrt(head_dim)
                             if attn_factor != 1.0 else None)
+    except ModelLoadError:
+        raise
     except (TypeError, ValueError, ZeroDivisionError) as exc:
         raise ModelLoadError(path, f"inconsistent model metadata: {exc}") from None
     if not isinstance(n_layers, int) or n_layers > len(tensors):

@@ -62,6 +62,17 @@ class _Shards:
     def __contains__(self, name):
         return name in self.where
 
+    def widest(self) -> int:
+        """The largest dimension of any tensor in the folder (0 when it has none)."""
+        n = 0
+        for f, header in ((f, self._header(f)[1]) for f in self.handles):
+            for name, entry in header.items():
+                shape = entry.get("shape") if isinstance(entry, dict) and name != "__metadata__" \
+                    else None
+                if shape:
+                    n = max(n, max(int(d) for d in shape))
+        return n
+
     def get(self, name: str) -> np.ndarray:
         f = self.where.get(name)
         if f is None:
@@ -111,32 +122,61 @@ def read_safetensors_folder(folder) -> ModelWeights:
     with open(cpath, encoding="utf-8") as f:
         try:
             c = json.load(f)
-        except json.JSONDecodeError as exc:
+        except (ValueError, RecursionError) as exc:  # JSONDecodeError, UnicodeDecodeError
             raise ModelLoadError(cpath, f"invalid JSON ({exc})") from None
+    if not isinstance(c, dict):
+        raise ModelLoadError(cpath, "config.json is not a JSON object")
     archs = c.get("architectures") or []
-    arch = next((ARCH_OF[a] for a in archs if a in ARCH_OF), None)
+    archs = archs if isinstance(archs, list) else [archs]
+    arch = next((ARCH_OF[a] for a in archs if isinstance(a, str) and a in ARCH_OF), None)
     if arch is None:
         raise ModelLoadError(cpath, f"unsupported architecture {archs or c.get('model_type')!r} "
                                     f"(supported: {', '.join(sorted(ARCH_OF))})")
-    heads = c["num_attention_heads"]
-    hidden = c["hidden_size"]
-    head_dim = c.get("head_dim") or hidden // heads
-    rope = c.get("rope_parameters") or {}
-    theta = float(rope.get("rope_theta", c.get("rope_theta", 10000.0)))
-    scaling = c.get("rope_scaling") or (rope if rope.get("rope_type", "default") != "default" else None)
-    max_pos = int(c.get("max_position_embeddings") or 0)
-    inv_freq, attn_factor = rope_frequencies(head_dim, theta, scaling, max_pos)
-    cfg = DecoderConfig(hidden_size=hidden, num_heads=heads,
-                        num_kv_heads=c.get("num_key_value_heads") or heads, head_dim=head_dim,
-                        intermediate_size=c["intermediate_size"], rope_theta=theta,
-                        rms_norm_eps=c.get("rms_norm_eps", 1e-6),
-                        rope_inv_freq=inv_freq if scaling else None,
-                        attn_scale=attn_factor ** 2 / np.sqrt(head_dim) if attn_factor != 1.0 else None)
+    missing = [k for k in ("hidden_size", "num_attention_heads", "num_hidden_layers",
+                           "intermediate_size") if k not in c]
+    if missing:
+        raise ModelLoadError(cpath, f"config.json lacks {', '.join(missing)}")
     shards = _Shards(folder)
+    try:
+        heads = c["num_attention_heads"]
+        hidden = c["hidden_size"]
+        head_dim = c.get("head_dim") or hidden // heads
+        kv_heads = c.get("num_key_value_heads") or heads
+        # every width of a real model is some tensor's dimension: a wider value is corrupt, and
+        # sizing anything by it (RoPE tables, scratch) could allocate far more than the files hold
+        widest = shards.widest()
+        for key, value in (("hidden_size", hidden), ("num_attention_heads", heads),
+                           ("num_key_value_heads", kv_heads), ("head_dim", head_dim),
+                           ("intermediate_size", c["intermediate_size"])):
+            if isinstance(value, int) and value > widest:
+                raise ModelLoadError(cpath, f"{key} = {value} is wider than any tensor in the "
+                                            f"folder (widest dimension {widest})")
+        rope = c.get("rope_parameters") or {}
+        theta = float(rope.get("rope_theta", c.get("rope_theta", 10000.0)))
+        scaling = c.get("rope_scaling") or (rope if rope.get("rope_type", "default") != "default"
+                                            else None)
+        max_pos = c.get("max_position_embeddings") or 0
+        if isinstance(max_pos, bool) or not isinstance(max_pos, int) or max_pos < 0:
+            raise ValueError(f"max_position_embeddings must be a non-negative integer, got "
+                             f"{max_pos!r}")
+        inv_freq, attn_factor = rope_frequencies(head_dim, theta, scaling, max_pos)
+        cfg = DecoderConfig(hidden_size=hidden, num_heads=heads, num_kv_heads=kv_heads,
+                            head_dim=head_dim, intermediate_size=c["intermediate_size"],
+                            rope_theta=theta, rms_norm_eps=c.get("rms_norm_eps", 1e-6),
+                            rope_inv_freq=inv_freq if scaling else None,
+                            attn_scale=attn_factor ** 2 / np.sqrt(head_dim)
+                            if attn_factor != 1.0 else None)
+        n_layers = c["num_hidden_layers"]
+        if not isinstance(n_layers, int) or n_layers < 1:
+            raise ValueError(f"num_hidden_layers must be a positive integer, got {n_layers!r}")
+    except ModelLoadError:
+        raise
+    except (TypeError, ValueError, KeyError, AttributeError, ZeroDivisionError) as exc:
+        raise ModelLoadError(cpath, f"inconsistent config: {exc}") from None
     qk_norm = NAMES["q_norm"].format(i=0) in shards
     qkv_bias = NAMES["bq"].format(i=0) in shards
     layers = []
-    for i in range(c["num_hidden_layers"]):
+    for i in range(n_layers):
         lw = layer_weights(shards.get, i, cfg, qk_norm, qkv_bias, NAMES)
         try:
             lw.validated(cfg)
