@@ -187,3 +187,68 @@ def test_types_without_kernels_are_reencoded_once(tmp_path):
     err = np.sqrt(((up.dequantize() - want) ** 2).mean()) / np.sqrt((want ** 2).mean())
     assert err < 0.1  # one more 4-bit rounding of 3-bit values
     assert np.isfinite(Model(mw, None).logits([1, 2, 3])).all()
+
+
+TOKENIZER_MUTATIONS = int(os.environ.get("HYBRID_FUZZ_TOKENIZER_MUTATIONS", "120"))
+
+
+def test_mutated_tokenizer_metadata(tmp_path):
+    """Seeded mutations of the embedded SmolLM2 file's tokenizer metadata (vocabulary, token
+    types, merges, special ids, chat template): each load raises ModelLoadError or gives a model
+    whose tokenizer encodes, decodes and generates; nothing else escapes (the tokenizers package
+    raised its own errors on merges outside the vocabulary)."""
+    pytest.importorskip("tokenizers")
+    from hybrid.models import default_model_path
+
+    try:
+        src = default_model_path()
+    except ModelLoadError as exc:
+        pytest.skip(str(exc))
+    reader = gguf.GGUFReader(src)
+    names = [k for k in reader.fields if k.startswith("tokenizer.")]
+    lo = min(int(reader.fields[k].offset) for k in names)
+    hi = max(int(reader.fields[k].offset) + sum(int(p.nbytes) for p in reader.fields[k].parts)
+             for k in names)
+    ids_at = {k: int(reader.fields[k].offset)
+              + sum(int(p.nbytes) for p in reader.fields[k].parts[:-1])
+              for k in ("tokenizer.ggml.bos_token_id", "tokenizer.ggml.eos_token_id")}
+    path = tmp_path / "t.gguf"
+    path.write_bytes(open(src, "rb").read())
+    head = open(src, "rb").read(hi)
+    with open(path, "r+b") as f:  # first a BOS id past the vocabulary, named at load
+        f.seek(ids_at["tokenizer.ggml.bos_token_id"])
+        f.write((2**32 - 1).to_bytes(4, "little"))
+    with pytest.raises(ModelLoadError, match=r"tokenizer.ggml.bos_token_id 4294967295 is outside "
+                                             r"the vocabulary of 49152 tokens"):
+        hybrid.load_model(path)
+    rng = np.random.default_rng(SEED)
+    refused = 0
+    for i in range(TOKENIZER_MUTATIONS):
+        buf = bytearray(head)
+        kind = int(rng.integers(0, 4))
+        for _ in range(int(rng.integers(1, 4))):
+            at = int(rng.integers(lo, hi))
+            if kind == 0:  # random bytes
+                buf[at] = int(rng.integers(0, 256))
+            elif kind == 1:  # a bit flip
+                buf[at] ^= 1 << int(rng.integers(0, 8))
+            elif kind == 2:  # a count, length or type id
+                at -= at % 4
+                buf[at:at + 4] = [2**32 - 1, 2**31, 49152, 0, 1, 9][int(rng.integers(0, 6))] \
+                    .to_bytes(4, "little")
+            else:  # a special token id past the vocabulary
+                at = ids_at[sorted(ids_at)[int(rng.integers(0, 2))]]
+                buf[at:at + 4] = [2**32 - 1, 49152, 10**6][int(rng.integers(0, 3))] \
+                    .to_bytes(4, "little")
+        with open(path, "r+b") as f:
+            f.write(buf)
+        try:
+            model = hybrid.load_model(path)
+        except ModelLoadError as exc:
+            assert str(path) in str(exc)
+            refused += 1
+            continue
+        ids = model.tokenizer.encode("Hello world, the sky is blue.")
+        model.tokenizer.decode(ids)
+        model.generate(ids, max_new_tokens=2)
+    assert refused > TOKENIZER_MUTATIONS // 4

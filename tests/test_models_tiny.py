@@ -248,6 +248,31 @@ def test_width_wider_than_every_tensor_is_refused(tiny, tmp_path):
         load_model(work)
 
 
+def test_hostile_tokenizer_files(tiny, tmp_path):
+    """A corrupt tokenizer.json or tokenizer_config.json raises ModelLoadError naming the file;
+    odd but valid entries (a numeric bos_token, named chat templates) load."""
+    _, folder, _ = tiny
+    work = tmp_path / "m"
+    shutil.copytree(folder, work)
+    tok, conf = work / "tokenizer.json", work / "tokenizer_config.json"
+    good_tok, good_conf = tok.read_text(), json.loads(conf.read_text())
+    for bad in ("", "{", '{"model": {"type": "BPE", "vocab": 5}}', "[" * 100000):
+        tok.write_text(bad)
+        with pytest.raises(ModelLoadError, match=r"tokenizer.json: not a readable tokenizer"):
+            load_model(work)
+    tok.write_text(good_tok)
+    for bad, why in (("{", "invalid JSON"), ("[1, 2]", "not a JSON object"),
+                     (json.dumps({**good_conf, "chat_template": 7}), "chat_template is neither")):
+        conf.write_text(bad)
+        with pytest.raises(ModelLoadError, match=rf"tokenizer_config.json: {why}"):
+            load_model(work)
+    named = [{"name": "tool_use", "template": "x"}, {"name": "default", "template": "{{ 'ok' }}"}]
+    conf.write_text(json.dumps({**good_conf, "bos_token": 5, "eos_token": ["w1"],
+                                "chat_template": named}))
+    model = load_model(work)
+    assert model.tokenizer.apply_chat_template([{"role": "user", "content": "w3"}]) == "ok"
+
+
 def _tiny_gguf(path, arch="llama", bad_type=None):
     """A tiny GGUF written with the gguf package (llama.cpp's own writer)."""
     gguf = pytest.importorskip("gguf")

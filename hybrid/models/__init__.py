@@ -68,6 +68,10 @@ def load_model(path=None, *, weights: "str | None" = None, gpu_layers: int = 0, 
     where = path if path is not None else default_model_path()
     if weights.metadata.get("format") == "gguf":
         tokenizer = Tokenizer.from_gguf_metadata(weights.metadata, where)
+        if len(weights.metadata["tokens"]) > weights.embed.shape[0]:
+            raise ModelLoadError(where, f"the vocabulary has {len(weights.metadata['tokens'])} "
+                                        f"tokens but the embedding only {weights.embed.shape[0]} "
+                                        f"rows")
         weights.metadata = {k: v for k, v in weights.metadata.items()
                             if k not in ("tokens", "merges", "token_types", "scores")}
     else:

@@ -125,7 +125,7 @@ def read_safetensors_folder(folder) -> ModelWeights:
         except (ValueError, RecursionError) as exc:  # JSONDecodeError, UnicodeDecodeError
             raise ModelLoadError(cpath, f"invalid JSON ({exc})") from None
     if not isinstance(c, dict):
-        raise ModelLoadError(cpath, "config.json is not a JSON object")
+        raise ModelLoadError(cpath, "not a JSON object")
     archs = c.get("architectures") or []
     archs = archs if isinstance(archs, list) else [archs]
     arch = next((ARCH_OF[a] for a in archs if isinstance(a, str) and a in ARCH_OF), None)
@@ -135,7 +135,7 @@ def read_safetensors_folder(folder) -> ModelWeights:
     missing = [k for k in ("hidden_size", "num_attention_heads", "num_hidden_layers",
                            "intermediate_size") if k not in c]
     if missing:
-        raise ModelLoadError(cpath, f"config.json lacks {', '.join(missing)}")
+        raise ModelLoadError(cpath, f"lacks {', '.join(missing)}")
     shards = _Shards(folder)
     try:
         heads = c["num_attention_heads"]

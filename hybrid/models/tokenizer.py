@@ -81,6 +81,33 @@ def _sentencepiece_bpe(tk, vocab, merges):
     return backend
 
 
+def _check_vocabulary(path, meta: dict) -> None:
+    """The GGUF tokenizer arrays and special ids, checked before anything is built from them:
+    a corrupt entry raises ModelLoadError naming its key."""
+    tokens = meta["tokens"]
+    if not isinstance(tokens, list) or not all(isinstance(t, str) for t in tokens):
+        raise ModelLoadError(path, "tokenizer.ggml.tokens is not a list of strings")
+    n = len(tokens)
+    merges = meta.get("merges")
+    if merges is not None and not (isinstance(merges, list) and all(
+            isinstance(m, str) and " " in m for m in merges)):
+        raise ModelLoadError(path, "tokenizer.ggml.merges is not a list of 'left right' pairs")
+    for key, what in (("token_types", "token_type"), ("scores", "scores")):
+        arr = meta.get(key)
+        if arr is not None and (not isinstance(arr, list) or len(arr) != n):
+            raise ModelLoadError(path, f"tokenizer.ggml.{what} does not have one entry per token "
+                                       f"({n})")
+    for key, what in (("tokenizer_pre", "pre"), ("chat_template", "chat_template")):
+        if meta.get(key) is not None and not isinstance(meta[key], str):
+            raise ModelLoadError(path, f"tokenizer.{'' if what == 'chat_template' else 'ggml.'}"
+                                       f"{what} is not a string")
+    for key in ("bos_token_id", "eos_token_id"):
+        i = meta.get(key)
+        if i is not None and (isinstance(i, bool) or not isinstance(i, int) or not 0 <= i < n):
+            raise ModelLoadError(path, f"tokenizer.ggml.{key} {i!r} is outside the vocabulary of "
+                                       f"{n} tokens")
+
+
 class Tokenizer:
     """Text <-> token ids, special tokens, and the model's chat template.
 
@@ -146,6 +173,7 @@ class Tokenizer:
         if kind not in ("gpt2", "llama"):
             raise ModelLoadError(path, f"tokenizer type {kind!r} is not supported (supported: "
                                        f"'gpt2' byte-level BPE, 'llama' SentencePiece BPE)")
+        _check_vocabulary(path, meta)
         vocab = {t: i for i, t in enumerate(tokens)}
         if meta.get("merges"):
             merges = [tuple(m.split(" ", 1)) for m in meta["merges"]]
@@ -153,19 +181,25 @@ class Tokenizer:
             merges = merges_from_scores(tokens, meta.get("scores") or [0.0] * len(tokens))
         else:
             raise ModelLoadError(path, "a byte-level BPE vocabulary without merges")
-        if kind == "llama":
-            backend = _sentencepiece_bpe(tk, vocab, merges)
-        else:
-            backend = _byte_level_bpe(tk, vocab, merges, meta.get("tokenizer_pre"))
         types = meta.get("token_types") or []
-        special = [tk.AddedToken(t, special=True, normalized=False)
-                   for t, ty in zip(tokens, types) if ty == CONTROL]
-        if special:
-            backend.add_special_tokens(special)
-        user = [tk.AddedToken(t, special=False, normalized=False)
-                for t, ty in zip(tokens, types) if ty == USER_DEFINED]
-        if user:
-            backend.add_tokens(user)
+        try:  # the tokenizers package checks the merges against the vocabulary
+            if kind == "llama":
+                backend = _sentencepiece_bpe(tk, vocab, merges)
+            else:
+                backend = _byte_level_bpe(tk, vocab, merges, meta.get("tokenizer_pre"))
+            special = [tk.AddedToken(t, special=True, normalized=False)
+                       for t, ty in zip(tokens, types) if ty == CONTROL]
+            if special:
+                backend.add_special_tokens(special)
+            user = [tk.AddedToken(t, special=False, normalized=False)
+                    for t, ty in zip(tokens, types) if ty == USER_DEFINED]
+            if user:
+                backend.add_tokens(user)
+        except (KeyboardInterrupt, SystemExit):
+            raise
+        except BaseException as exc:  # Rust panics surface as BaseException
+            raise ModelLoadError(path, f"the tokenizer cannot be built from the file's vocabulary "
+                                       f"and merges: {exc}") from None
         bos, eos = meta.get("bos_token_id"), meta.get("eos_token_id")
         eos_ids = [eos]
         for name in ("<|im_end|>", "<|eot_id|>", "<|endoftext|>"):
@@ -185,24 +219,41 @@ class Tokenizer:
         path = os.path.join(folder, "tokenizer.json")
         if not os.path.isfile(path):
             raise ModelLoadError(folder, "no tokenizer.json in the model folder")
-        backend = tk.Tokenizer.from_file(path)
+        try:
+            backend = tk.Tokenizer.from_file(path)
+        except (KeyboardInterrupt, SystemExit):
+            raise
+        except BaseException as exc:  # the tokenizers package's own errors and Rust panics
+            raise ModelLoadError(path, f"not a readable tokenizer ({exc})") from None
         conf = {}
         cpath = os.path.join(folder, "tokenizer_config.json")
         if os.path.isfile(cpath):
             with open(cpath, encoding="utf-8") as f:
-                conf = json.load(f)
+                try:
+                    conf = json.load(f)
+                except (ValueError, RecursionError) as exc:
+                    raise ModelLoadError(cpath, f"invalid JSON ({exc})") from None
+            if not isinstance(conf, dict):
+                raise ModelLoadError(cpath, "not a JSON object")
 
         def token_of(key):
             v = conf.get(key)
-            return v.get("content") if isinstance(v, dict) else v
+            v = v.get("content") if isinstance(v, dict) else v
+            return v if isinstance(v, str) else None
 
         bos_t, eos_t = token_of("bos_token"), token_of("eos_token")
         bos = backend.token_to_id(bos_t) if bos_t else None
         eos_ids = [backend.token_to_id(eos_t)] if eos_t else []
-        if isinstance(eos_from_config, int):
-            eos_ids.append(eos_from_config)
-        elif isinstance(eos_from_config, (list, tuple)):
-            eos_ids.extend(eos_from_config)
+        if not isinstance(eos_from_config, (list, tuple)):
+            eos_from_config = [eos_from_config]
+        eos_ids += [i for i in eos_from_config if isinstance(i, int) and not isinstance(i, bool)]
+        template = conf.get("chat_template")
+        if isinstance(template, list):  # named templates (transformers): the default one
+            template = next((t.get("template") for t in template
+                             if isinstance(t, dict) and t.get("name") == "default"), None)
+        if template is not None and not isinstance(template, str):
+            raise ModelLoadError(cpath, "chat_template is neither a string nor a list of named "
+                                        "templates")
         return cls(backend, bos_id=bos, eos_ids=sorted(set(i for i in eos_ids if i is not None)),
                    add_bos=bool(conf.get("add_bos_token", False)),
-                   chat_template=conf.get("chat_template"), bos_token=bos_t, eos_token=eos_t)
+                   chat_template=template, bos_token=bos_t, eos_token=eos_t)
