@@ -166,6 +166,38 @@ def test_a_failure_inside_a_step_fails_only_its_request(tiny_q8, rng, monkeypatc
     assert engine.pool.num_used == 0
 
 
+def test_extreme_sampling_parameters_sample_and_leave_the_others_alone(tiny_q8, rng):
+    """A penalty or temperature so small that logits overflow to inf (valid values: > 0) still
+    samples a token; a request whose sampler fails anyway finishes alone with an error."""
+    prompts = _prompts(rng, 3)
+    alone = [tiny_q8.generate(p, 6, stop_tokens=[]) for p in prompts]
+    engine = Engine(tiny_q8, num_blocks=100)
+    ids = [engine.add_request(p, GenerationParams(max_new_tokens=6, stop_tokens=[]))
+           for p in prompts]
+    extreme = [engine.add_request(prompts[0], GenerationParams(max_new_tokens=6, stop_tokens=[],
+                                                                **kw))
+               for kw in (dict(repetition_penalty=5e-324, temperature=1.0),
+                          dict(temperature=5e-324), dict(temperature=1e-300, top_p=0.5),
+                          dict(repetition_penalty=1e308, temperature=1.0, top_k=3))]
+    victim = engine.add_request(prompts[1], GenerationParams(max_new_tokens=6, stop_tokens=[]))
+
+    def broken(logits, history):
+        raise FloatingPointError("injected sampler fault")
+    engine._requests[victim].sampler = broken
+    results = {}
+    while engine.has_unfinished():
+        for o in engine.step():
+            if o.finished:
+                results[o.request_id] = o
+    assert results[victim].finish_reason == "error" and "injected" in results[victim].error
+    for rid in extreme:
+        assert results[rid].finish_reason == "length" and len(results[rid].tokens) == 6
+        assert all(0 <= t < VOCAB for t in results[rid].tokens)
+    for rid, want in zip(ids, alone):
+        assert results[rid].tokens == want
+    assert engine.pool.num_used == 0
+
+
 def test_soak_returns_every_block(tiny_q8, rng):
     model = hybrid.models.Model(tiny_q8.weights, tiny_q8.tokenizer, block_size=4)
     engine = Engine(model, max_batch=12, max_batched_tokens=64, num_blocks=30)

@@ -177,6 +177,11 @@ def test_sixteen_concurrent_streams_each_as_alone(client, model):
     ({"prompt": "hi", "n": 3}, 400, "n"),
     ({"prompt": [1] * 9000}, 400, "context"),
     ({"prompt": [10**9]}, 400, "token ids"),
+    ({"prompt": ""}, 400, "prompt"),
+    ({"prompt": [False, 3]}, 400, "prompt"),  # JSON types as documented: no coercion
+    ({"prompt": "hi", "max_tokens": "16"}, 400, "max_tokens"),
+    ({"prompt": "hi", "stream": 1}, 400, "stream"),
+    ({"prompt": [1.5]}, 400, "prompt"),
 ])
 def test_bad_requests_get_4xx_json(server, body, status, needle):
     raw = b"{not json" if body is None else None
@@ -188,6 +193,54 @@ def test_bad_requests_get_4xx_json(server, body, status, needle):
     assert code == 400 and "messages" in json.loads(text)["error"]["message"]
     code, text, _ = server.request("POST", "/v1/completions", {"prompt": "Hi", "max_tokens": 2})
     assert code == 200 and json.loads(text)["usage"]["completion_tokens"] == 2  # it carries on
+
+
+@pytest.mark.parametrize("messages,needle", [
+    ([{"role": "user", "content": [{"type": "image_url", "image_url": {"url": "x"}}]}],
+     "only text content parts are supported, got 'image_url'"),
+    ([{"role": "user", "content": [{"type": "text", "text": 5}]}], "messages.0.content"),
+    ([{"role": "wizard", "content": "hi"}], "messages.0.role"),
+])
+def test_bad_chat_messages_get_4xx_json(server, messages, needle):
+    code, text, _ = server.request("POST", "/v1/chat/completions", {"messages": messages})
+    assert code == 400 and needle in json.loads(text)["error"]["message"], text
+    code, text, _ = server.request("POST", "/v1/chat/completions", {
+        "messages": [{"role": "user", "content": [{"type": "text", "text": "Hi"}]}],
+        "max_tokens": 2})
+    assert code == 200 and json.loads(text)["usage"]["completion_tokens"] == 2
+
+
+@pytest.mark.parametrize("method,path,raw,status", [
+    ("POST", "/v1/completions", b"\xff\x11*yjg\xfe", 400),  # not UTF-8: the framework refuses it
+    ("GET", "/v1/nowhere", None, 404),
+    ("GET", "/v1/completions", None, 405),
+])
+def test_framework_errors_get_the_same_error_body(server, method, path, raw, status):
+    code, text, _ = server.request(method, path, raw=raw)
+    assert code == status, text
+    err = json.loads(text)["error"]
+    assert err["message"] and err["type"] == "invalid_request_error"
+
+
+def test_openapi_schema_documents_the_errors_it_sends(server):
+    """Clients generated from /openapi.json see what the server does: 400 (not FastAPI's 422)
+    with the OpenAI error body, Prometheus text for /metrics, non-empty prompts and messages."""
+    code, text, _ = server.request("GET", "/openapi.json")
+    assert code == 200
+    doc = json.loads(text)
+    for path in ("/v1/completions", "/v1/chat/completions"):
+        responses = doc["paths"][path]["post"]["responses"]
+        assert "422" not in responses and {"200", "400", "404", "429", "503"} <= set(responses)
+        assert "401" not in responses  # this server has no API key
+        assert {"application/json", "text/event-stream"} <= set(responses["200"]["content"])
+        assert responses["400"]["content"]["application/json"]["schema"]["$ref"].endswith(
+            "/ErrorResponse")
+    assert "text/plain" in doc["paths"]["/metrics"]["get"]["responses"]["200"]["content"]
+    schemas = doc["components"]["schemas"]
+    assert set(schemas["ErrorResponse"]["properties"]) == {"error"}
+    assert {s.get("minLength", s.get("minItems")) for s in
+            schemas["CompletionRequest"]["properties"]["prompt"]["anyOf"]} == {1}
+    assert schemas["ChatRequest"]["properties"]["messages"]["minItems"] == 1
 
 
 def test_disconnect_mid_stream_frees_blocks(server):

@@ -154,7 +154,10 @@ class Engine:
             if items:
                 ready.extend(self._run(items, role, outputs))
         for req, logits in ready:
-            outputs.append(self._sample(req, logits))
+            try:
+                outputs.append(self._sample(req, logits))
+            except Exception as exc:  # noqa: BLE001 - this request's fault, not the batch's
+                outputs.append(self._finish(req, "error", f"{type(exc).__name__}: {exc}"))
         return outputs
 
     def _run(self, items: list, role: str, outputs: list) -> list:

@@ -47,14 +47,20 @@ class Sampler:
             seen = seen[(seen >= 0) & (seen < x.shape[0])]
             v = x[seen]
             x = x.copy()
-            x[seen] = np.where(v > 0, v / p.repetition_penalty, v * p.repetition_penalty)
+            with np.errstate(over="ignore"):
+                x[seen] = np.where(v > 0, v / p.repetition_penalty, v * p.repetition_penalty)
         if p.temperature == 0.0:
             return int(np.argmax(x))
-        x = x / p.temperature
+        with np.errstate(over="ignore"):  # a tiny penalty or temperature overflows to +inf
+            x = x / p.temperature
         if p.top_k and p.top_k < x.shape[0]:
             kth = np.partition(x, -p.top_k)[-p.top_k]
             x = np.where(x < kth, -np.inf, x)
-        probs = np.exp(x - np.max(x))
+        top = np.max(x)
+        if np.isposinf(top):  # the limit of the softmax: the infinite logits share all the mass
+            probs = np.isposinf(x).astype(np.float64)
+        else:
+            probs = np.exp(x - top)
         probs /= probs.sum()
         if p.top_p < 1.0:
             order = np.argsort(-probs, kind="stable")

@@ -21,11 +21,13 @@ from contextlib import aclosing, asynccontextmanager
 
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
-from fastapi.responses import JSONResponse, StreamingResponse
+from fastapi.openapi.utils import get_openapi
+from fastapi.responses import JSONResponse, PlainTextResponse, StreamingResponse
+from starlette.exceptions import HTTPException
 
 from ..engine import AsyncEngine, EngineClosedError, GenerationParams
 from .metrics import Metrics
-from .protocol import APIError, ChatRequest, CompletionRequest
+from .protocol import ERROR_RESPONSES, RESPONSES, APIError, ChatRequest, CompletionRequest
 
 log = logging.getLogger("hybrid.serve")
 
@@ -54,6 +56,26 @@ def build_app(model, *, model_name: str = "hybrid", api_key: "str | None" = None
 
     app = FastAPI(title="hybrid", lifespan=lifespan)
 
+    def openapi():
+        """The schema as the server behaves: invalid bodies answer 400 with an OpenAI-style
+        error (not FastAPI's 422), and 401 wherever an API key is set."""
+        if app.openapi_schema is None:
+            doc = get_openapi(title=app.title, version=app.version, routes=app.routes)
+            for ops in doc["paths"].values():
+                for op in ops.values():
+                    op["responses"].pop("422", None)
+                    if api_key is None:
+                        op["responses"].pop("401", None)
+                    elif "401" not in op["responses"]:
+                        op["responses"]["401"] = {"description": ERROR_RESPONSES[401][
+                            "description"], "content": {"application/json": {"schema": {
+                                "$ref": "#/components/schemas/ErrorResponse"}}}}
+            doc["components"]["schemas"].pop("HTTPValidationError", None)
+            doc["components"]["schemas"].pop("ValidationError", None)
+            app.openapi_schema = doc
+        return app.openapi_schema
+    app.openapi = openapi
+
     def end_streams():
         """Close the engine now: running streams end with an error event (a server that is
         shutting down calls this before it waits for connections)."""
@@ -65,6 +87,15 @@ def build_app(model, *, model_name: str = "hybrid", api_key: "str | None" = None
     @app.exception_handler(APIError)
     async def _api_error(request, exc: APIError):
         return JSONResponse(exc.body(), status_code=exc.status, headers=_headers(replica))
+
+    @app.exception_handler(HTTPException)
+    async def _http_error(request, exc: HTTPException):
+        """The framework's own errors (unknown path, wrong method, a body it cannot decode) in
+        the same OpenAI-style body as ours."""
+        err = APIError(exc.status_code, str(exc.detail),
+                       "invalid_request_error" if exc.status_code < 500 else "server_error")
+        headers = {**(exc.headers or {}), **(_headers(replica) or {})}
+        return JSONResponse(err.body(), status_code=exc.status_code, headers=headers or None)
 
     @app.exception_handler(RequestValidationError)
     async def _invalid(request, exc: RequestValidationError):
@@ -99,12 +130,12 @@ def build_app(model, *, model_name: str = "hybrid", api_key: "str | None" = None
         return {"object": "list", "data": [{"id": model_name, "object": "model",
                                             "created": 0, "owned_by": "hybrid"}]}
 
-    @app.get("/metrics")
+    @app.get("/metrics", response_class=PlainTextResponse)
     async def prometheus():
         engine()
         return metrics.response()
 
-    @app.post("/v1/completions")
+    @app.post("/v1/completions", responses=RESPONSES)
     async def completions(body: CompletionRequest, request: Request):
         _check_model(body.model, model_name)
         if isinstance(body.prompt, str):
@@ -113,7 +144,7 @@ def build_app(model, *, model_name: str = "hybrid", api_key: "str | None" = None
             ids = list(body.prompt)
         return await _respond(request, body, ids, body.max_tokens, chat=False)
 
-    @app.post("/v1/chat/completions")
+    @app.post("/v1/chat/completions", responses=RESPONSES)
     async def chat(body: ChatRequest, request: Request):
         _check_model(body.model, model_name)
         tok = _tokenizer(model)

@@ -6,9 +6,9 @@ with ``{"error": {"message", "type", "param", "code"}}`` naming the problem.
 
 from __future__ import annotations
 
-from typing import Literal, Optional, Union
+from typing import Annotated, Literal, Optional, Union
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator
+from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, field_validator
 
 
 class APIError(Exception):
@@ -24,41 +24,88 @@ class APIError(Exception):
                           "code": self.code}}
 
 
+def _integral_float(v):
+    """JSON Schema counts 16.0 as an integer: take it as 16 (a string or a bool stays refused)."""
+    return int(v) if isinstance(v, float) and v.is_integer() else v
+
+
+def json_int(**bounds):
+    """An integer field (ge=..., le=...) that takes 16.0 as 16; the bounds sit on the integer so
+    the OpenAPI schema shows them as minimum/maximum."""
+    return Annotated[int, Field(**bounds), BeforeValidator(_integral_float)]
+
+
+JsonInt = json_int()
+
+
+class ErrorDetail(BaseModel):
+    message: str
+    type: str
+    param: Optional[str] = None
+    code: Optional[str] = None
+
+
+class ErrorResponse(BaseModel):
+    """What every 4xx/5xx answer holds (documented in the OpenAPI schema)."""
+    error: ErrorDetail
+
+
+RESPONSES = {
+    200: {"description": "The completion: a JSON body, or with `stream: true` Server-Sent Events "
+                         "(`data: {chunk}` lines ending in `data: [DONE]`)",
+          "content": {"text/event-stream": {"schema": {"description": "Server-Sent Events"}}}},
+}
+ERROR_RESPONSES = {
+    400: {"model": ErrorResponse, "description": "The request is invalid: the message names the "
+                                                 "field (`param`) and the problem"},
+    401: {"model": ErrorResponse, "description": "Missing or wrong API key (when the server has "
+                                                 "one)"},
+    404: {"model": ErrorResponse, "description": "The model is not the one served"},
+    429: {"model": ErrorResponse, "description": "The queue is full; retry later"},
+    503: {"model": ErrorResponse, "description": "The server is shutting down"},
+}
+RESPONSES.update(ERROR_RESPONSES)
+
+
 class StreamOptions(BaseModel):
+    model_config = ConfigDict(strict=True)
+
     include_usage: bool = False
 
 
 class _Sampling(BaseModel):
-    model_config = ConfigDict(extra="ignore")
+    # strict: JSON types as the API documents them (no "16" for 16, no false for token id 0);
+    # a float field still takes an integer
+    model_config = ConfigDict(extra="ignore", strict=True)
 
     model: Optional[str] = None
-    max_tokens: Optional[int] = Field(default=None, ge=1)
+    max_tokens: Optional[json_int(ge=1)] = None
     temperature: float = Field(default=1.0, ge=0.0, le=2.0)
     top_p: float = Field(default=1.0, gt=0.0, le=1.0)
-    top_k: int = Field(default=0, ge=0)
+    top_k: json_int(ge=0) = 0
     repetition_penalty: float = Field(default=1.0, gt=0.0)
-    seed: Optional[int] = None
-    stop: Optional[Union[str, list[str]]] = None
+    seed: Optional[JsonInt] = None
+    stop: Optional[Union[Annotated[str, Field(min_length=1)],
+                         Annotated[list[Annotated[str, Field(min_length=1)]],
+                                   Field(max_length=4)]]] = None
     stream: bool = False
     stream_options: Optional[StreamOptions] = None
-    n: int = Field(default=1, ge=1, le=1)
+    n: json_int(ge=1, le=1) = 1
 
-    @field_validator("stop")
+    @field_validator("stop", mode="before")
     @classmethod
     def _stops(cls, v):
-        if isinstance(v, str):
-            v = [v]
-        if v is not None and (len(v) > 4 or any(not s for s in v)):
+        if isinstance(v, list) and (len(v) > 4 or any(s == "" for s in v)) or v == "":
             raise ValueError("stop takes up to 4 non-empty strings")
         return v
 
     def stop_list(self) -> list:
-        return list(self.stop or [])
+        return [self.stop] if isinstance(self.stop, str) else list(self.stop or [])
 
 
 class CompletionRequest(_Sampling):
-    prompt: Union[str, list[int]]
-    max_tokens: Optional[int] = Field(default=16, ge=1)
+    prompt: Union[Annotated[str, Field(min_length=1)], Annotated[list[JsonInt], Field(min_length=1)]]
+    max_tokens: Optional[json_int(ge=1)] = 16
 
     @field_validator("prompt")
     @classmethod
@@ -68,28 +115,41 @@ class CompletionRequest(_Sampling):
         return v
 
 
+class TextPart(BaseModel):
+    """A content part of a message: only text is served (an image part is refused by name)."""
+    model_config = ConfigDict(extra="ignore", strict=True)
+
+    type: Literal["text"]
+    text: str
+
+
 class ChatMessage(BaseModel):
-    model_config = ConfigDict(extra="ignore")
+    model_config = ConfigDict(extra="ignore", strict=True)
 
     role: Literal["system", "user", "assistant", "developer", "tool"]
-    content: Union[str, list[dict], None] = None
+    content: Union[str, list[TextPart], None] = None
+
+    @field_validator("content", mode="before")
+    @classmethod
+    def _text_parts_only(cls, v):
+        if isinstance(v, list):
+            for part in v:
+                kind = part.get("type") if isinstance(part, dict) else None
+                if kind != "text":
+                    raise ValueError(f"only text content parts are supported, got {kind!r}")
+        return v
 
     def text(self) -> str:
         if self.content is None:
             return ""
         if isinstance(self.content, str):
             return self.content
-        parts = []
-        for part in self.content:
-            if part.get("type") != "text" or not isinstance(part.get("text"), str):
-                raise ValueError("only text content parts are supported")
-            parts.append(part["text"])
-        return "".join(parts)
+        return "".join(part.text for part in self.content)
 
 
 class ChatRequest(_Sampling):
-    messages: list[ChatMessage]
-    max_completion_tokens: Optional[int] = Field(default=None, ge=1)
+    messages: Annotated[list[ChatMessage], Field(min_length=1)]
+    max_completion_tokens: Optional[json_int(ge=1)] = None
 
     @field_validator("messages")
     @classmethod
