@@ -238,7 +238,7 @@ def _serve(args) -> int:
               max_batch=args.max_batch, max_batched_tokens=args.max_batched_tokens,
               kv_memory=args.kv_memory, kv_dtype=args.kv_dtype, gpu_layers=args.gpu_layers,
               api_key=args.api_key, max_queue=args.max_queue, model_name=args.model_name,
-              ray=args.ray, replicas=args.replicas)
+              ray=args.ray, replicas=args.replicas, max_model_len=args.max_model_len)
     except (ModelLoadError, NoBackendError, ValueError) as exc:
         print(f"hybrid serve: {exc}", file=sys.stderr)
         return 2
@@ -302,6 +302,9 @@ def main(argv=None) -> int:
     srv.add_argument("--gpu-layers", type=int, default=0)
     srv.add_argument("--api-key", default=None,
                      help="require Authorization: Bearer KEY on every request")
+    srv.add_argument("--max-model-len", type=int, default=None,
+                     help="tokens a request may hold, prompt and completion together (default: "
+                          "the model's context length)")
     srv.add_argument("--max-queue", type=int, default=256,
                      help="waiting requests beyond which new ones get 429")
     srv.add_argument("--ray", action="store_true",

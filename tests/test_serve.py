@@ -104,7 +104,7 @@ def model():
 
 @pytest.fixture(scope="module")
 def server(model):
-    srv = Server("--max-batch", "4", "--max-queue", "64")
+    srv = Server("--max-batch", "4", "--max-queue", "64", "--max-model-len", "2048")
     yield srv
     srv.stop()
 
@@ -176,12 +176,14 @@ def test_sixteen_concurrent_streams_each_as_alone(client, model):
     ({"max_tokens": 4}, 400, "prompt"),
     ({"prompt": "hi", "n": 3}, 400, "n"),
     ({"prompt": [1] * 9000}, 400, "context"),
+    ({"prompt": [1] * 2048}, 400, "the model's context is 2048"),  # --max-model-len
     ({"prompt": [10**9]}, 400, "token ids"),
     ({"prompt": ""}, 400, "prompt"),
     ({"prompt": [False, 3]}, 400, "prompt"),  # JSON types as documented: no coercion
     ({"prompt": "hi", "max_tokens": "16"}, 400, "max_tokens"),
     ({"prompt": "hi", "stream": 1}, 400, "stream"),
     ({"prompt": [1.5]}, 400, "prompt"),
+    ({"prompt": [-7, 39783738247642363640969298968576]}, 400, "prompt"),  # was a 500
 ])
 def test_bad_requests_get_4xx_json(server, body, status, needle):
     raw = b"{not json" if body is None else None
@@ -283,6 +285,9 @@ def test_api_key_queue_limit_and_clean_shutdown(model):
         assert srv.request("POST", "/v1/completions", {"prompt": "hi"})[0] == 401
         assert srv.request("GET", "/v1/models", key="wrong")[0] == 401
         assert srv.request("GET", "/v1/models", key="sesame")[0] == 200
+        doc = json.loads(srv.request("GET", "/openapi.json", key="sesame")[1])
+        assert "401" in doc["paths"]["/v1/models"]["get"]["responses"]
+        assert "401" in doc["paths"]["/v1/completions"]["post"]["responses"]
         assert srv.request("POST", "/v1/completions", {"prompt": "hi", "max_tokens": 2},
                            key="sesame")[0] == 200
         client = openai.OpenAI(base_url=srv.url + "/v1", api_key="sesame", max_retries=0)

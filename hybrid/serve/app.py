@@ -181,7 +181,7 @@ def build_app(model, *, model_name: str = "hybrid", api_key: "str | None" = None
         run = _Run(eng, model, ids, params, stops, metrics, rid)
         try:
             await run.start()
-        except ValueError as exc:
+        except (ValueError, TypeError) as exc:
             raise APIError(400, str(exc)) from None
         if body.stream:
             usage = bool(body.stream_options and body.stream_options.include_usage)

@@ -104,7 +104,7 @@ class _Sampling(BaseModel):
 
 
 class CompletionRequest(_Sampling):
-    prompt: Union[Annotated[str, Field(min_length=1)], Annotated[list[JsonInt], Field(min_length=1)]]
+    prompt: Union[Annotated[str, Field(min_length=1)], Annotated[list[json_int(ge=0, lt=2**31)], Field(min_length=1)]]
     max_tokens: Optional[json_int(ge=1)] = 16
 
     @field_validator("prompt")
