@@ -167,12 +167,16 @@ def test_truncated_gguf(tmp_path):
         load_model(cut)
 
 
-def test_folder_errors(tiny, tmp_path):
-    _, folder, _ = tiny
+def _copy_of(tiny, tmp_path):
+    """A copy of the tiny model's folder to break: (folder, config.json path, its config)."""
     work = tmp_path / "m"
-    shutil.copytree(folder, work)
+    shutil.copytree(tiny[1], work)
     cfg_path = work / "config.json"
-    cfg = json.loads(cfg_path.read_text())
+    return work, cfg_path, json.loads(cfg_path.read_text())
+
+
+def test_folder_errors(tiny, tmp_path):
+    work, cfg_path, cfg = _copy_of(tiny, tmp_path)
     # config/weights shape mismatch
     cfg_path.write_text(json.dumps({**cfg, "intermediate_size": 80}))
     with pytest.raises(ModelLoadError, match=r"layer 0: weight w_gate has shape"):
@@ -206,11 +210,7 @@ def test_hostile_config_values_raise_model_load_error(tiny, tmp_path):
     that runs; never another exception, a hang, or an allocation sized by a corrupt width."""
     import time
 
-    _, folder, _ = tiny
-    work = tmp_path / "m"
-    shutil.copytree(folder, work)
-    cfg_path = work / "config.json"
-    cfg = json.loads(cfg_path.read_text())
+    work, cfg_path, cfg = _copy_of(tiny, tmp_path)
     rng = np.random.default_rng(20261203)
     cases = [[], "[]", "{" * 100000]  # not an object, a list, too deep for the parser
     for key in CONFIG_KEYS:
@@ -237,11 +237,7 @@ def test_hostile_config_values_raise_model_load_error(tiny, tmp_path):
 
 
 def test_width_wider_than_every_tensor_is_refused(tiny, tmp_path):
-    _, folder, _ = tiny
-    work = tmp_path / "m"
-    shutil.copytree(folder, work)
-    cfg_path = work / "config.json"
-    cfg = json.loads(cfg_path.read_text())
+    work, cfg_path, cfg = _copy_of(tiny, tmp_path)
     cfg_path.write_text(json.dumps({**cfg, "hidden_size": 2**31, "head_dim": None}))
     with pytest.raises(ModelLoadError, match=r"config.json: hidden_size = 2147483648 is wider "
                                              r"than any tensor in the folder"):
@@ -251,9 +247,7 @@ def test_width_wider_than_every_tensor_is_refused(tiny, tmp_path):
 def test_hostile_tokenizer_files(tiny, tmp_path):
     """A corrupt tokenizer.json or tokenizer_config.json raises ModelLoadError naming the file;
     odd but valid entries (a numeric bos_token, named chat templates) load."""
-    _, folder, _ = tiny
-    work = tmp_path / "m"
-    shutil.copytree(folder, work)
+    work, _, _ = _copy_of(tiny, tmp_path)
     tok, conf = work / "tokenizer.json", work / "tokenizer_config.json"
     good_tok, good_conf = tok.read_text(), json.loads(conf.read_text())
     for bad in ("", "{", '{"model": {"type": "BPE", "vocab": 5}}', "[" * 100000):
