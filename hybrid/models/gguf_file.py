@@ -28,7 +28,7 @@ from ..quant import FORMATS, QuantizedTensor, fallback_for, quantize
 from ..quant.formats import BY_GGML_TYPE
 from .errors import ModelLoadError
 from .rope_scaling import rope_frequencies
-from .weights import ARCHITECTURES, ModelWeights, layer_weights
+from .weights import ARCHITECTURES, ModelWeights, check_widths, layer_weights
 
 GGUF_MAGIC = b"GGUF"
 
@@ -292,17 +292,12 @@ def read_gguf(path) -> ModelWeights:
     try:
         kv_heads = meta("attention.head_count_kv", heads)
         head_dim = meta("attention.key_length", hidden // heads)
-        # every width of a real model is some tensor's dimension: a wider value in the metadata
-        # is corrupt, and sizing anything by it (RoPE tables, scratch) could allocate far more
-        # than the file holds
-        widest = tensors.widest()
-        for key, value in (("embedding_length", hidden), ("attention.head_count", heads),
-                           ("attention.head_count_kv", kv_heads),
-                           ("attention.key_length", head_dim),
-                           ("feed_forward_length", meta("feed_forward_length"))):
-            if isinstance(value, int) and value > widest:
-                raise ModelLoadError(path, f"{arch}.{key} = {value} is wider than any tensor in "
-                                           f"the file (widest dimension {widest})")
+        check_widths(path, {f"{arch}.embedding_length": hidden,
+                            f"{arch}.attention.head_count": heads,
+                            f"{arch}.attention.head_count_kv": kv_heads,
+                            f"{arch}.attention.key_length": head_dim,
+                            f"{arch}.feed_forward_length": meta("feed_forward_length")},
+                     tensors.widest(), "the file")
         theta = float(meta("rope.freq_base", 10000.0))
         max_pos = meta("context_length", 0) or 0
         if isinstance(max_pos, bool) or not isinstance(max_pos, int) or max_pos < 0:

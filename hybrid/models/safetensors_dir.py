@@ -14,7 +14,7 @@ from ..config import DecoderConfig
 from ..quant import QuantizedTensor
 from .errors import ModelLoadError
 from .rope_scaling import rope_frequencies
-from .weights import ModelWeights, layer_weights
+from .weights import ModelWeights, check_widths, layer_weights
 
 ARCH_OF = {"LlamaForCausalLM": "llama", "Qwen2ForCausalLM": "qwen2", "Qwen3ForCausalLM": "qwen3",
            "MistralForCausalLM": "llama"}
@@ -142,15 +142,10 @@ def read_safetensors_folder(folder) -> ModelWeights:
         hidden = c["hidden_size"]
         head_dim = c.get("head_dim") or hidden // heads
         kv_heads = c.get("num_key_value_heads") or heads
-        # every width of a real model is some tensor's dimension: a wider value is corrupt, and
-        # sizing anything by it (RoPE tables, scratch) could allocate far more than the files hold
-        widest = shards.widest()
-        for key, value in (("hidden_size", hidden), ("num_attention_heads", heads),
-                           ("num_key_value_heads", kv_heads), ("head_dim", head_dim),
-                           ("intermediate_size", c["intermediate_size"])):
-            if isinstance(value, int) and value > widest:
-                raise ModelLoadError(cpath, f"{key} = {value} is wider than any tensor in the "
-                                            f"folder (widest dimension {widest})")
+        check_widths(cpath, {"hidden_size": hidden, "num_attention_heads": heads,
+                             "num_key_value_heads": kv_heads, "head_dim": head_dim,
+                             "intermediate_size": c["intermediate_size"]},
+                     shards.widest(), "the folder")
         rope = c.get("rope_parameters") or {}
         theta = float(rope.get("rope_theta", c.get("rope_theta", 10000.0)))
         scaling = c.get("rope_scaling") or (rope if rope.get("rope_type", "default") != "default"

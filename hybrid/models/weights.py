@@ -12,6 +12,7 @@ import numpy as np
 
 from ..config import LINEAR_WEIGHTS, DecoderConfig, LayerWeights
 from ..quant import QuantizedTensor, dequantize, fallback_for, get_format, quantize
+from .errors import ModelLoadError
 
 ARCHITECTURES = ("llama", "qwen2", "qwen3")
 
@@ -99,6 +100,17 @@ def convert_weights(mw: ModelWeights, target: "str | None") -> ModelWeights:
     layers = [dataclasses.replace(lw, **{n: conv(getattr(lw, n)) for n in LINEAR_WEIGHTS})
               for lw in mw.layers]
     return dataclasses.replace(mw, embed=conv(mw.embed), lm_head=conv(mw.lm_head), layers=layers)
+
+
+def check_widths(path, widths: dict, widest: int, where: str) -> None:
+    """Every width of a real model is some tensor's dimension: a metadata value (name -> value)
+    wider than ``widest`` is corrupt, and sizing anything by it (RoPE tables, scratch) could
+    allocate far more than the file holds.  Values that are not integers are left to the
+    config's own checks."""
+    for key, value in widths.items():
+        if isinstance(value, int) and value > widest:
+            raise ModelLoadError(path, f"{key} = {value} is wider than any tensor in {where} "
+                                       f"(widest dimension {widest})")
 
 
 def layer_weights(get, i: int, cfg: DecoderConfig, qk_norm: bool, qkv_bias: bool,

@@ -27,7 +27,7 @@ from starlette.exceptions import HTTPException
 
 from ..engine import AsyncEngine, EngineClosedError, GenerationParams
 from .metrics import Metrics
-from .protocol import ERROR_RESPONSES, RESPONSES, APIError, ChatRequest, CompletionRequest
+from .protocol import RESPONSES, UNAUTHORIZED, APIError, ChatRequest, CompletionRequest
 
 log = logging.getLogger("hybrid.serve")
 
@@ -54,22 +54,18 @@ def build_app(model, *, model_name: str = "hybrid", api_key: "str | None" = None
         finally:
             state["engine"].close()  # running streams end with an error event
 
-    app = FastAPI(title="hybrid", lifespan=lifespan)
+    # every route answers 401 without the key (the middleware below)
+    app = FastAPI(title="hybrid", lifespan=lifespan,
+                  responses=UNAUTHORIZED if api_key is not None else None)
 
     def openapi():
         """The schema as the server behaves: invalid bodies answer 400 with an OpenAI-style
-        error (not FastAPI's 422), and 401 wherever an API key is set."""
+        error, not FastAPI's 422."""
         if app.openapi_schema is None:
             doc = get_openapi(title=app.title, version=app.version, routes=app.routes)
             for ops in doc["paths"].values():
                 for op in ops.values():
                     op["responses"].pop("422", None)
-                    if api_key is None:
-                        op["responses"].pop("401", None)
-                    elif "401" not in op["responses"]:
-                        op["responses"]["401"] = {"description": ERROR_RESPONSES[401][
-                            "description"], "content": {"application/json": {"schema": {
-                                "$ref": "#/components/schemas/ErrorResponse"}}}}
             doc["components"]["schemas"].pop("HTTPValidationError", None)
             doc["components"]["schemas"].pop("ValidationError", None)
             app.openapi_schema = doc

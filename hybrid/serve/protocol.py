@@ -58,13 +58,12 @@ RESPONSES = {
 ERROR_RESPONSES = {
     400: {"model": ErrorResponse, "description": "The request is invalid: the message names the "
                                                  "field (`param`) and the problem"},
-    401: {"model": ErrorResponse, "description": "Missing or wrong API key (when the server has "
-                                                 "one)"},
     404: {"model": ErrorResponse, "description": "The model is not the one served"},
     429: {"model": ErrorResponse, "description": "The queue is full; retry later"},
     503: {"model": ErrorResponse, "description": "The server is shutting down"},
 }
 RESPONSES.update(ERROR_RESPONSES)
+UNAUTHORIZED = {401: {"model": ErrorResponse, "description": "Missing or wrong API key"}}
 
 
 class StreamOptions(BaseModel):
@@ -104,14 +103,15 @@ class _Sampling(BaseModel):
 
 
 class CompletionRequest(_Sampling):
-    prompt: Union[Annotated[str, Field(min_length=1)], Annotated[list[json_int(ge=0, lt=2**31)], Field(min_length=1)]]
+    prompt: Union[Annotated[str, Field(min_length=1)],
+                  Annotated[list[json_int(ge=0, lt=2**31)], Field(min_length=1)]]
     max_tokens: Optional[json_int(ge=1)] = 16
 
-    @field_validator("prompt")
+    @field_validator("prompt", mode="before")  # before the schema's own min_length message
     @classmethod
     def _prompt(cls, v):
-        if isinstance(v, list) and not v:
-            raise ValueError("prompt is an empty list of token ids")
+        if v == [] or v == "":
+            raise ValueError("prompt is empty")
         return v
 
 
@@ -151,9 +151,9 @@ class ChatRequest(_Sampling):
     messages: Annotated[list[ChatMessage], Field(min_length=1)]
     max_completion_tokens: Optional[json_int(ge=1)] = None
 
-    @field_validator("messages")
+    @field_validator("messages", mode="before")  # before the schema's own min_length message
     @classmethod
     def _messages(cls, v):
-        if not v:
+        if v == []:
             raise ValueError("messages is empty; at least one message is needed")
         return v
