@@ -47,8 +47,8 @@ def random_weights(cfg: DecoderConfig, rng: np.random.Generator, qk_norm: bool =
 
 def cpu_features() -> list:
     """SIMD features of this CPU that matter to the kernels (from /proc/cpuinfo where present)."""
-    wanted = ("avx2", "fma", "f16c", "avx512f", "avx512bw", "avx512vl", "avx512_vnni", "avx512_bf16",
-              "amx_tile", "asimd", "sve")
+    wanted = ("avx2", "fma", "f16c", "avx512f", "avx512bw", "avx512vl", "avx512_vnni", "avx512vbmi",
+              "avx512_bitalg", "avx512_bf16", "amx_tile", "asimd", "sve")
     try:
         with open("/proc/cpuinfo") as f:
             for line in f:

@@ -62,9 +62,12 @@
 #define HY_GEMM_P 8
 #endif
 
-/* the instruction set the quantized kernels were built for */
+/* the instruction set the quantized kernels were built for (+vbmi: the streaming Q4_0/Q4_1/Q5_0/
+ * Q5_1 decode kernel, hy_q45_matvec_stream) */
 static inline const char *hy_q_simd(void) {
-#if defined(HY_Q512)
+#if defined(HY_Q512) && defined(__AVX512VBMI__)
+    return "avx512+vnni+vbmi";
+#elif defined(HY_Q512)
     return "avx512+vnni";
 #elif defined(HY_VNNI)
     return "avx2+vnni";
@@ -998,6 +1001,166 @@ hy_q8_matvec16(const uint8_t *w, long row_bytes, long nb, const int R, const int
 }
 #endif
 
+#if defined(HY_Q512) && defined(__AVX512VBMI__)
+#define HY_Q45_STREAM 1
+/* Q4_0 / Q4_1 / Q5_0 / Q5_1 for one activation row (decode), streaming: weight rows are read
+ * front to back, four blocks (128 values) per step.  Two overlapping 64-byte loads cover a row's
+ * four blocks (bytes [0, 64) and [4*bb - 64, 4*bb)); one vpermt2b (AVX512_VBMI) picks their 64
+ * nibble bytes, one their scales (and mins), and for Q5 one their high-bit words.  Four weight
+ * rows, one from each quarter of a thread's rows, share a pass, so each quarter is one forward
+ * stream.  hy_q45_matvec16 above transposes 16 rows instead, which reads the activations once per
+ * 16 rows (the better trade for several activation rows) but interleaves 16 streams: from memory,
+ * 2 threads, 4096x4096 Q4_0, it streamed 41-43 GB/s where this kernel streams 50-54.  Both give
+ * the same bits (see hy_q45_matvec_stream).
+ * HY_Q45_PF: the software prefetch distance in bytes (1024 and 2048 measured alike, 512 slower). */
+#ifndef HY_Q45_PF
+#define HY_Q45_PF 2048
+#endif
+typedef struct {
+    __m512i nib, hdr, qh;  /* vpermt2b indices: nibble bytes; [d x16 | m x16] words; qh per qword */
+    __m512i sel_lo, sel_hi;  /* vpshufbitqmb selectors: bits j (values j) and 16 + j */
+    int bb, five, with_min;  /* block bytes, Q5, Q4_1 / Q5_1 */
+} hy_q45_plan;
+
+/* byte j of the result: the mask's bytes get j + add, or j where bit `bit` of j is clear */
+static inline __m512i hy_q45_add_if(__m512i v, __m512i j, int bit, int add) {
+    return _mm512_mask_add_epi8(v, _mm512_test_epi8_mask(j, _mm512_set1_epi8((char)bit)), v,
+                                _mm512_set1_epi8((char)add));
+}
+
+/* the step's byte p as an index into the two loads: bytes [0, 64) of the first, then the second's */
+static inline __m512i hy_q45_at(__m512i p, int s) {
+    return _mm512_mask_add_epi8(p, _mm512_cmpge_epu8_mask(p, _mm512_set1_epi8(64)), p,
+                                _mm512_set1_epi8((char)(64 - s)));
+}
+
+static inline void hy_q45_plan_init(hy_q45_plan *pl, int five, int with_min) {
+    const int hoff = with_min ? 4 : 2, qoff = hoff + (five ? 4 : 0), bb = qoff + 16;
+    const int s = 4 * bb - 64;  /* the second load's offset */
+    static const uint8_t iota[64] = {
+        0,  1,  2,  3,  4,  5,  6,  7,  8,  9,  10, 11, 12, 13, 14, 15, 16, 17, 18, 19, 20, 21,
+        22, 23, 24, 25, 26, 27, 28, 29, 30, 31, 32, 33, 34, 35, 36, 37, 38, 39, 40, 41, 42, 43,
+        44, 45, 46, 47, 48, 49, 50, 51, 52, 53, 54, 55, 56, 57, 58, 59, 60, 61, 62, 63};
+    const __m512i j = _mm512_loadu_si512(iota);
+    /* nibbles: byte j is byte j%16 of block j/16's qs */
+    __m512i p = _mm512_add_epi8(_mm512_and_si512(j, _mm512_set1_epi8(15)), _mm512_set1_epi8((char)qoff));
+    p = hy_q45_add_if(hy_q45_add_if(p, j, 16, bb), j, 32, 2 * bb);
+    pl->nib = hy_q45_at(p, s);
+    /* header words: word w < 16 is d of block w/4, word 16 + w is m of block w/4 */
+    p = _mm512_and_si512(j, _mm512_set1_epi8(1));
+    p = hy_q45_add_if(hy_q45_add_if(hy_q45_add_if(p, j, 8, bb), j, 16, 2 * bb), j, 32, 2);
+    pl->hdr = hy_q45_at(p, s);
+    /* high bits: bytes 0..3 of qwords 2k and 2k+1 are block k's qh (bytes 4..7 repeat them) */
+    p = _mm512_add_epi8(_mm512_and_si512(j, _mm512_set1_epi8(3)), _mm512_set1_epi8((char)hoff));
+    p = hy_q45_add_if(hy_q45_add_if(p, j, 16, bb), j, 32, 2 * bb);
+    pl->qh = hy_q45_at(p, s);
+    /* byte j of qword 2k is value j (bit j), of qword 2k+1 value 8 + j; the high nibbles +16 */
+    pl->sel_lo = _mm512_and_si512(j, _mm512_set1_epi8(15));
+    pl->sel_hi = _mm512_add_epi8(pl->sel_lo, _mm512_set1_epi8(16));
+    pl->bb = bb, pl->five = five, pl->with_min = with_min;
+}
+
+/* The activations as the stream kernel reads them, HY_Q45_PREP bytes per step of 4 blocks:
+ * values 0..15 of the 4 blocks (64 bytes), values 16..31, then 16 lanes each of da and sa,
+ * lane 4k+i for block k (zeros past the last block). */
+#define HY_Q45_PREP 256
+static inline long hy_q45_prep_bytes(long n) { return HY_Q45_PREP * ((n / 32 + 3) / 4); }
+
+static inline void hy_q45_prep(const int8_t *qa, const float *da, const float *sa, long nb,
+                               uint8_t *prep) {
+    const __m512i lo_q = _mm512_set_epi64(13, 12, 9, 8, 5, 4, 1, 0);    /* values 0..15 of 4 blocks */
+    const __m512i hi_q = _mm512_set_epi64(15, 14, 11, 10, 7, 6, 3, 2);  /* values 16..31 */
+    const __m512i quad = _mm512_set_epi32(3, 3, 3, 3, 2, 2, 2, 2, 1, 1, 1, 1, 0, 0, 0, 0);
+    for (long g = 0; g < nb; g += 4, prep += HY_Q45_PREP) {
+        const long t = nb - g < 4 ? nb - g : 4;
+        const int8_t *a = qa + 32 * g;
+        const __m512i q0 = _mm512_maskz_loadu_epi8(t >= 2 ? ~0ULL : 0xFFFFFFFFULL, a);
+        const __m512i q1 = _mm512_maskz_loadu_epi8(t == 4 ? ~0ULL : (t == 3 ? 0xFFFFFFFFULL : 0ULL), a + 64);
+        const __mmask16 mf = (__mmask16)((1u << t) - 1);
+        _mm512_storeu_si512(prep, _mm512_permutex2var_epi64(q0, lo_q, q1));
+        _mm512_storeu_si512(prep + 64, _mm512_permutex2var_epi64(q0, hi_q, q1));
+        _mm512_storeu_ps(prep + 128, _mm512_permutexvar_ps(quad, _mm512_castps128_ps512(_mm_maskz_loadu_ps(mf, da + g))));
+        _mm512_storeu_ps(prep + 192, _mm512_permutexvar_ps(quad, _mm512_castps128_ps512(_mm_maskz_loadu_ps(mf, sa + g))));
+    }
+}
+
+/* W (<= 4) weight rows (row i at w + i*wstep) times R (<= HY_MR) activation rows (hy_q45_prep's,
+ * pstride bytes apart): out[r*ldo + i*ostep].  Each row's integer sums of a step are reduced to
+ * one per block and transposed so that lane 4k+i holds row i's block k; the float work is then
+ * hy_q45_matvec16's, lane for lane and block after block (one FMA per block into the row's sum,
+ * one into its offset, the same roundings in the same order), so both kernels give the same
+ * bits and either may serve a row. */
+static inline __attribute__((always_inline)) void
+hy_q45_matvec_stream(const hy_q45_plan *pl, const uint8_t *w, long wstep, const int W, long nb,
+                     const int R, const uint8_t *prep, long pstride, float *out, long ostep,
+                     long ldo) {
+    const int bb = pl->bb, five = pl->five, with_min = pl->with_min, s = 4 * bb - 64;
+    const __m512i m4 = _mm512_set1_epi8(0x0F), b4 = _mm512_set1_epi8(0x10);
+    __m128 acc[HY_MR], off[HY_MR];
+    for (int r = 0; r < R; r++) acc[r] = off[r] = _mm_setzero_ps();
+    for (long g = 0; g < nb; g += 4, prep += HY_Q45_PREP) {
+        /* the last step may hold fewer than 4 blocks: masked loads read zeros past them, and
+         * zero sums and scales leave the sums as they are */
+        const long t = nb - g < 4 ? nb - g : 4;
+        const __mmask64 mw0 = t == 4 ? ~0ULL : (t * bb >= 64 ? ~0ULL : (1ULL << (t * bb)) - 1);
+        const __mmask64 mw1 = t == 4 ? ~0ULL : (t * bb <= s ? 0ULL : (1ULL << (t * bb - s)) - 1);
+        __m512i lo[4], hi[4], hdr = _mm512_setzero_si512();
+        for (int i = 0; i < W; i++) {
+            const uint8_t *blk = w + i * wstep + bb * g;
+            /* the hardware prefetchers here do not keep a stream ahead: prefetch the lines of
+             * the step HY_Q45_PF bytes ahead */
+            _mm_prefetch((const char *)blk + HY_Q45_PF, _MM_HINT_T0);
+            _mm_prefetch((const char *)blk + HY_Q45_PF + 4 * bb - 1, _MM_HINT_T0);
+            const __m512i x0 = _mm512_maskz_loadu_epi8(mw0, blk), x1 = _mm512_maskz_loadu_epi8(mw1, blk + s);
+            const __m512i nibs = _mm512_permutex2var_epi8(x0, pl->nib, x1);
+            lo[i] = _mm512_and_si512(nibs, m4);
+            hi[i] = _mm512_and_si512(_mm512_srli_epi16(nibs, 4), m4);
+#if defined(__AVX512BITALG__)
+            if (five) {
+                const __m512i qh = _mm512_permutex2var_epi8(x0, pl->qh, x1);
+                lo[i] = _mm512_mask_add_epi8(lo[i], _mm512_bitshuffle_epi64_mask(qh, pl->sel_lo), lo[i], b4);
+                hi[i] = _mm512_mask_add_epi8(hi[i], _mm512_bitshuffle_epi64_mask(qh, pl->sel_hi), hi[i], b4);
+            }
+#endif
+            /* words 4k+i: d of block k, 16+4k+i: m of block k */
+            hdr = _mm512_mask_blend_epi16(0x11111111u << i, hdr, _mm512_permutex2var_epi8(x0, pl->hdr, x1));
+        }
+        for (int i = W; i < 4; i++) lo[i] = hi[i] = _mm512_setzero_si512();
+        const __m512 d = _mm512_cvtph_ps(_mm512_castsi512_si256(hdr));
+        const __m512 mn = with_min ? _mm512_cvtph_ps(_mm512_extracti64x4_epi64(hdr, 1)) : d;
+        for (int r = 0; r < R; r++) {
+            const uint8_t *a = prep + r * pstride;
+            const __m512i alo = _mm512_loadu_si512(a), ahi = _mm512_loadu_si512(a + 64);
+            __m512i p[4];  /* lane 4k+j: values 4j..4j+3 and 16+4j.. of block k */
+            for (int i = 0; i < 4; i++)
+                p[i] = _mm512_dpbusd_epi32(_mm512_dpbusd_epi32(_mm512_setzero_si512(), lo[i], alo), hi[i], ahi);
+            /* block sums, lane 4k+i for row i (exact integers) */
+            const __m512i p01 = _mm512_add_epi32(_mm512_unpacklo_epi32(p[0], p[1]), _mm512_unpackhi_epi32(p[0], p[1]));
+            const __m512i p23 = _mm512_add_epi32(_mm512_unpacklo_epi32(p[2], p[3]), _mm512_unpackhi_epi32(p[2], p[3]));
+            const __m512 sum = _mm512_cvtepi32_ps(_mm512_add_epi32(_mm512_unpacklo_epi64(p01, p23),
+                                                                   _mm512_unpackhi_epi64(p01, p23)));
+            const __m512 scale = _mm512_mul_ps(d, _mm512_loadu_ps(a + 128));  /* d * da */
+            const __m512 sa = _mm512_loadu_ps(a + 192);
+            /* block after block, as hy_q45_matvec16 */
+            acc[r] = _mm_fmadd_ps(_mm512_castps512_ps128(sum), _mm512_castps512_ps128(scale), acc[r]);
+            off[r] = _mm_fmadd_ps(_mm512_castps512_ps128(mn), _mm512_castps512_ps128(sa), off[r]);
+            acc[r] = _mm_fmadd_ps(_mm512_extractf32x4_ps(sum, 1), _mm512_extractf32x4_ps(scale, 1), acc[r]);
+            off[r] = _mm_fmadd_ps(_mm512_extractf32x4_ps(mn, 1), _mm512_extractf32x4_ps(sa, 1), off[r]);
+            acc[r] = _mm_fmadd_ps(_mm512_extractf32x4_ps(sum, 2), _mm512_extractf32x4_ps(scale, 2), acc[r]);
+            off[r] = _mm_fmadd_ps(_mm512_extractf32x4_ps(mn, 2), _mm512_extractf32x4_ps(sa, 2), off[r]);
+            acc[r] = _mm_fmadd_ps(_mm512_extractf32x4_ps(sum, 3), _mm512_extractf32x4_ps(scale, 3), acc[r]);
+            off[r] = _mm_fmadd_ps(_mm512_extractf32x4_ps(mn, 3), _mm512_extractf32x4_ps(sa, 3), off[r]);
+        }
+    }
+    const float centre = with_min ? 1.0f : (five ? -16.0f : -8.0f);
+    for (int r = 0; r < R; r++) {
+        float v[4];
+        _mm_storeu_ps(v, _mm_fmadd_ps(off[r], _mm_set1_ps(centre), acc[r]));
+        for (int i = 0; i < W; i++) out[r * ldo + i * ostep] = v[i];
+    }
+}
+#endif
+
 /* One weight row of `n` values times one activation row: qa/da/sa for the integer formats,
  * x (float32) for F16/BF16. */
 static inline float hy_q_dot(int type, const uint8_t *w, long n, const int8_t *qa, const float *da,
@@ -1017,12 +1180,44 @@ static inline float hy_q_dot(int type, const uint8_t *w, long n, const int8_t *q
     return NAN;
 }
 
+/* The stream kernel's activations (hy_q45_prep), for the formats it serves: bytes per activation
+ * row of n values (0 where the build has no stream kernel), whether `type` reads them, and the
+ * preparation of one row. */
+static inline long hy_q_stream_bytes(long n) {
+#if defined(HY_Q45_STREAM)
+    return hy_q45_prep_bytes(n);
+#else
+    (void)n;
+    return 0;
+#endif
+}
+
+static inline int hy_q_uses_stream(int type) {
+#if defined(HY_Q45_STREAM) && defined(__AVX512BITALG__)
+    return type == HY_Q_Q4_0 || type == HY_Q_Q4_1 || type == HY_Q_Q5_0 || type == HY_Q_Q5_1;
+#elif defined(HY_Q45_STREAM)
+    return type == HY_Q_Q4_0 || type == HY_Q_Q4_1;
+#else
+    (void)type;
+    return 0;
+#endif
+}
+
+static inline void hy_q_stream_acts(const int8_t *qa, const float *da, const float *sa, long n,
+                                    uint8_t *prep) {
+#if defined(HY_Q45_STREAM)
+    hy_q45_prep(qa, da, sa, n / 32, prep);
+#else
+    (void)qa, (void)da, (void)sa, (void)n, (void)prep;
+#endif
+}
+
 /* out[r*ldo + o] = row o of w . activation row r (+ bias[o]) for o in [o0, o1), r < rows.
  * Each weight row is read from memory once and used for every activation row. */
 static inline void hy_q_matvec_range(int type, const uint8_t *w, long row_bytes, long n, long o0,
                                      long o1, int rows, const int8_t *qa, const float *da,
-                                     const float *sa, const float *s16, const float *x,
-                                     const float *bias, float *out, long ldo) {
+                                     const float *sa, const float *s16, const uint8_t *prep,
+                                     const float *x, const float *bias, float *out, long ldo) {
     const long nb = n / 32;
     const int multi = type == HY_Q_Q8_0 || type == HY_Q_Q4_0 || type == HY_Q_Q4_1 ||
                       type == HY_Q_Q5_0 || type == HY_Q_Q5_1;
@@ -1040,6 +1235,47 @@ static inline void hy_q_matvec_range(int type, const uint8_t *w, long row_bytes,
      * 576 wide it was 47-53 against 33-44), and one row's cheap integer work is no bottleneck.
      * The choice depends on the matrix only, never on the number of activation rows. */
     const int q8_rows16 = type == HY_Q_Q8_0 && 16 * row_bytes <= 12288;
+#if defined(HY_Q45_STREAM)
+    const int stream = hy_q_uses_stream(type);
+    if (stream && prep != NULL) {
+        hy_q45_plan pl;
+        hy_q45_plan_init(&pl, five, type == HY_Q_Q4_1 || type == HY_Q_Q5_1);
+        const long pstride = hy_q45_prep_bytes(n);
+        if (rows == 1) {
+            /* four rows per pass, one from each quarter of the range: each quarter is one
+             * forward stream through consecutive rows (prefetches running past a row's end fetch
+             * the next row read); then the rows past the quarters */
+            const long q = (o1 - o) / 4;
+            for (long k = 0; k < q; k++)
+                hy_q45_matvec_stream(&pl, w + (o + k) * row_bytes, q * row_bytes, 4, nb, 1, prep,
+                                     pstride, out + o + k, q, ldo);
+            for (long i = o + 4 * q; i < o1; i++)
+                hy_q45_matvec_stream(&pl, w + i * row_bytes, 0, 1, nb, 1, prep, pstride, out + i, 0, ldo);
+            if (bias)
+                for (long i = o; i < o1; i++) out[i] += bias[i];
+            return;
+        }
+        /* more activation rows: the 16-row kernel below (the same bits) takes the whole groups
+         * of 16 rows, reading the activations once per group; this one the rows past them */
+        const long end = o + (o1 - o) / 16 * 16;
+        for (long i = end; i < o1; i++) {
+            for (int r = 0; r < rows; r += HY_MR) {
+                const int left = rows - r < HY_MR ? rows - r : HY_MR;
+#define HY_RS(R) case R: hy_q45_matvec_stream(&pl, w + i * row_bytes, 0, 1, nb, R, prep + r * pstride, pstride, out + r * ldo + i, 0, ldo); break;
+                switch (left) {
+                HY_RS(1) HY_RS(2) HY_RS(3) HY_RS(4)
+#if HY_MR == 8
+                HY_RS(5) HY_RS(6) HY_RS(7) HY_RS(8)
+#endif
+                }
+#undef HY_RS
+            }
+            if (bias)
+                for (int r = 0; r < rows; r++) out[r * ldo + i] += bias[i];
+        }
+        o1 = end;
+    }
+#endif
     if ((rows16 || q8_rows16) && qa != NULL) {  /* 16 weight rows per pass */
         const int mn = type == HY_Q_Q4_1 || type == HY_Q_Q5_1;
         for (; o + 16 <= o1; o += 16) {

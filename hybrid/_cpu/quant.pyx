@@ -20,8 +20,12 @@ cdef extern from "quant.h" nogil:
     void hy_q_act(const float *x, long n, int8_t *qa, float *da, float *sa, float *s16)
     void hy_q_matvec_range(int type, const uint8_t *w, long row_bytes, long n, long o0, long o1,
                            int rows, const int8_t *qa, const float *da, const float *sa,
-                           const float *s16, const float *x, const float *bias, float *out,
-                           long ldo)
+                           const float *s16, const uint8_t *prep, const float *x,
+                           const float *bias, float *out, long ldo)
+    long hy_q_stream_bytes(long n)
+    int hy_q_uses_stream(int type)
+    void hy_q_stream_acts(const int8_t *qa, const float *da, const float *sa, long n,
+                          uint8_t *prep)
     void hy_q_panel_row(int type, const uint8_t *row, long n, uint8_t *v, float *c, float *m)
     int hy_q_gemm_panel_rows()
     void hy_q_half_sums(const int8_t *qa, long n, int32_t *asum16)
@@ -238,38 +242,51 @@ cdef inline bint _integer(int code) noexcept nogil:
 
 
 cdef void _matvec_group(const _Mat *mats, int count, const float *x, long n_in, int rows,
-                        int8_t *qa, float *da, float *sa, float *s16,
+                        int8_t *qa, float *da, float *sa, float *s16, uint8_t *prep,
                         int num_threads) noexcept nogil:
     """out_i = x @ W_i.T (+ bias_i) for `count` (<= 4) matrices reading the same x [rows, n_in]:
-    x quantized once into qa/da/sa/s16 (rows * n_in, rows * n_in/32, the same, twice that), then
+    x quantized once into qa/da/sa/s16 (rows * n_in, rows * n_in/32, the same, twice that) and,
+    for the formats the stream kernel serves, laid out for it in prep (rows *
+    hy_q_stream_bytes(n_in)), then
     one parallel region over every matrix's chunks of MATVEC_CHUNK rows, or none when the
     matrices are small.  Each output row takes the same operations either way."""
     cdef long first_chunk[5]
-    cdef long total = 0, o0, o1, nb = n_in // 32
-    cdef int i, m, r, integer = 0
-    cdef Py_ssize_t c
+    cdef long total = 0, o0, o1, c0, c1, lo, hi, nb = n_in // 32
+    cdef int i, m, r, integer = 0, stream = 0
+    cdef long pstride = hy_q_stream_bytes(n_in)
+    cdef Py_ssize_t t
     first_chunk[0] = 0
     for i in range(count):
         total += mats[i].n_out * mats[i].row_bytes
         integer = integer or _integer(mats[i].code)
+        stream = stream or hy_q_uses_stream(mats[i].code)
         first_chunk[i + 1] = first_chunk[i] + (mats[i].n_out + MATVEC_CHUNK - 1) // MATVEC_CHUNK
     if integer:
         for r in range(rows):
             hy_q_act(x + r * n_in, n_in, qa + r * n_in, da + r * nb, sa + r * nb, s16 + r * 2 * nb)
+            if stream:
+                hy_q_stream_acts(qa + r * n_in, da + r * nb, sa + r * nb, n_in, prep + r * pstride)
     cdef int nt = num_threads if total >= PARALLEL_MIN_BYTES else 1
     if nt == 1:  # small matrices: no parallel region at all
         for i in range(count):
             hy_q_matvec_range(mats[i].code, mats[i].w, mats[i].row_bytes, n_in, 0, mats[i].n_out,
-                              rows, qa, da, sa, s16, x, mats[i].bias, mats[i].out, mats[i].n_out)
+                              rows, qa, da, sa, s16, prep, x, mats[i].bias, mats[i].out,
+                              mats[i].n_out)
         return
-    for c in prange(first_chunk[count], num_threads=nt, schedule="static"):
-        m = 0
-        while c >= first_chunk[m + 1]:
-            m = m + 1
-        o0 = (c - first_chunk[m]) * MATVEC_CHUNK
-        o1 = min(o0 + MATVEC_CHUNK, mats[m].n_out)
-        hy_q_matvec_range(mats[m].code, mats[m].w, mats[m].row_bytes, n_in, o0, o1, rows, qa, da,
-                          sa, s16, x, mats[m].bias, mats[m].out, mats[m].n_out)
+    # thread t takes the chunks [C*t/nt, C*(t+1)/nt) of all C, each matrix's share of them as
+    # one call: the kernels then read one forward stream of rows per matrix
+    for t in prange(nt, num_threads=nt, schedule="static"):
+        c0 = first_chunk[count] * t // nt
+        c1 = first_chunk[count] * (t + 1) // nt
+        for m in range(count):
+            lo = max(c0, first_chunk[m])
+            hi = min(c1, first_chunk[m + 1])
+            if lo < hi:
+                o0 = (lo - first_chunk[m]) * MATVEC_CHUNK
+                o1 = min((hi - first_chunk[m]) * MATVEC_CHUNK, mats[m].n_out)
+                hy_q_matvec_range(mats[m].code, mats[m].w, mats[m].row_bytes, n_in, o0, o1, rows,
+                                  qa, da, sa, s16, prep, x, mats[m].bias, mats[m].out,
+                                  mats[m].n_out)
 
 
 def matvec_many(list mats,                    # [(code, w [out_i, row_bytes_i] uint8, bias or None,
@@ -305,19 +322,21 @@ def matvec_many(list mats,                    # [(code, w [out_i, row_bytes_i] u
     cdef float *da = NULL
     cdef float *sa = NULL
     cdef float *s16 = NULL
+    cdef uint8_t *prep = NULL
     if integer:
         qa = <int8_t *> malloc(rows * n_in)
         da = <float *> malloc(sizeof(float) * rows * nb)
         sa = <float *> malloc(sizeof(float) * rows * nb)
         s16 = <float *> malloc(sizeof(float) * rows * 2 * nb)
-        if qa == NULL or da == NULL or sa == NULL or s16 == NULL:
-            free(qa); free(da); free(sa); free(s16)
+        prep = <uint8_t *> malloc(rows * hy_q_stream_bytes(n_in) + 1)
+        if qa == NULL or da == NULL or sa == NULL or s16 == NULL or prep == NULL:
+            free(qa); free(da); free(sa); free(s16); free(prep)
             raise MemoryError()
     try:
         with nogil:
-            _matvec_group(ms, nm, &x[0, 0], n_in, <int> rows, qa, da, sa, s16, num_threads)
+            _matvec_group(ms, nm, &x[0, 0], n_in, <int> rows, qa, da, sa, s16, prep, num_threads)
     finally:
-        free(qa); free(da); free(sa); free(s16)
+        free(qa); free(da); free(sa); free(s16); free(prep)
 
 
 # ------------------------------------------------------------------ a quantized layer's decode step
@@ -429,12 +448,14 @@ cdef class DecodeLayer:
     cdef float *da
     cdef float *sa
     cdef float *s16
+    cdef uint8_t *prep
 
     def __cinit__(self):
         self.qa = NULL
         self.da = NULL
         self.sa = NULL
         self.s16 = NULL
+        self.prep = NULL
 
     def __init__(self, list mats,     # 7 x (code, w [out, row_bytes] uint8, bias or None, out [1, out])
                  attn_norm, mlp_norm, q_norm, k_norm,   # [dim], [dim], [D] or None x 2
@@ -486,17 +507,19 @@ cdef class DecodeLayer:
         self.da = <float *> malloc(sizeof(float) * self.max_nb)
         self.sa = <float *> malloc(sizeof(float) * self.max_nb)
         self.s16 = <float *> malloc(sizeof(float) * 2 * self.max_nb)
-        if self.qa == NULL or self.da == NULL or self.sa == NULL or self.s16 == NULL:
+        self.prep = <uint8_t *> malloc(hy_q_stream_bytes(self.max_in) + 1)
+        if self.qa == NULL or self.da == NULL or self.sa == NULL or self.s16 == NULL \
+                or self.prep == NULL:
             raise MemoryError()
 
     def __dealloc__(self):
-        free(self.qa); free(self.da); free(self.sa); free(self.s16)
+        free(self.qa); free(self.da); free(self.sa); free(self.s16); free(self.prep)
 
     cdef void _project(self, int first, int count, const float *x, long n_in,
                        int num_threads) noexcept nogil:
         """out_i = x @ W_i.T (+ bias_i) for mats [first, first+count): matvec_many for one row."""
         _matvec_group(&self.mats[first], count, x, n_in, 1, self.qa, self.da, self.sa, self.s16,
-                      num_threads)
+                      self.prep, num_threads)
 
     def prologue(self, const float[:, ::1] x,   # IN  [1, hidden] the layer's input
                  int64_t position, int num_threads):
