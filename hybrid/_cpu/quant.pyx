@@ -42,7 +42,8 @@ cdef extern from "gemm_f32.h" nogil:
 cdef enum:
     # Weight rows per parallel chunk of the float32 GEMM (a multiple of its 6-row tile).
     GEMM_F32_CHUNK = 48
-    # Output rows per parallel chunk of a mat-vec.
+    # A mat-vec's threads share its output rows in chunks of this many, so that a chunk is
+    # one group of the 16-row kernels whatever the thread count.
     MATVEC_CHUNK = 16
     # Below this many weight bytes a mat-vec runs on the calling thread: waking a team costs
     # more than streaming the matrix.
@@ -247,9 +248,9 @@ cdef void _matvec_group(const _Mat *mats, int count, const float *x, long n_in, 
     """out_i = x @ W_i.T (+ bias_i) for `count` (<= 4) matrices reading the same x [rows, n_in]:
     x quantized once into qa/da/sa/s16 (rows * n_in, rows * n_in/32, the same, twice that) and,
     for the formats the stream kernel serves, laid out for it in prep (rows *
-    hy_q_stream_bytes(n_in)), then
-    one parallel region over every matrix's chunks of MATVEC_CHUNK rows, or none when the
-    matrices are small.  Each output row takes the same operations either way."""
+    hy_q_stream_bytes(n_in)), then one parallel region in which each thread takes a contiguous
+    share of every matrix's chunks of MATVEC_CHUNK rows, or none when the matrices are small.
+    Each output row takes the same operations either way."""
     cdef long first_chunk[5]
     cdef long total = 0, o0, o1, c0, c1, lo, hi, nb = n_in // 32
     cdef int i, m, r, integer = 0, stream = 0
