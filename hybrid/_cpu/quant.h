@@ -332,9 +332,13 @@ static inline __m256i hy_bit4_from_bits(uint32_t bits) {
  * block are loaded (and unpacked) once for all of them. */
 #if defined(HY_AVX2) && defined(__AVX512VL__)  /* 32 vector registers hold 8 rows' sums */
 #define HY_MR 8
+#define HY_R_CASES(X) X(1) X(2) X(3) X(4) X(5) X(6) X(7) X(8)
 #else
 #define HY_MR 4
+#define HY_R_CASES(X) X(1) X(2) X(3) X(4)
 #endif
+/* (HY_R_CASES(X): X(R) for every R <= HY_MR, the cases of a switch that makes the number of
+ * activation rows a compile-time constant in each) */
 
 /* Q8_0 for R (<= HY_MR) activation rows: out[r] = w . activation row r (qa + r*n, da + r*nb).
  * Every row goes through exactly the operations of a single row (R = 1), so a row's result does
@@ -1262,12 +1266,7 @@ static inline void hy_q_matvec_range(int type, const uint8_t *w, long row_bytes,
             for (int r = 0; r < rows; r += HY_MR) {
                 const int left = rows - r < HY_MR ? rows - r : HY_MR;
 #define HY_RS(R) case R: hy_q45_matvec_stream(&pl, w + i * row_bytes, 0, 1, nb, R, prep + r * pstride, pstride, out + r * ldo + i, 0, ldo); break;
-                switch (left) {
-                HY_RS(1) HY_RS(2) HY_RS(3) HY_RS(4)
-#if HY_MR == 8
-                HY_RS(5) HY_RS(6) HY_RS(7) HY_RS(8)
-#endif
-                }
+                switch (left) { HY_R_CASES(HY_RS) }
 #undef HY_RS
             }
             if (bias)
@@ -1292,12 +1291,7 @@ static inline void hy_q_matvec_range(int type, const uint8_t *w, long row_bytes,
                     if (type == HY_Q_Q8_0) hy_q8_matvec16(wo, row_bytes, nb, R, q, d, sb, y, ldo); \
                     else hy_q45_matvec16(wo, row_bytes, nb, R, q, d, sb, five, mn, y, ldo); \
                     break;
-                switch (left) {
-                HY_R16(1) HY_R16(2) HY_R16(3) HY_R16(4)
-#if HY_MR == 8
-                HY_R16(5) HY_R16(6) HY_R16(7) HY_R16(8)
-#endif
-                }
+                switch (left) { HY_R_CASES(HY_R16) }
 #undef HY_R16
                 r += left;
             }
