@@ -2,6 +2,8 @@
 written by others), every kernel against the float64 product of the decoded weights, the
 quantizers against llama.cpp's reference error, and layers built on quantized weights."""
 
+import os
+
 import numpy as np
 import pytest
 
@@ -46,9 +48,10 @@ def oracle(qt: QuantizedTensor) -> np.ndarray:
 
 
 def widths(name):
-    # 96, 160 and 224: 3, 5 and 7 blocks of 32, so that the kernels stepping 4 blocks at a time
-    # end on a partial step of each length
-    return [w for w in (256, 576, 1536, 4096, 96, 160, 224) if w % FORMATS[name].block_values == 0]
+    # 32 to 224: 1, 2, 3, 5 and 7 blocks of 32, so that the kernels stepping 4 blocks at a time
+    # end on a partial step of each length, alone or after whole steps
+    return [w for w in (256, 576, 1536, 4096, 32, 64, 96, 160, 224)
+            if w % FORMATS[name].block_values == 0]
 
 
 @pytest.mark.parametrize("name", NAMES)
@@ -264,3 +267,44 @@ def test_each_row_is_independent_of_the_batch(rng, name):
                 part = np.empty((rows.stop - rows.start, 37), np.float32)
                 kernel(code, w.data, np.ascontiguousarray(x[rows]), None, part, 2)
                 assert np.array_equal(part, full[rows]), (kernel.__name__, n, rows)
+
+
+@pytest.mark.skipif(os.name != "posix", reason="needs mmap and mprotect")
+@pytest.mark.parametrize("name", NAMES)
+def test_kernels_read_nothing_past_the_weights(name, rng):
+    """A matrix whose last byte is the last readable byte (the next page made unreadable), as the
+    last tensor of a memory-mapped file can be: the mat-vec (1 and 3 activation rows, every
+    kernel including partial 4-block steps) and the GEMM read only the matrix's bytes, so they
+    give the same bits as on ordinary memory instead of a crash."""
+    import ctypes
+    import mmap
+
+    libc = ctypes.CDLL(None, use_errno=True)
+    libc.mprotect.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int]
+    page = mmap.PAGESIZE
+    n = 224 if FORMATS[name].block_values == 32 else 256  # 7 blocks of 32: a partial last step
+    for out_features in (5, 37):  # fewer rows than one pass of 4 / 16, and several passes
+        qt = random_blocks(name, out_features, n, rng)
+        raw = qt.data.tobytes()
+        pages = len(raw) // page + 2
+        buf = mmap.mmap(-1, pages * page)
+        end = (pages - 1) * page
+        buf[end - len(raw):end] = raw
+        anchor = ctypes.c_char.from_buffer(buf)
+        assert libc.mprotect(ctypes.addressof(anchor) + end, page, 0) == 0, ctypes.get_errno()
+        try:
+            w = np.frombuffer(buf, np.uint8, count=len(raw), offset=end - len(raw))
+            w = w.reshape(qt.data.shape)
+            for rows in (1, 3):
+                x = rng.standard_normal((rows, n)).astype(np.float32)
+                kinds = (kernels.matvec, kernels.gemm) if FORMATS[name].integer else (kernels.matvec,)
+                for kernel in kinds:
+                    got = np.empty((rows, out_features), np.float32)
+                    want = np.empty((rows, out_features), np.float32)
+                    kernel(qt.format.kernel_code, w, x, None, got, 2)
+                    kernel(qt.format.kernel_code, qt.data, x, None, want, 2)
+                    assert np.array_equal(got, want), (kernel.__name__, rows)
+        finally:
+            assert libc.mprotect(ctypes.addressof(anchor), pages * page, 3) == 0  # read | write
+            del w, anchor
+            buf.close()
