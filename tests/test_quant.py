@@ -291,6 +291,7 @@ def test_kernels_read_nothing_past_the_weights(name, rng):
         end = (pages - 1) * page
         buf[end - len(raw):end] = raw
         anchor = ctypes.c_char.from_buffer(buf)
+        w = None
         assert libc.mprotect(ctypes.addressof(anchor) + end, page, 0) == 0, ctypes.get_errno()
         try:
             w = np.frombuffer(buf, np.uint8, count=len(raw), offset=end - len(raw))

@@ -851,6 +851,16 @@ hy16_block(const int R, const __m512i v[8], __m512 d, __m512 mn, const int8_t *q
     }
 }
 
+/* the formats hy_q45_matvec16 serves: Q4_0 and Q4_1, and Q5_0 and Q5_1 where the build has
+ * AVX512_BITALG (the streaming kernel below serves the same ones) */
+static inline int hy_q45_rows16(int type) {
+#if defined(__AVX512BITALG__)
+    return type == HY_Q_Q4_0 || type == HY_Q_Q4_1 || type == HY_Q_Q5_0 || type == HY_Q_Q5_1;
+#else
+    return type == HY_Q_Q4_0 || type == HY_Q_Q4_1;
+#endif
+}
+
 /* Q4_0 / Q4_1 / Q5_0 / Q5_1 for 16 weight rows at once (rows o..o+15, row_bytes apart) against
  * R (<= HY_MR) activation rows: out[r*ldo + o + i] = row o+i . activation row r.
  * The 16 rows' nibbles of a block are transposed in registers so that 32-bit lane i holds
@@ -868,7 +878,7 @@ hy_q45_matvec16(const uint8_t *w, long row_bytes, long nb, const int R, const in
     const int hoff = with_min ? 4 : 2;                     /* Q5's high bits after d [, m] */
     const int qoff = hoff + (five ? 4 : 0), bb = qoff + 16;  /* nibbles' offset, block bytes */
     const long n = 32 * nb;
-    const __m512i m4 = _mm512_set1_epi8(0x0F), b4 = _mm512_set1_epi8(0x10);
+    const __m512i m4 = _mm512_set1_epi8(0x0F);
     /* lanes of the 2-source permutes: dwords c of rows 0..3 (z0) and 4..7 (z1) */
     const __m512i pick01 = _mm512_set_epi32(29, 25, 21, 17, 13, 9, 5, 1, 28, 24, 20, 16, 12, 8, 4, 0);
     const __m512i pick23 = _mm512_set_epi32(31, 27, 23, 19, 15, 11, 7, 3, 30, 26, 22, 18, 14, 10, 6, 2);
@@ -922,6 +932,7 @@ hy_q45_matvec16(const uint8_t *w, long row_bytes, long nb, const int R, const in
         const __m512i dw = hy16_header(blk, row_bytes, &dw1);
 #if defined(__AVX512BITALG__)  /* (Q5 takes this kernel only with BITALG) */
         if (five) {
+            const __m512i b4 = _mm512_set1_epi8(0x10);
             /* the 32 high bits: bytes 4..7 (Q5_1) or 2..5 (Q5_0) */
             const __m512i qh = with_min ? dw1 : _mm512_or_si512(_mm512_srli_epi32(dw, 16),
                                                                  _mm512_slli_epi32(dw1, 16));
@@ -1099,7 +1110,7 @@ hy_q45_matvec_stream(const hy_q45_plan *pl, const uint8_t *w, long wstep, const 
                      const int R, const uint8_t *prep, long pstride, float *out, long ostep,
                      long ldo) {
     const int bb = pl->bb, five = pl->five, with_min = pl->with_min, s = 4 * bb - 64;
-    const __m512i m4 = _mm512_set1_epi8(0x0F), b4 = _mm512_set1_epi8(0x10);
+    const __m512i m4 = _mm512_set1_epi8(0x0F);
     __m128 acc[HY_MR], off[HY_MR];
     for (int r = 0; r < R; r++) acc[r] = off[r] = _mm_setzero_ps();
     for (long g = 0; g < nb; g += 4, prep += HY_Q45_PREP) {
@@ -1121,6 +1132,7 @@ hy_q45_matvec_stream(const hy_q45_plan *pl, const uint8_t *w, long wstep, const 
             hi[i] = _mm512_and_si512(_mm512_srli_epi16(nibs, 4), m4);
 #if defined(__AVX512BITALG__)
             if (five) {
+                const __m512i b4 = _mm512_set1_epi8(0x10);
                 const __m512i qh = _mm512_permutex2var_epi8(x0, pl->qh, x1);
                 lo[i] = _mm512_mask_add_epi8(lo[i], _mm512_bitshuffle_epi64_mask(qh, pl->sel_lo), lo[i], b4);
                 hi[i] = _mm512_mask_add_epi8(hi[i], _mm512_bitshuffle_epi64_mask(qh, pl->sel_hi), hi[i], b4);
@@ -1197,10 +1209,8 @@ static inline long hy_q_stream_bytes(long n) {
 }
 
 static inline int hy_q_uses_stream(int type) {
-#if defined(HY_Q45_STREAM) && defined(__AVX512BITALG__)
-    return type == HY_Q_Q4_0 || type == HY_Q_Q4_1 || type == HY_Q_Q5_0 || type == HY_Q_Q5_1;
-#elif defined(HY_Q45_STREAM)
-    return type == HY_Q_Q4_0 || type == HY_Q_Q4_1;
+#if defined(HY_Q45_STREAM)
+    return hy_q45_rows16(type);  /* its rows past whole groups of 16, for several activation rows */
 #else
     (void)type;
     return 0;
@@ -1228,11 +1238,7 @@ static inline void hy_q_matvec_range(int type, const uint8_t *w, long row_bytes,
     long o = o0;
 #if defined(HY_Q512)
     const int five = type == HY_Q_Q5_0 || type == HY_Q_Q5_1;
-#if defined(__AVX512BITALG__)
-    const int rows16 = multi && type != HY_Q_Q8_0;        /* Q4_0/Q4_1/Q5_0/Q5_1 */
-#else
-    const int rows16 = type == HY_Q_Q4_0 || type == HY_Q_Q4_1;
-#endif
+    const int rows16 = hy_q45_rows16(type);
     /* Q8_0 takes the 16-row kernel only where 16 rows are a short span (12 KiB: up to 704
      * values per row), read as one stream; on wider rows it read memory slower than one row at
      * a time (2 threads, from memory: 37-41 against 49-57 GB/s at 1536 and 2048 wide, while at
