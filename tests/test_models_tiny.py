@@ -388,6 +388,23 @@ def test_sentencepiece_gguf_tokenizer_matches_transformers(tmp_path):
     assert ours.encode("the cat")[0] == 1  # BOS
 
 
+_HF_PROJECTIONS = {"self_attn.q_proj": "wq", "self_attn.k_proj": "wk", "self_attn.v_proj": "wv",
+                   "self_attn.o_proj": "wo", "mlp.gate_proj": "w_gate", "mlp.up_proj": "w_up",
+                   "mlp.down_proj": "w_down"}
+
+
+def _q8_held(weights, hf_name):
+    """The float32 values hybrid holds for the HF matrix `hf_name` (e.g. model.layers.0.mlp.up_proj.weight)."""
+    if hf_name == "model.embed_tokens.weight":
+        t = weights.embed
+    elif hf_name == "lm_head.weight":
+        t = weights.lm_head
+    else:
+        parts = hf_name.split(".")  # model.layers.<i>.<block>.<proj>.weight
+        t = getattr(weights.layers[int(parts[2])], _HF_PROJECTIONS[".".join(parts[3:5])])
+    return (hybrid.dequantize(t) if isinstance(t, hybrid.QuantizedTensor) else np.asarray(t)).astype(np.float32)
+
+
 def test_half_precision_safetensors_stay_half_and_convert_at_load(tmp_path, rng):
     import copy
 
@@ -407,7 +424,25 @@ def test_half_precision_safetensors_stay_half_and_convert_at_load(tmp_path, rng)
     assert rel_err(model.logits(ids), want) < 1e-4  # the same bf16 values, multiplied in f32
     q8 = load_model(folder, weights="q8_0", kv_dtype="float32")
     assert q8.weights.layers[0].w_down.format.name == "q8_0"
-    assert rel_err(q8.logits(ids), want) < 0.15  # random weights (std 0.2): 8-bit error ~5-7%
+    # Converted at load exactly as hybrid.quantize converts the bf16 values.
+    w_down = hf.model.layers[0].mlp.down_proj.weight.detach().numpy()
+    assert np.array_equal(hybrid.dequantize(q8.weights.layers[0].w_down),
+                          hybrid.dequantize(hybrid.quantize(w_down, "q8_0")))
+    # The reference for the logits: HF with the weights q8 holds, so what is left is the 8-bit
+    # activations of the integer kernels. On these random 3-layer weights that error has a heavy
+    # tail (median 3.4%, 1 in 1000 prompts 18%), so bound the mean over 8 prompts (about 4%).
+    held = copy.deepcopy(hf)
+    with torch.no_grad():
+        for p_name, p in held.named_parameters():
+            if p.dim() == 2:
+                p.copy_(torch.from_numpy(_q8_held(q8.weights, p_name)))
+    errs = []
+    for _ in range(8):
+        prompt = list(rng.integers(3, VOCAB, 9))
+        with torch.no_grad():
+            ref = held(torch.tensor([prompt])).logits[0, -1].numpy()
+        errs.append(rel_err(q8.logits(prompt), ref))
+    assert np.mean(errs) < 0.1 and max(errs) < 0.5, errs
     f32 = load_model(folder, weights="float32", kv_dtype="float32")
     assert isinstance(f32.weights.layers[0].wq, np.ndarray)
     with pytest.raises(ValueError, match="weights='q3_x' is not a known format"):
