@@ -52,19 +52,13 @@ HY512_AI void hy512_scores(const int NQ, const int f16, const float *q, const vo
     int j = 0;
     for (; j + 2 <= c; j += 2) {
         __m512 a0[4] = {z, z, z, z}, a1[4] = {z, z, z, z};
-        {   /* software prefetch as much per pass as the pass consumes (two K rows and, later,
-             * their V rows): a head's K and V rows and the next heads' follow in memory (the
-             * cache's block layout).  Two distances: 16 rows ahead into L1 and 32 KiB ahead
-             * into L2.  From memory, one core, 32q/8kv heads, head_dim 128, ns per key and KV
-             * head: float32 72 (none) -> 50 (24 KiB, L1 only) -> 38-42; float16 32 -> 25-26
-             * -> 20-21. */
-            const long row = (long)D * (f16 ? 2 : 4), span = 4 * row;
-            const char *pk = (const char *)k + (long)j * row;
-            for (long o = 0; o < span; o += 64) {
-                _mm_prefetch(pk + 16 * row + o, _MM_HINT_T0);
-                _mm_prefetch(pk + 32768 + o, _MM_HINT_T1);
-            }
-        }
+        /* software prefetch, each line of the block's stream once, HY_ATTN_PF_AHEAD bytes
+         * ahead (simd.h).  From memory (no cache reuse), 2 threads, 32q/8kv heads, head_dim
+         * 128, ns per key and KV head per core: float16 33-34 -> 28-31, float32 69-70 -> 58-63
+         * against the 16-rows-into-L1 plus 32-KiB-into-L2 pair this replaced; ahead 2 to 12 KiB
+         * measured alike within this machine's noise, into L2 instead of L1 slower.  Earlier, from L3-warm
+         * repeats, one core: float32 72 (none) -> 50 (L1 only) -> 38-42 (the pair). */
+        HY_ATTN_PREFETCH(k, j, (long)D * (f16 ? 2 : 4), 4 * (long)D * (f16 ? 2 : 4));
         for (int d = 0; d < D; d += 16) {
             const __m512 x0 = hy512_ld(k, (long)j * D + d, f16);
             const __m512 x1 = hy512_ld(k, (long)(j + 1) * D + d, f16);

@@ -451,14 +451,16 @@ static inline int hy_attn_simd_ok(long n, int f16) {
 #define HY_LD_F16(p) _mm256_setzero_ps() /* never used: hy_attn_simd_ok refuses */
 #endif
 #define HY_FMA _mm256_fmadd_ps
-/* software prefetch from a K row, `bytes` per call: as much as the caller consumes (its K rows
- * and, later, their V rows, which follow in the cache's block layout), 16 rows of `row` bytes
- * ahead into L1 and 32 KiB ahead into L2 (see attention_avx512.h for the figures) */
-#define HY_ATTN_PREFETCH(p, bytes, row)                                                          \
-    for (long o_ = 0; o_ < (bytes); o_ += 64) {                                                  \
-        _mm_prefetch((const char *)(p) + 16 * (row) + o_, _MM_HINT_T0);                          \
-        _mm_prefetch((const char *)(p) + 32768 + o_, _MM_HINT_T1);                               \
-    }
+/* Software prefetch for attention over the cache's blocks (see attention_avx512.h for the
+ * figures).  Inside a block a KV head's K rows, then its V rows, then the next head's, follow
+ * one another, so a task reads one forward stream; a pass that starts at K row j of a head with
+ * rows of `row` bytes has consumed about 2*j rows of it (K rows and, later, their V rows).  Each
+ * pass prefetches into L1 as many bytes as it consumes, HY_ATTN_PF_AHEAD bytes ahead of that
+ * point: every line once, ahead of its use by about a memory latency's worth of this stream. */
+#define HY_ATTN_PF_AHEAD 6144
+#define HY_ATTN_PREFETCH(k, j, row, bytes)                                                       \
+    for (long o_ = 0; o_ < (bytes); o_ += 64)                                                    \
+        _mm_prefetch((const char *)(k) + 2 * (long)(j) * (row) + HY_ATTN_PF_AHEAD + o_, _MM_HINT_T0);
 
 /* acc[g, :] *= alpha[g] for g < 4 (skipped where the running max did not move) */
 static inline void hy_rescale4(float *acc, const float *alpha, long n) {
@@ -476,7 +478,7 @@ static inline void hy_rescale4(float *acc, const float *alpha, long n) {
         const float *q0 = q, *q1 = q + n, *q2 = q + 2 * n, *q3 = q + 3 * n;                      \
         for (int j = 0; j < c; j++) {                                                            \
             const T *k0 = k + (long)j * n;                                                       \
-            HY_ATTN_PREFETCH(k0, 2 * n * (long)sizeof(T), n * (long)sizeof(T));                  \
+            HY_ATTN_PREFETCH(k, j, n * (long)sizeof(T), 2 * n * (long)sizeof(T));                \
             __m256 a0 = _mm256_setzero_ps(), a1 = a0, a2 = a0, a3 = a0;                          \
             for (long d = 0; d < n; d += 8) {                                                    \
                 __m256 x0 = LD(k0 + d);                                                          \
@@ -498,7 +500,7 @@ static inline void hy_rescale4(float *acc, const float *alpha, long n) {
         int j = 0;                                                                               \
         for (; j + 2 <= c; j += 2) {                                                             \
             const T *k0 = k + (long)j * n, *k1 = k0 + n;                                         \
-            HY_ATTN_PREFETCH(k0, 4 * n * (long)sizeof(T), n * (long)sizeof(T));                  \
+            HY_ATTN_PREFETCH(k, j, n * (long)sizeof(T), 4 * n * (long)sizeof(T));                \
             __m256 a00 = _mm256_setzero_ps(), a01 = a00, a10 = a00, a11 = a00;                   \
             __m256 a20 = a00, a21 = a00, a30 = a00, a31 = a00;                                   \
             for (long d = 0; d < n; d += 8) {                                                    \
