@@ -424,10 +424,18 @@ def test_half_precision_safetensors_stay_half_and_convert_at_load(tmp_path, rng)
     assert rel_err(model.logits(ids), want) < 1e-4  # the same bf16 values, multiplied in f32
     q8 = load_model(folder, weights="q8_0", kv_dtype="float32")
     assert q8.weights.layers[0].w_down.format.name == "q8_0"
-    # Converted at load exactly as hybrid.quantize converts the bf16 values.
+    # Converted at load exactly as hybrid.quantize converts the bf16 values, and every matrix is
+    # its own HF matrix within q8_0's rounding: half a step of amax/127 per 32-value block, plus
+    # the scale's float16 rounding (127 * 2^-11 steps) and the float32 products.
     w_down = hf.model.layers[0].mlp.down_proj.weight.detach().numpy()
     assert np.array_equal(hybrid.dequantize(q8.weights.layers[0].w_down),
                           hybrid.dequantize(hybrid.quantize(w_down, "q8_0")))
+    for p_name, p in hf.named_parameters():
+        if p.dim() == 2:
+            want_w = p.detach().numpy().reshape(p.shape[0], -1, 32)
+            got_w = _q8_held(q8.weights, p_name).reshape(want_w.shape)
+            step = np.abs(want_w).max(axis=2, keepdims=True) / 127
+            assert np.all(np.abs(got_w - want_w) <= step * (0.5 + 127 * 2.0 ** -11 + 1e-3)), p_name
     # The reference for the logits: HF with the weights q8 holds, so what is left is the 8-bit
     # activations of the integer kernels. On these random 3-layer weights that error has a heavy
     # tail (median 3.4%, 1 in 1000 prompts 18%), so bound the mean over 8 prompts (about 4%).
