@@ -37,10 +37,11 @@ def test_decode_attention_hybrid(benchmark, read_bandwidth, ctx, dtype):
     benchmark(hybrid.ops.paged_attention, q, cache, 0, out=out)
     kv_bytes = 2 * ctx * KVH * D * np.dtype(dtype).itemsize
     t = record(benchmark, "attention", f"hybrid ctx={ctx} {dtype}", bytes_moved=kv_bytes,
-               bandwidth=read_bandwidth)
+               bandwidth=read_bandwidth, note="warm: one cache every call, part of it in L3")
     _times[("hybrid", ctx, dtype)] = t
     _ratios(ctx, dtype)
     if ctx >= 16384:  # the targets' contexts: the share again, the probe run alongside
+        # (cold: each round's call follows the probe's 512 MiB, so none of the cache is in L3)
         got, probe = paired_share(lambda: hybrid.ops.paged_attention(q, cache, 0, out=out),
                                   kv_bytes)
         share = got / probe
