@@ -49,16 +49,16 @@ HY512_AI __mmask16 hy512_first(int n) { return (__mmask16)((1u << n) - 1u); }
 HY512_AI void hy512_scores(const int NQ, const int f16, const float *q, const void *k, int c,
                            int D, float *s, int ldp) {
     const __m512 z = _mm512_setzero_ps();
+    const long row = (long)D * (f16 ? 2 : 4); /* bytes per K row */
     int j = 0;
     for (; j + 2 <= c; j += 2) {
         __m512 a0[4] = {z, z, z, z}, a1[4] = {z, z, z, z};
         /* software prefetch, each line of the block's stream once, HY_ATTN_PF_AHEAD bytes
          * ahead (simd.h).  From memory (no cache reuse), 2 threads, 32q/8kv heads, head_dim
-         * 128, ns per key and KV head per core: float16 33-34 -> 28-31, float32 69-70 -> 58-63
-         * against the 16-rows-into-L1 plus 32-KiB-into-L2 pair this replaced; ahead 2 to 12 KiB
-         * measured alike within this machine's noise, into L2 instead of L1 slower.  Earlier, from L3-warm
-         * repeats, one core: float32 72 (none) -> 50 (L1 only) -> 38-42 (the pair). */
-        HY_ATTN_PREFETCH(k, j, (long)D * (f16 ? 2 : 4), 4 * (long)D * (f16 ? 2 : 4));
+         * 128, ns per key and KV head per core: float16 33-34 -> 28-31, float32 69-70 -> 56-63
+         * against the two distances this replaced (16 rows into L1, 32 KiB into L2); 2 to 12
+         * KiB ahead measured alike, into L2 instead of L1 slower. */
+        HY_ATTN_PREFETCH(k, j, row, 4 * row);
         for (int d = 0; d < D; d += 16) {
             const __m512 x0 = hy512_ld(k, (long)j * D + d, f16);
             const __m512 x1 = hy512_ld(k, (long)(j + 1) * D + d, f16);
