@@ -22,6 +22,7 @@ import numpy as np
 
 cdef extern from "simd.h" nogil:
     void hy_f32_to_f16(const float *src, unsigned short *dst, long n)
+    void *hy_alloc64(size_t n)
 
 _NO_PARTIAL2 = np.zeros((1, 1), dtype=np.float32)
 _NO_PARTIAL3 = np.zeros((1, 1, 1), dtype=np.float32)
@@ -45,13 +46,13 @@ cdef hy_attn_scratch *_alloc_scratch(int nq, int D, int bs) noexcept nogil:
     cdef hy_attn_scratch *w = <hy_attn_scratch *> malloc(sizeof(hy_attn_scratch))
     if w == NULL:
         return NULL
-    w.q = <float *> malloc(sizeof(float) * nq * D)
-    w.kbuf = <float *> malloc(sizeof(float) * bs * D)
-    w.vbuf = <float *> malloc(sizeof(float) * bs * D)
-    w.s = <float *> malloc(sizeof(float) * 4 * bs)
-    w.m = <float *> malloc(sizeof(float) * nq)
-    w.l = <float *> malloc(sizeof(float) * nq)
-    w.acc = <float *> malloc(sizeof(float) * nq * D)
+    w.q = <float *> hy_alloc64(sizeof(float) * nq * D)
+    w.kbuf = <float *> hy_alloc64(sizeof(float) * bs * D)
+    w.vbuf = <float *> hy_alloc64(sizeof(float) * bs * D)
+    w.s = <float *> hy_alloc64(sizeof(float) * 4 * bs)
+    w.m = <float *> hy_alloc64(sizeof(float) * nq)
+    w.l = <float *> hy_alloc64(sizeof(float) * nq)
+    w.acc = <float *> hy_alloc64(sizeof(float) * nq * D)
     return w
 
 

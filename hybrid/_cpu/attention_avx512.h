@@ -53,12 +53,9 @@ HY512_AI void hy512_scores(const int NQ, const int f16, const float *q, const vo
     int j = 0;
     for (; j + 2 <= c; j += 2) {
         __m512 a0[4] = {z, z, z, z}, a1[4] = {z, z, z, z};
-        /* software prefetch, each line of the block's stream once, HY_ATTN_PF_AHEAD bytes
-         * ahead (simd.h).  From memory (no cache reuse), 2 threads, 32q/8kv heads, head_dim
-         * 128, ns per key and KV head per core: float16 33-34 -> 28-31, float32 69-70 -> 56-63
-         * against the two distances this replaced (16 rows into L1, 32 KiB into L2); 2 to 12
-         * KiB ahead measured alike, into L2 instead of L1 slower. */
-        HY_ATTN_PREFETCH(k, j, row, 4 * row);
+        /* software prefetch of this pass's K rows, HY_ATTN_PF_AHEAD bytes on (simd.h; the
+         * value passes do the same for their V rows) */
+        HY_ATTN_PREFETCH((const char *)k + (long)j * row, 2 * row);
         for (int d = 0; d < D; d += 16) {
             const __m512 x0 = hy512_ld(k, (long)j * D + d, f16);
             const __m512 x1 = hy512_ld(k, (long)(j + 1) * D + d, f16);
@@ -144,7 +141,9 @@ HY512_AI void hy512_values(const int NQ, const int W, const int f16, float *acc,
         const __m512 al = _mm512_set1_ps(alpha[g]);
         for (int t = 0; t < W; t++) a[g][t] = _mm512_mul_ps(_mm512_loadu_ps(acc + g * D + d + 16 * t), al);
     }
+    const int es = f16 ? 2 : 4;
     for (int j = 0; j < c; j++) {
+        HY_ATTN_PREFETCH((const char *)v + ((long)j * D + d) * es, W * 16 * es);
         __m512 pg[4];
         for (int g = 0; g < NQ; g++) pg[g] = _mm512_set1_ps(p[g * ldp + j]);
         for (int t = 0; t < W; t++) {

@@ -893,8 +893,11 @@ hy_q45_matvec16(const uint8_t *w, long row_bytes, long nb, const int R, const in
         bitsel[c] = _mm512_set1_epi64(lo_w | ((lo_w + 0x20202020LL) << 32));
     }
 #endif
-    __m512 acc[HY_MR], off[HY_MR];
-    for (int r = 0; r < R; r++) acc[r] = off[r] = _mm512_setzero_ps();
+    /* block b adds into sums set b % 4: the order in which hy_q45_matvec_stream's lanes add up
+     * blocks (both give the same bits); the four sets are combined at the end */
+    __m512 acc[4][HY_MR], off[4][HY_MR];
+    for (int k = 0; k < 4; k++)
+        for (int r = 0; r < R; r++) acc[k][r] = off[k][r] = _mm512_setzero_ps();
     const uint8_t *pf = w + 32 * row_bytes;  /* two groups ahead */
     const int pf_lines = (int)((16 * row_bytes / 64 + nb - 1) / nb);
     for (long b = 0; b < nb; b++) {
@@ -949,13 +952,16 @@ hy_q45_matvec16(const uint8_t *w, long row_bytes, long nb, const int R, const in
         const __m512 mn = with_min ? _mm512_cvtph_ps(_mm512_cvtepi32_epi16(_mm512_srli_epi32(dw, 16)))
                                    : d;
         const __m512i v[8] = {lo[0], lo[1], lo[2], lo[3], hi[0], hi[1], hi[2], hi[3]};
-        hy16_block(R, v, d, mn, qa, n, b, nb, da, sa, acc, off);
+        hy16_block(R, v, d, mn, qa, n, b, nb, da, sa, acc[b & 3], off[b & 3]);
     }
     /* Q4_0 / Q5_0 values are n - 8 / n - 16: the offset is -8 (-16) * d * (scale * sum); Q4_1's
      * and Q5_1's is + m * (scale * sum) */
     const float centre = with_min ? 1.0f : (five ? -16.0f : -8.0f);
-    for (int r = 0; r < R; r++)
-        _mm512_storeu_ps(out + r * ldo, _mm512_fmadd_ps(off[r], _mm512_set1_ps(centre), acc[r]));
+    for (int r = 0; r < R; r++) {
+        const __m512 a = _mm512_add_ps(_mm512_add_ps(acc[0][r], acc[1][r]), _mm512_add_ps(acc[2][r], acc[3][r]));
+        const __m512 o = _mm512_add_ps(_mm512_add_ps(off[0][r], off[1][r]), _mm512_add_ps(off[2][r], off[3][r]));
+        _mm512_storeu_ps(out + r * ldo, _mm512_fmadd_ps(o, _mm512_set1_ps(centre), a));
+    }
 }
 #endif
 
@@ -1111,8 +1117,9 @@ hy_q45_matvec_stream(const hy_q45_plan *pl, const uint8_t *w, long wstep, const 
                      long ldo) {
     const int bb = pl->bb, five = pl->five, with_min = pl->with_min, s = 4 * bb - 64;
     const __m512i m4 = _mm512_set1_epi8(0x0F);
-    __m128 acc[HY_MR], off[HY_MR];
-    for (int r = 0; r < R; r++) acc[r] = off[r] = _mm_setzero_ps();
+    __m512 acc[HY_MR], off[HY_MR];
+    __m128 acc128[HY_MR], off128[HY_MR];
+    for (int r = 0; r < R; r++) acc[r] = off[r] = _mm512_setzero_ps();
     for (long g = 0; g < nb; g += 4, prep += HY_Q45_PREP) {
         /* the last step may hold fewer than 4 blocks: masked loads read zeros past them, and
          * zero sums and scales leave the sums as they are */
@@ -1157,21 +1164,20 @@ hy_q45_matvec_stream(const hy_q45_plan *pl, const uint8_t *w, long wstep, const 
                                                                    _mm512_unpackhi_epi64(p01, p23)));
             const __m512 scale = _mm512_mul_ps(d, _mm512_loadu_ps(a + 128));  /* d * da */
             const __m512 sa = _mm512_loadu_ps(a + 192);
-            /* block after block, as hy_q45_matvec16 */
-            acc[r] = _mm_fmadd_ps(_mm512_castps512_ps128(sum), _mm512_castps512_ps128(scale), acc[r]);
-            off[r] = _mm_fmadd_ps(_mm512_castps512_ps128(mn), _mm512_castps512_ps128(sa), off[r]);
-            acc[r] = _mm_fmadd_ps(_mm512_extractf32x4_ps(sum, 1), _mm512_extractf32x4_ps(scale, 1), acc[r]);
-            off[r] = _mm_fmadd_ps(_mm512_extractf32x4_ps(mn, 1), _mm512_extractf32x4_ps(sa, 1), off[r]);
-            acc[r] = _mm_fmadd_ps(_mm512_extractf32x4_ps(sum, 2), _mm512_extractf32x4_ps(scale, 2), acc[r]);
-            off[r] = _mm_fmadd_ps(_mm512_extractf32x4_ps(mn, 2), _mm512_extractf32x4_ps(sa, 2), off[r]);
-            acc[r] = _mm_fmadd_ps(_mm512_extractf32x4_ps(sum, 3), _mm512_extractf32x4_ps(scale, 3), acc[r]);
-            off[r] = _mm_fmadd_ps(_mm512_extractf32x4_ps(mn, 3), _mm512_extractf32x4_ps(sa, 3), off[r]);
+            acc[r] = _mm512_fmadd_ps(sum, scale, acc[r]);
+            off[r] = _mm512_fmadd_ps(mn, sa, off[r]);
         }
+    }
+    for (int r = 0; r < R; r++) {
+        acc128[r] = _mm_add_ps(_mm_add_ps(_mm512_castps512_ps128(acc[r]), _mm512_extractf32x4_ps(acc[r], 1)),
+                               _mm_add_ps(_mm512_extractf32x4_ps(acc[r], 2), _mm512_extractf32x4_ps(acc[r], 3)));
+        off128[r] = _mm_add_ps(_mm_add_ps(_mm512_castps512_ps128(off[r]), _mm512_extractf32x4_ps(off[r], 1)),
+                               _mm_add_ps(_mm512_extractf32x4_ps(off[r], 2), _mm512_extractf32x4_ps(off[r], 3)));
     }
     const float centre = with_min ? 1.0f : (five ? -16.0f : -8.0f);
     for (int r = 0; r < R; r++) {
         float v[4];
-        _mm_storeu_ps(v, _mm_fmadd_ps(off[r], _mm_set1_ps(centre), acc[r]));
+        _mm_storeu_ps(v, _mm_fmadd_ps(off128[r], _mm_set1_ps(centre), acc128[r]));
         for (int i = 0; i < W; i++) out[r * ldo + i * ostep] = v[i];
     }
 }
@@ -1251,18 +1257,28 @@ static inline void hy_q_matvec_range(int type, const uint8_t *w, long row_bytes,
         hy_q45_plan pl;
         hy_q45_plan_init(&pl, five, type == HY_Q_Q4_1 || type == HY_Q_Q5_1);
         const long pstride = hy_q45_prep_bytes(n);
-        if (rows == 1) {
-            /* four rows per pass, one from each quarter of the range: each quarter is one
+        if (rows <= 4) {
+            /* four weight rows per pass, one from each quarter of the range: each quarter is one
              * forward stream through consecutive rows (prefetches running past a row's end fetch
-             * the next row read); then the rows past the quarters */
+             * the next row read); then the rows past the quarters.  Up to four activation rows
+             * this kernel is the faster (2 threads, 4096x4096 Q4_0 in cache, 2/3/4 rows:
+             * 142/190/236 us against the 16-row kernel's 207/248/286); at 8 rows the 16-row
+             * kernel is 10-20% faster. */
             const long q = (o1 - o) / 4;
-            for (long k = 0; k < q; k++)
-                hy_q45_matvec_stream(&pl, w + (o + k) * row_bytes, q * row_bytes, 4, nb, 1, prep,
-                                     pstride, out + o + k, q, ldo);
-            for (long i = o + 4 * q; i < o1; i++)
-                hy_q45_matvec_stream(&pl, w + i * row_bytes, 0, 1, nb, 1, prep, pstride, out + i, 0, ldo);
+            for (long k = 0; k < q + (o1 - o - 4 * q); k++) {
+                const int W = k < q ? 4 : 1;
+                const long i = k < q ? o + k : o + 3 * q + k;  /* its first weight row */
+                const long wstep = k < q ? q * row_bytes : 0, ostep = k < q ? q : 0;
+#define HY_RS(R) case R: \
+                if (W == 4) hy_q45_matvec_stream(&pl, w + i * row_bytes, wstep, 4, nb, R, prep, pstride, out + i, ostep, ldo); \
+                else hy_q45_matvec_stream(&pl, w + i * row_bytes, 0, 1, nb, R, prep, pstride, out + i, 0, ldo); \
+                break;
+                switch (rows) { HY_RS(1) HY_RS(2) HY_RS(3) HY_RS(4) }
+#undef HY_RS
+            }
             if (bias)
-                for (long i = o; i < o1; i++) out[i] += bias[i];
+                for (int r = 0; r < rows; r++)
+                    for (long i = o; i < o1; i++) out[r * ldo + i] += bias[i];
             return;
         }
         /* more activation rows: the 16-row kernel below (the same bits) takes the whole groups

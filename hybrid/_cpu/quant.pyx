@@ -177,16 +177,16 @@ def gemm(int qtype,
         return
     cdef Py_ssize_t nb = n_in // 32, n16 = n_in // 16, r, p, i, j
     cdef Py_ssize_t npanels = (n_out + GEMM_PANEL - 1) // GEMM_PANEL
-    cdef int8_t *qa = <int8_t *> malloc(rows * n_in)
-    cdef float *da = <float *> malloc(sizeof(float) * rows * nb)
-    cdef float *sa = <float *> malloc(sizeof(float) * rows * nb)
-    cdef int32_t *a16 = <int32_t *> malloc(sizeof(int32_t) * rows * n16)
+    cdef int8_t *qa = <int8_t *> hy_alloc64(rows * n_in)
+    cdef float *da = <float *> hy_alloc64(sizeof(float) * rows * nb)
+    cdef float *sa = <float *> hy_alloc64(sizeof(float) * rows * nb)
+    cdef int32_t *a16 = <int32_t *> hy_alloc64(sizeof(int32_t) * rows * n16)
     # per thread: one panel of weight rows decoded (v, c, m), then interleaved (vi, cT, mT)
     cdef Py_ssize_t nt = max(1, num_threads)
     cdef Py_ssize_t f_c = 0, f_ct = f_c + GEMM_PANEL * n16, f_m = f_ct + GEMM_PANEL * n16
     cdef Py_ssize_t f_mt = f_m + GEMM_PANEL * n16, nfloats = f_mt + GEMM_PANEL * nb
-    cdef Py_ssize_t per_thread = 2 * GEMM_PANEL * n_in + sizeof(float) * nfloats
-    cdef uint8_t *scratch = <uint8_t *> malloc(nt * per_thread)
+    cdef Py_ssize_t per_thread = (2 * GEMM_PANEL * n_in + sizeof(float) * nfloats + 63) // 64 * 64
+    cdef uint8_t *scratch = <uint8_t *> hy_alloc64(nt * per_thread)
     cdef uint8_t *v
     cdef uint8_t *vi
     cdef float *fl
@@ -325,11 +325,11 @@ def matvec_many(list mats,                    # [(code, w [out_i, row_bytes_i] u
     cdef float *s16 = NULL
     cdef uint8_t *prep = NULL
     if integer:
-        qa = <int8_t *> malloc(rows * n_in)
-        da = <float *> malloc(sizeof(float) * rows * nb)
-        sa = <float *> malloc(sizeof(float) * rows * nb)
-        s16 = <float *> malloc(sizeof(float) * rows * 2 * nb)
-        prep = <uint8_t *> malloc(rows * hy_q_stream_bytes(n_in) + 1)
+        qa = <int8_t *> hy_alloc64(rows * n_in)
+        da = <float *> hy_alloc64(sizeof(float) * rows * nb)
+        sa = <float *> hy_alloc64(sizeof(float) * rows * nb)
+        s16 = <float *> hy_alloc64(sizeof(float) * rows * 2 * nb)
+        prep = <uint8_t *> hy_alloc64(rows * hy_q_stream_bytes(n_in) + 1)
         if qa == NULL or da == NULL or sa == NULL or s16 == NULL or prep == NULL:
             free(qa); free(da); free(sa); free(s16); free(prep)
             raise MemoryError()
@@ -348,6 +348,7 @@ cdef extern from "rowops.h" nogil:
                        const float *sn)
 
 cdef extern from "simd.h" nogil:
+    void *hy_alloc64(size_t n)
     void hy_silu_mul(const float *g, const float *u, float *out, long n)
     float hy_dot_stream(const float *a, const float *b, long n)
 
@@ -504,11 +505,11 @@ cdef class DecodeLayer:
         self.gate, self.up = self.mats[4].out, self.mats[5].out
         self.max_in = max(ins)
         self.max_nb = self.max_in // 32 + 1
-        self.qa = <int8_t *> malloc(self.max_in)
-        self.da = <float *> malloc(sizeof(float) * self.max_nb)
-        self.sa = <float *> malloc(sizeof(float) * self.max_nb)
-        self.s16 = <float *> malloc(sizeof(float) * 2 * self.max_nb)
-        self.prep = <uint8_t *> malloc(hy_q_stream_bytes(self.max_in) + 1)
+        self.qa = <int8_t *> hy_alloc64(self.max_in)
+        self.da = <float *> hy_alloc64(sizeof(float) * self.max_nb)
+        self.sa = <float *> hy_alloc64(sizeof(float) * self.max_nb)
+        self.s16 = <float *> hy_alloc64(sizeof(float) * 2 * self.max_nb)
+        self.prep = <uint8_t *> hy_alloc64(hy_q_stream_bytes(self.max_in) + 1)
         if self.qa == NULL or self.da == NULL or self.sa == NULL or self.s16 == NULL \
                 or self.prep == NULL:
             raise MemoryError()
