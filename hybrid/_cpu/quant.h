@@ -1107,10 +1107,13 @@ static inline void hy_q45_prep(const int8_t *qa, const float *da, const float *s
 
 /* W (<= 4) weight rows (row i at w + i*wstep) times R (<= HY_MR) activation rows (hy_q45_prep's,
  * pstride bytes apart): out[r*ldo + i*ostep].  Each row's integer sums of a step are reduced to
- * one per block and transposed so that lane 4k+i holds row i's block k; the float work is then
- * hy_q45_matvec16's, lane for lane and block after block (one FMA per block into the row's sum,
- * one into its offset, the same roundings in the same order), so both kernels give the same
- * bits and either may serve a row. */
+ * one per block and transposed so that lane 4k+i holds row i's block k; one FMA adds the step's
+ * scaled sums into a register whose lane 4k+i keeps row i's running sum of blocks k, k+4, ...
+ * (one more FMA the offsets), and the four sums of a row are added up at the end,
+ * (s0 + s1) + (s2 + s3).  hy_q45_matvec16 adds its blocks in the same order with the same
+ * roundings, so both kernels give the same bits and either may serve a row.  (Adding the blocks
+ * one after another, as before, took eight 128-bit FMAs and twelve extracts per step: in cache,
+ * 2 threads, 4096x4096 Q4_0 68 GB/s against 88 now.) */
 static inline __attribute__((always_inline)) void
 hy_q45_matvec_stream(const hy_q45_plan *pl, const uint8_t *w, long wstep, const int W, long nb,
                      const int R, const uint8_t *prep, long pstride, float *out, long ostep,
