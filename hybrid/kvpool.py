@@ -33,6 +33,7 @@ from collections import OrderedDict
 import numpy as np
 
 from .placement import Placement
+from .scratch import aligned_empty
 
 KV_DTYPES = {"float32": np.dtype(np.float32), "float16": np.dtype(np.float16)}
 
@@ -67,7 +68,7 @@ class HostLayerStorage:
 
     def grow(self, n: int):
         kvh, bs, d = self.shape
-        chunk = np.empty((n, kvh, 2, bs, d), dtype=self.dtype)
+        chunk = aligned_empty((n, kvh, 2, bs, d), self.dtype)
         c = len(self.chunks)
         self.chunks.append(chunk)
         self.where.extend((c, i) for i in range(n))
