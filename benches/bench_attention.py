@@ -45,7 +45,7 @@ def test_decode_attention_hybrid(benchmark, read_bandwidth, ctx, dtype):
         # Cold: each round follows the probe's 512 MiB and calls attention on several caches in
         # turn, at least 320 MiB together (10x the L3), as a decode step walks its layers'
         # caches, so none of them is in cache.  (One call per round, 1.4 ms at 16k float16, read
-        # 0.65-0.79 of the probe where cycling read 0.80-0.94 in the same hour: a single short
+        # 0.65-0.79 of the probe where cycling read 0.78-0.94 in the same hour: a single short
         # call carries its start-up in full.)
         copies = max(2, -(-STREAM_BYTES // kv_bytes))
         caches = [cache] + [_cache(ctx, dtype, rng) for _ in range(copies - 1)]
