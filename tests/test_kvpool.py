@@ -148,3 +148,24 @@ def test_pool_arguments_are_checked():
     with pytest.raises(RuntimeError, match="released more often"):
         pool.release(pool.allocate(1) * 2)
     assert isinstance(hybrid.PoolExhaustedError("x"), MemoryError)
+
+
+@pytest.mark.parametrize("dtype", ["float32", "float16"])
+def test_blocks_and_scratch_start_on_cache_lines(rng, dtype):
+    """The kernels read K/V rows and activation rows with 64-byte vector loads: a block or buffer
+    16 bytes past a cache line (numpy's own alignment) splits every one of them in two, which
+    cost float32 attention about a third of its speed from memory."""
+    from hybrid.scratch import Scratch
+
+    # a block here is 3 heads x (K, V) x 8 rows x 40 values: a whole number of cache lines, so
+    # every block starts on one when its chunk does
+    cache = PagedKVCache(num_layers=2, num_kv_heads=3, head_dim=40, block_size=8, dtype=dtype)
+    for n in (1, 7, 30, 200):  # the pool grows in chunks of several sizes
+        cache.append(0, rng.standard_normal((n, 120), dtype=np.float32),
+                     rng.standard_normal((n, 120), dtype=np.float32))
+        for layer in (0, 1):
+            k, v = cache.block_pointers(layer)
+            assert len(k) and not (k % 64).any(), (layer, k % 64)
+    scratch = Scratch()
+    for name, shape in (("a", (3,)), ("b", (7, 5)), ("a", (1000,)), ("c", (1, 577))):
+        assert scratch.get(name, shape, dtype).ctypes.data % 64 == 0, (name, shape)
