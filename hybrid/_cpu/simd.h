@@ -469,7 +469,7 @@ static inline int hy_attn_simd_ok(long n, int f16) {
  * V rows, so every line of the stream is prefetched once and the prefetches are spread evenly
  * over the work.  Non-temporal: each line is read once per step.  From memory (no cache reuse),
  * 2 threads, 32q/8kv heads, head_dim 128, AVX-512, ns per key and KV head per core, alternating
- * runs: float16 30-31 -> 26-28, float32 60-62 -> 55-58 against prefetching only in the scoring
+ * runs: float16 30-32 -> 26-28, float32 60-62 -> 55-60 against prefetching only in the scoring
  * passes (as many bytes as K and V together) with the T0 hint; 3 to 12 KiB ahead measured alike. */
 #define HY_ATTN_PF_AHEAD 6144
 #define HY_ATTN_PREFETCH(p, bytes)                                                               \
@@ -492,7 +492,7 @@ static inline void hy_rescale4(float *acc, const float *alpha, long n) {
         const float *q0 = q, *q1 = q + n, *q2 = q + 2 * n, *q3 = q + 3 * n;                      \
         for (int j = 0; j < c; j++) {                                                            \
             const T *k0 = k + (long)j * n;                                                       \
-            HY_ATTN_PREFETCH(k0, n * (long)sizeof(T));                            \
+            HY_ATTN_PREFETCH(k0, n * (long)sizeof(T));                                           \
             __m256 a0 = _mm256_setzero_ps(), a1 = a0, a2 = a0, a3 = a0;                          \
             for (long d = 0; d < n; d += 8) {                                                    \
                 __m256 x0 = LD(k0 + d);                                                          \
@@ -514,7 +514,7 @@ static inline void hy_rescale4(float *acc, const float *alpha, long n) {
         int j = 0;                                                                               \
         for (; j + 2 <= c; j += 2) {                                                             \
             const T *k0 = k + (long)j * n, *k1 = k0 + n;                                         \
-            HY_ATTN_PREFETCH(k0, 2 * n * (long)sizeof(T));                        \
+            HY_ATTN_PREFETCH(k0, 2 * n * (long)sizeof(T));                                       \
             __m256 a00 = _mm256_setzero_ps(), a01 = a00, a10 = a00, a11 = a00;                   \
             __m256 a20 = a00, a21 = a00, a30 = a00, a31 = a00;                                   \
             for (long d = 0; d < n; d += 8) {                                                    \
