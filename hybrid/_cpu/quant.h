@@ -1105,6 +1105,12 @@ static inline void hy_q45_prep(const int8_t *qa, const float *da, const float *s
     }
 }
 
+/* lanes 4k+i of x summed over k, (k0 + k1) + (k2 + k3): row i's four running sums */
+static inline __m128 hy_q45_sets_sum(__m512 x) {
+    return _mm_add_ps(_mm_add_ps(_mm512_castps512_ps128(x), _mm512_extractf32x4_ps(x, 1)),
+                      _mm_add_ps(_mm512_extractf32x4_ps(x, 2), _mm512_extractf32x4_ps(x, 3)));
+}
+
 /* W (<= 4) weight rows (row i at w + i*wstep) times R (<= HY_MR) activation rows (hy_q45_prep's,
  * pstride bytes apart): out[r*ldo + i*ostep].  Each row's integer sums of a step are reduced to
  * one per block and transposed so that lane 4k+i holds row i's block k; one FMA adds the step's
@@ -1121,7 +1127,6 @@ hy_q45_matvec_stream(const hy_q45_plan *pl, const uint8_t *w, long wstep, const 
     const int bb = pl->bb, five = pl->five, with_min = pl->with_min, s = 4 * bb - 64;
     const __m512i m4 = _mm512_set1_epi8(0x0F);
     __m512 acc[HY_MR], off[HY_MR];
-    __m128 acc128[HY_MR], off128[HY_MR];
     for (int r = 0; r < R; r++) acc[r] = off[r] = _mm512_setzero_ps();
     for (long g = 0; g < nb; g += 4, prep += HY_Q45_PREP) {
         /* the last step may hold fewer than 4 blocks: masked loads read zeros past them, and
@@ -1171,16 +1176,10 @@ hy_q45_matvec_stream(const hy_q45_plan *pl, const uint8_t *w, long wstep, const 
             off[r] = _mm512_fmadd_ps(mn, sa, off[r]);
         }
     }
-    for (int r = 0; r < R; r++) {
-        acc128[r] = _mm_add_ps(_mm_add_ps(_mm512_castps512_ps128(acc[r]), _mm512_extractf32x4_ps(acc[r], 1)),
-                               _mm_add_ps(_mm512_extractf32x4_ps(acc[r], 2), _mm512_extractf32x4_ps(acc[r], 3)));
-        off128[r] = _mm_add_ps(_mm_add_ps(_mm512_castps512_ps128(off[r]), _mm512_extractf32x4_ps(off[r], 1)),
-                               _mm_add_ps(_mm512_extractf32x4_ps(off[r], 2), _mm512_extractf32x4_ps(off[r], 3)));
-    }
     const float centre = with_min ? 1.0f : (five ? -16.0f : -8.0f);
     for (int r = 0; r < R; r++) {
         float v[4];
-        _mm_storeu_ps(v, _mm_fmadd_ps(off128[r], _mm_set1_ps(centre), acc128[r]));
+        _mm_storeu_ps(v, _mm_fmadd_ps(hy_q45_sets_sum(off[r]), _mm_set1_ps(centre), hy_q45_sets_sum(acc[r])));
         for (int i = 0; i < W; i++) out[r * ldo + i * ostep] = v[i];
     }
 }
