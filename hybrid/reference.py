@@ -155,3 +155,23 @@ def decoder_layer(x, positions, past_k, past_v, w, cfg):
     h2 = rmsnorm(x1, w.mlp_norm, eps)
     out = x1 + linear(swiglu(linear(h2, w.w_gate), linear(h2, w.w_up)), w.w_down)
     return out, k_all, v_all
+
+
+def quantize_activations(x):
+    """The 8-bit blocks the integer mat-vec and GEMM kernels read, bit for bit (float32 steps, as
+    llama.cpp's Q8_0 with symmetric rounding to nearest even): for each block of 32 values of a
+    row, amax = the largest |x| that is not NaN, d = amax / 127, q = round(x * (127 / amax))
+    clamped to [-127, 127] (a NaN or infinite product gives -127; d = 0 gives zeros), and
+    s = d * sum(q).  Returns (q int8 [rows, n], d float32 [rows, n/32], s float32 [rows, n/32])."""
+    x = np.asarray(x, np.float32)
+    rows, n = x.shape
+    blocks = x.reshape(rows, n // 32, 32)
+    with np.errstate(invalid="ignore", over="ignore"):
+        amax = np.nanmax(np.where(np.isnan(blocks), np.float32(0), np.abs(blocks)), axis=2)
+        d = (amax / np.float32(127)).astype(np.float32)
+        inv = np.where(d > 0, np.float32(127) / np.where(d > 0, amax, np.float32(1)),
+                       np.float32(0)).astype(np.float32)
+        prod = np.rint(blocks * inv[..., None]).astype(np.float32)
+        q = np.where(np.isfinite(prod), np.clip(prod, -127, 127), -127).astype(np.int8)
+    s = (d * q.astype(np.int32).sum(axis=2).astype(np.float32)).astype(np.float32)
+    return q.reshape(rows, n), d, s

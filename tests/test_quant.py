@@ -81,6 +81,37 @@ def _act_quantized(x):
     return deq.reshape(rows, n), da
 
 
+def test_activation_blocks_equal_the_reference_bit_for_bit(rng):
+    """The 8-bit activation blocks (vector paths where the build has them, the scalar loop in the
+    portable build) equal hybrid.reference.quantize_activations byte for byte, with blocks of
+    zeros, NaN, infinities, -0.0, tiny and huge values, and ties of the rounding."""
+    from hybrid import reference
+
+    rows, n = 9, 32 * 41
+    x = (rng.standard_normal((rows, n)) * np.exp(rng.uniform(-8, 8, (rows, 1)))).astype(np.float32)
+    blocks = x.reshape(rows, -1, 32)
+    blocks[0, 0] = 0.0
+    blocks[0, 1, 5] = np.nan
+    blocks[0, 2, 7] = np.inf
+    blocks[0, 3, :] = -0.0
+    blocks[0, 4, :] = np.nan
+    blocks[1, 0] *= np.float32(1e-41)  # subnormal: the scale rounds to zero or its inverse overflows
+    blocks[1, 1] = np.float32(1e-38) * rng.standard_normal(32).astype(np.float32)
+    blocks[1, 2] = np.float32(3e38) * np.sign(rng.standard_normal(32)).astype(np.float32)
+    blocks[1, 3] = np.arange(32, dtype=np.float32) - 15.5  # halves: ties to even
+    blocks[1, 4] = np.float32(127)
+    blocks[1, 4, ::3] = np.float32(-0.5) - np.arange(11, dtype=np.float32)
+    qa = np.empty((rows, n), np.int8)
+    da = np.empty((rows, n // 32), np.float32)
+    sa = np.empty((rows, n // 32), np.float32)
+    with np.errstate(invalid="ignore", over="ignore"):
+        kernels.quantize_activations(x, qa, da, sa)
+    want_q, want_d, want_s = reference.quantize_activations(x)
+    assert np.array_equal(qa, want_q)
+    assert da.view(np.uint32).tobytes() == want_d.view(np.uint32).tobytes()
+    assert sa.view(np.uint32).tobytes() == want_s.view(np.uint32).tobytes()
+
+
 @pytest.mark.parametrize("name", NAMES)
 @pytest.mark.parametrize("rows", [1, 2, 7, 16, 100])
 def test_linear_against_float64(name, rows, rng):
@@ -269,6 +300,26 @@ def test_each_row_is_independent_of_the_batch(rng, name):
                 part = np.empty((rows.stop - rows.start, 37), np.float32)
                 kernel(code, w.data, np.ascontiguousarray(x[rows]), None, part, 2)
                 assert np.array_equal(part, full[rows]), (kernel.__name__, n, rows)
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_each_weight_row_is_independent_of_its_neighbours(rng, name):
+    """Kernels that serve two, four or sixteen weight rows per pass give each row the bits it
+    gets alone: a matrix's mat-vec equals, row for row, the mat-vec of each row by itself (and of
+    odd slices, which leave a row over after the pairs).  Q8_0 is checked where its rows are
+    wide enough to be served one at a time: on narrow matrices (16 rows within 12 KiB) groups of
+    16 rows take a kernel with another order of sums, chosen by the matrix's shape alone."""
+    n = 2048 if name == "q8_0" else 512
+    w = random_blocks(name, 23, n, rng)
+    code = w.format.kernel_code
+    for rows in (1, 3):
+        x = rng.standard_normal((rows, n)).astype(np.float32)
+        full = np.empty((rows, 23), np.float32)
+        kernels.matvec(code, w.data, x, None, full, 2)
+        for lo, hi in [(i, i + 1) for i in range(23)] + [(0, 3), (5, 12), (6, 23)]:
+            part = np.empty((rows, hi - lo), np.float32)
+            kernels.matvec(code, np.ascontiguousarray(w.data[lo:hi]), x, None, part, 1)
+            assert np.array_equal(part, full[:, lo:hi]), (rows, lo, hi)
 
 
 @pytest.mark.skipif(os.name != "posix", reason="needs mmap and mprotect")
