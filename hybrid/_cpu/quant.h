@@ -500,25 +500,37 @@ hy_dot_q4q5_rows(const uint8_t *w, long nb, const int R, const int8_t *qa, const
     float sum[HY_MR], msum[HY_MR];
     for (int r = 0; r < HY_MR; r++) sum[r] = msum[r] = 0.0f;
 #ifdef HY_AVX2  /* (a 512-bit two-block version measured 9% slower here) */
+    /* two blocks per step: even blocks into acc0 and msum, odd ones into acc1 and msum1, so no
+     * sum waits on the one before it (one block per step, with a branch choosing the
+     * accumulator and one chain of offsets, ran 11 cycles per block on a Zen 4 core) */
     __m256 acc0[HY_MR], acc1[HY_MR];
-    for (int r = 0; r < R; r++) acc0[r] = acc1[r] = _mm256_setzero_ps();
-    for (; b < nb; b++) {
-        const uint8_t *blk = w + bb * b;
-        HY_PREFETCH(blk);
-        const float d = hy_f16(blk);
-        const float mb = with_min ? hy_f16(blk + 2) : -centre * d;
-        __m256i nv = hy_nibbles16(blk + qoff);
-        if (five) nv = _mm256_or_si256(nv, hy_bit4_from_bits(hy_u32(blk + hoff)));
+    float msum1[HY_MR];
+    for (int r = 0; r < R; r++) acc0[r] = acc1[r] = _mm256_setzero_ps(), msum1[r] = 0.0f;
+    for (; b + 2 <= nb; b += 2) {
+        const uint8_t *blk0 = w + bb * b, *blk1 = blk0 + bb;
+        HY_PREFETCH(blk0);  /* (2 blocks are at most 48 bytes: every line is prefetched) */
+        const float d0 = hy_f16(blk0), d1 = hy_f16(blk1);
+        const float mb0 = with_min ? hy_f16(blk0 + 2) : -centre * d0;
+        const float mb1 = with_min ? hy_f16(blk1 + 2) : -centre * d1;
+        __m256i nv0 = hy_nibbles16(blk0 + qoff), nv1 = hy_nibbles16(blk1 + qoff);
+        if (five) {
+            nv0 = _mm256_or_si256(nv0, hy_bit4_from_bits(hy_u32(blk0 + hoff)));
+            nv1 = _mm256_or_si256(nv1, hy_bit4_from_bits(hy_u32(blk1 + hoff)));
+        }
         for (int r = 0; r < R; r++) {
-            __m256i p = hy_dot_u8s8(nv, _mm256_loadu_si256((const __m256i *)(qa + r * n + 32 * b)));
-            msum[r] += mb * sa[r * nb + b];
-            if (b & 1)  /* two accumulators hide the FMA latency */
-                acc1[r] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(p), _mm256_set1_ps(d * da[r * nb + b]), acc1[r]);
-            else
-                acc0[r] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(p), _mm256_set1_ps(d * da[r * nb + b]), acc0[r]);
+            const int8_t *a = qa + r * n + 32 * b;
+            const __m256i p0 = hy_dot_u8s8(nv0, _mm256_loadu_si256((const __m256i *)a));
+            const __m256i p1 = hy_dot_u8s8(nv1, _mm256_loadu_si256((const __m256i *)(a + 32)));
+            msum[r] += mb0 * sa[r * nb + b];
+            msum1[r] += mb1 * sa[r * nb + b + 1];
+            acc0[r] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(p0), _mm256_set1_ps(d0 * da[r * nb + b]), acc0[r]);
+            acc1[r] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(p1), _mm256_set1_ps(d1 * da[r * nb + b + 1]), acc1[r]);
         }
     }
-    for (int r = 0; r < R; r++) sum[r] = hy_hsum256(_mm256_add_ps(acc0[r], acc1[r]));
+    for (int r = 0; r < R; r++) {
+        sum[r] = hy_hsum256(_mm256_add_ps(acc0[r], acc1[r]));
+        msum[r] += msum1[r];
+    }
 #endif
     for (; b < nb; b++) {
         const uint8_t *blk = w + bb * b, *q = blk + qoff;
@@ -541,8 +553,11 @@ hy_dot_q4q5_rows(const uint8_t *w, long nb, const int R, const int8_t *qa, const
 
 static float hy_dot_q4q5(const uint8_t *w, long nb, const int8_t *qa, const float *da,
                          const float *sa, int five, int with_min) {
-    float out;
-    hy_dot_q4q5_rows(w, nb, 1, qa, da, sa, five, with_min, &out);
+    float out;  /* (constant five / with_min in each call: no branches in the loop) */
+    if (five && with_min) hy_dot_q4q5_rows(w, nb, 1, qa, da, sa, 1, 1, &out);
+    else if (five) hy_dot_q4q5_rows(w, nb, 1, qa, da, sa, 1, 0, &out);
+    else if (with_min) hy_dot_q4q5_rows(w, nb, 1, qa, da, sa, 0, 1, &out);
+    else hy_dot_q4q5_rows(w, nb, 1, qa, da, sa, 0, 0, &out);
     return out;
 }
 
