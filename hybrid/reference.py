@@ -166,12 +166,11 @@ def quantize_activations(x):
     x = np.asarray(x, np.float32)
     rows, n = x.shape
     blocks = x.reshape(rows, n // 32, 32)
-    with np.errstate(invalid="ignore", over="ignore"):
-        amax = np.nanmax(np.where(np.isnan(blocks), np.float32(0), np.abs(blocks)), axis=2)
-        d = (amax / np.float32(127)).astype(np.float32)
-        inv = np.where(d > 0, np.float32(127) / np.where(d > 0, amax, np.float32(1)),
-                       np.float32(0)).astype(np.float32)
-        prod = np.rint(blocks * inv[..., None]).astype(np.float32)
+    with np.errstate(invalid="ignore", over="ignore", divide="ignore"):
+        amax = np.where(np.isnan(blocks), np.float32(0), np.abs(blocks)).max(axis=2)
+        d = amax / np.float32(127)
+        inv = np.where(d > 0, np.float32(127) / amax, np.float32(0)).astype(np.float32)
+        prod = np.rint(blocks * inv[..., None])
         q = np.where(np.isfinite(prod), np.clip(prod, -127, 127), -127).astype(np.int8)
     s = (d * q.astype(np.int32).sum(axis=2).astype(np.float32)).astype(np.float32)
     return q.reshape(rows, n), d, s

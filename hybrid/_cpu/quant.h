@@ -263,6 +263,25 @@ static inline void hy_q_decode_row(int type, const uint8_t *row, float *y, long 
 
 /* Quantize x[0..n) (n % 32 == 0) to 8-bit blocks: qa[n], da[n/32], sa[n/32] (see the header),
  * and, when s16 is not NULL, s16[n/16] = da * (sum of qa over each 16 values) for Q6_K. */
+/* block b's scale and scaled sums (of its two halves of 16 values, and of all 32) */
+static inline void hy_q_act_sums(long b, float d, int sum0, int sum1, float *da, float *sa,
+                                 float *s16) {
+    da[b] = d;
+    sa[b] = d * (float)(sum0 + sum1);
+    if (s16 != NULL) {
+        s16[2 * b] = d * (float)sum0;
+        s16[2 * b + 1] = d * (float)sum1;
+    }
+}
+
+#ifdef HY_AVX2
+static inline int hy_hsum256_epi32(__m256i v) {
+    __m128i h = _mm_add_epi32(_mm256_castsi256_si128(v), _mm256_extracti128_si256(v, 1));
+    h = _mm_add_epi32(h, _mm_shuffle_epi32(h, 0x4E));
+    return _mm_cvtsi128_si32(h) + _mm_extract_epi32(h, 1);
+}
+#endif
+
 static inline void hy_q_act(const float *x, long n, int8_t *qa, float *da, float *sa, float *s16) {
     long b = 0;
     /* The vector paths take the same steps as the scalar loop below and give the same bytes:
@@ -285,13 +304,7 @@ static inline void hy_q_act(const float *x, long n, int8_t *qa, float *da, float
             _mm512_roundscale_ps(_mm512_mul_ps(x1, id), rnd))));
         _mm_storeu_si128((__m128i *)(qa + 32 * b), _mm512_cvtepi32_epi8(v0));
         _mm_storeu_si128((__m128i *)(qa + 32 * b + 16), _mm512_cvtepi32_epi8(v1));
-        const int sum0 = _mm512_reduce_add_epi32(v0), sum1 = _mm512_reduce_add_epi32(v1);
-        da[b] = d;
-        sa[b] = d * (float)(sum0 + sum1);
-        if (s16 != NULL) {
-            s16[2 * b] = d * (float)sum0;
-            s16[2 * b + 1] = d * (float)sum1;
-        }
+        hy_q_act_sums(b, d, _mm512_reduce_add_epi32(v0), _mm512_reduce_add_epi32(v1), da, sa, s16);
     }
 #elif defined(HY_AVX2)
     const __m256 absmask = _mm256_castsi256_ps(_mm256_set1_epi32(0x7fffffff));
@@ -317,19 +330,8 @@ static inline void hy_q_act(const float *x, long n, int8_t *qa, float *da, float
             _mm256_packs_epi16(_mm256_packs_epi32(v[0], v[1]), _mm256_packs_epi32(v[2], v[3])),
             _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7));
         _mm256_storeu_si256((__m256i *)(qa + 32 * b), bytes);
-        __m256i s0 = _mm256_add_epi32(v[0], v[1]), s1 = _mm256_add_epi32(v[2], v[3]);
-        __m128i h0 = _mm_add_epi32(_mm256_castsi256_si128(s0), _mm256_extracti128_si256(s0, 1));
-        __m128i h1 = _mm_add_epi32(_mm256_castsi256_si128(s1), _mm256_extracti128_si256(s1, 1));
-        h0 = _mm_add_epi32(h0, _mm_shuffle_epi32(h0, 0x4E));
-        h1 = _mm_add_epi32(h1, _mm_shuffle_epi32(h1, 0x4E));
-        const int sum0 = _mm_cvtsi128_si32(h0) + _mm_extract_epi32(h0, 1);
-        const int sum1 = _mm_cvtsi128_si32(h1) + _mm_extract_epi32(h1, 1);
-        da[b] = d;
-        sa[b] = d * (float)(sum0 + sum1);
-        if (s16 != NULL) {
-            s16[2 * b] = d * (float)sum0;
-            s16[2 * b + 1] = d * (float)sum1;
-        }
+        hy_q_act_sums(b, d, hy_hsum256_epi32(_mm256_add_epi32(v[0], v[1])),
+                      hy_hsum256_epi32(_mm256_add_epi32(v[2], v[3])), da, sa, s16);
     }
 #endif
     for (; b < n / 32; b++) {
@@ -345,12 +347,7 @@ static inline void hy_q_act(const float *x, long n, int8_t *qa, float *da, float
             qa[32 * b + j] = (int8_t)v;
             if (j < 16) sum0 += v; else sum1 += v;
         }
-        da[b] = d;
-        sa[b] = d * (float)(sum0 + sum1);
-        if (s16 != NULL) {
-            s16[2 * b] = d * (float)sum0;
-            s16[2 * b + 1] = d * (float)sum1;
-        }
+        hy_q_act_sums(b, d, sum0, sum1, da, sa, s16);
     }
 }
 
