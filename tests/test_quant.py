@@ -326,6 +326,31 @@ def test_each_weight_row_is_independent_of_its_neighbours(rng, name):
             assert np.array_equal(part, full[:, lo:hi]), (rows, lo, hi)
 
 
+@pytest.mark.parametrize("name", NAMES)
+def test_rows_shared_between_threads_in_claimed_pieces_keep_their_bits(name, rng):
+    """A mat-vec's threads claim pieces of their shares of the rows and then of each other's
+    (hybrid/_cpu/quant.pyx, _matvec_claimed), so which thread serves a row, and in which call,
+    changes from run to run.  Four matrices of a few MB (many pieces, pieces spanning two
+    matrices, row counts that are not multiples of 16) give the bits of one thread serving each
+    matrix whole, on 2, 3 and 5 threads (more threads than cores: a slowed thread whose pieces
+    the others take), run after run, with biases."""
+    n = 1024
+    shapes = [1000, 333, 2000, 517]
+    mats = [random_blocks(name, o, n, rng) for o in shapes]
+    biases = [rng.standard_normal(o).astype(np.float32) for o in shapes]
+    for rows in (1, 3):
+        x = rng.standard_normal((rows, n)).astype(np.float32)
+        want = [np.empty((rows, o), np.float32) for o in shapes]
+        kernels.matvec_many([(w.format.kernel_code, w.data, b, y)
+                             for w, b, y in zip(mats, biases, want)], x, 1)
+        for threads in (2, 3, 5, 2, 3, 5):
+            got = [np.full((rows, o), np.nan, np.float32) for o in shapes]
+            kernels.matvec_many([(w.format.kernel_code, w.data, b, y)
+                                 for w, b, y in zip(mats, biases, got)], x, threads)
+            for k in range(len(shapes)):
+                assert np.array_equal(got[k], want[k]), (rows, threads, k)
+
+
 @pytest.mark.skipif(os.name != "posix", reason="needs mmap and mprotect")
 @pytest.mark.parametrize("name", NAMES)
 def test_kernels_read_nothing_past_the_weights(name, rng):

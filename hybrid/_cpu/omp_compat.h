@@ -15,4 +15,10 @@ static inline int hy_omp_max_threads(void) { return 1; }
 static inline void hy_omp_set_threads(int n) { (void)n; }
 #endif
 
+/* A shared work counter: returns its value before adding n (relaxed order is enough: what a
+ * claimed chunk reads and writes is ordered by the parallel region's own barriers). */
+static inline long hy_claim(long *counter, long n) {
+    return __atomic_fetch_add(counter, n, __ATOMIC_RELAXED);
+}
+
 #endif
