@@ -1458,9 +1458,12 @@ static inline void hy_q_matvec_range(int type, const uint8_t *w, long row_bytes,
                 if (type == HY_Q_Q6_K)
                     hy_dot_q6_k_512_rows(w + o * row_bytes, row_bytes, 2, n / 256, qa + r * n,
                                          da + r * nb, s16 + 2 * r * nb, v);
+                else if (type == HY_Q_Q5_K)  /* (five a constant in each call) */
+                    hy_dot_q45_k_512_rows(w + o * row_bytes, row_bytes, 2, n / 256, qa + r * n,
+                                          da + r * nb, sa + r * nb, 1, v);
                 else
                     hy_dot_q45_k_512_rows(w + o * row_bytes, row_bytes, 2, n / 256, qa + r * n,
-                                          da + r * nb, sa + r * nb, type == HY_Q_Q5_K, v);
+                                          da + r * nb, sa + r * nb, 0, v);
                 for (int i = 0; i < 2; i++) out[r * ldo + o + i] = v[i] + (bias ? bias[o + i] : 0.0f);
             }
     }
