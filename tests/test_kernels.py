@@ -161,6 +161,26 @@ def test_gemm_f32_rows_do_not_depend_on_the_batch_or_threads(rng):
         np.testing.assert_array_equal(part, full[lo:hi])
 
 
+@pytest.mark.parametrize("rows,fin,fout", [(1, 1, 1), (1, 2049, 1031), (3, 576, 2000),
+                                           (16, 17, 300)])
+def test_matvec_f32_against_float64_and_across_threads(rng, rows, fin, fout):
+    """The float32 decode mat-vec: within float32 rounding of the float64 product, and the same
+    bits on 1, 2, 3 and 5 threads, run after run (its rows are claimed in pieces by the threads,
+    as the quantized formats' are: which thread serves a row changes, its sums never do)."""
+    x = rng.standard_normal((rows, fin), dtype=np.float32)
+    w = rng.standard_normal((fout, fin), dtype=np.float32)
+    b = rng.standard_normal(fout, dtype=np.float32)
+    want = np.full((rows, fout), np.nan, np.float32)
+    _qk.matvec_f32(w, x, b, want, 1)
+    assert rel_err(want, ref.linear(x, w, b)) < 4e-7 * max(4.0, np.sqrt(fin))
+    for threads in (2, 3, 5, 2, 3, 5):
+        got = np.full((rows, fout), np.nan, np.float32)
+        _qk.matvec_f32(w, x, b, got, threads)
+        np.testing.assert_array_equal(got, want)
+    _qk.matvec_f32(w, x, None, got, 2)
+    assert rel_err(got, ref.linear(x, w)) < 4e-7 * max(4.0, np.sqrt(fin))
+
+
 @needs_gemm_f32
 def test_gemm_f32_writes_a_column_slice_and_rejects_bad_shapes(rng):
     x = rng.standard_normal((6, 40), dtype=np.float32)

@@ -80,7 +80,10 @@ static inline const char *hy_q_simd(void) {
 
 enum {
     HY_Q_F16 = 1, HY_Q_BF16 = 2, HY_Q_Q8_0 = 3, HY_Q_Q4_0 = 4, HY_Q_Q4_1 = 5, HY_Q_Q5_0 = 6,
-    HY_Q_Q5_1 = 7, HY_Q_Q4_K = 8, HY_Q_Q5_K = 9, HY_Q_Q6_K = 10
+    HY_Q_Q5_1 = 7, HY_Q_Q4_K = 8, HY_Q_Q5_K = 9, HY_Q_Q6_K = 10,
+    /* float32 rows: only for the mat-vec's own use (quant.pyx's matvec_f32), not a stored
+     * format (hy_q_block_values says 0: no weight array is accepted with this code) */
+    HY_Q_F32 = 11
 };
 
 static inline float hy_f16(const uint8_t *p) {
@@ -1322,6 +1325,7 @@ static inline float hy_q_dot(int type, const uint8_t *w, long n, const int8_t *q
     case HY_Q_Q4_K: return hy_dot_q45_k(w, n / 256, qa, da, sa, 0);
     case HY_Q_Q5_K: return hy_dot_q45_k(w, n / 256, qa, da, sa, 1);
     case HY_Q_Q6_K: return hy_dot_q6_k(w, n / 256, qa, da, s16);
+    case HY_Q_F32: return hy_dot_stream((const float *)w, x, n);
     }
     return NAN;
 }

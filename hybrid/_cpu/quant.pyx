@@ -13,6 +13,7 @@ from libc.string cimport memcmp, memset
 from hybrid._cpu.attention cimport RaggedStep
 
 cdef extern from "quant.h" nogil:
+    enum: HY_Q_F32
     const char *hy_q_simd()
     int hy_q_block_values(int type)
     int hy_q_block_bytes(int type)
@@ -425,17 +426,21 @@ def matvec_f32(const float[:, ::1] w,   # IN  [out, in] float32 weight rows
                float[:, ::1] out,       # OUT [rows, out]
                int num_threads):
     """out = x @ W.T (+ bias) for float32 weights, each weight row streamed from memory once
-    (prefetched) for all rows of x; every row's sums in the same order whatever the row count."""
-    cdef Py_ssize_t n = x.shape[1], rows = x.shape[0], n_out = w.shape[0], c, o, r
+    (prefetched) for all rows of x, the rows shared by the threads as the quantized formats'
+    (_matvec_group); every row's sums in the same order whatever the row or thread count."""
+    cdef Py_ssize_t n = x.shape[1], rows = x.shape[0]
     cdef const float *bp = _f32_args(w, x, bias, out, "matvec_f32")
-    if rows == 0 or n_out == 0 or n == 0:
+    if rows == 0 or w.shape[0] == 0 or n == 0:
         return
-    cdef Py_ssize_t nchunks = (n_out + MATVEC_CHUNK - 1) // MATVEC_CHUNK
-    cdef int nt = num_threads if n_out * n * 4 >= PARALLEL_MIN_BYTES else 1
-    for c in prange(nchunks, nogil=True, num_threads=nt, schedule="static"):
-        for o in range(c * MATVEC_CHUNK, min((c + 1) * MATVEC_CHUNK, n_out)):
-            for r in range(rows):
-                out[r, o] = hy_dot_stream(&w[o, 0], &x[r, 0], n) + (bp[o] if bp != NULL else 0.0)
+    cdef _Mat m
+    m.code = HY_Q_F32
+    m.w = <const uint8_t *> &w[0, 0]
+    m.row_bytes = n * sizeof(float)
+    m.n_out = w.shape[0]
+    m.bias = bp
+    m.out = &out[0, 0]
+    with nogil:
+        _matvec_group(&m, 1, &x[0, 0], n, <int> rows, NULL, NULL, NULL, NULL, NULL, num_threads)
 
 
 def gemm_f32(const float[:, ::1] w,   # IN  [out, in] float32 weight rows
