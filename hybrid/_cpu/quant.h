@@ -929,6 +929,16 @@ static float hy_dot_half(const uint8_t *w, long n, const float *x, int bf16) {
 }
 
 #if defined(HY_Q512)
+/* The 16-row mat-vecs prefetch the group after the next into L2, not L1: that group, the next
+ * and the one being read are three times 16 rows (30 KB at 576 values per Q8_0 row), more than
+ * fits beside everything else in a 32 KB L1 (Zen 4; the Zen 5-class core's is 48 KB), so
+ * prefetched lines were evicted before they were read.  Zen 4, 2 threads, from memory, one
+ * activation row, Q8_0: 49152x576 (SmolLM2's LM head) 18 -> 38-40 GB/s, 1536x576 15 -> 22;
+ * the same bits. */
+#ifndef HY_ROWS16_PF_HINT
+#define HY_ROWS16_PF_HINT _MM_HINT_T1
+#endif
+
 /* Shared by the 16-row mat-vecs: the first 16 bytes of the 16 rows' blocks (row i at
  * blk + i*row_bytes), four rows per register, then dwords 0 and 1 of every row as lanes:
  * dw0 lane i = dword 0 of row i, dw1 the same for dword 1 (NULL: not wanted).  128-bit loads and
@@ -1030,7 +1040,7 @@ hy_q45_matvec16(const uint8_t *w, long row_bytes, long nb, const int R, const in
         /* the 16 rows after the next, front to back, spread over this group's blocks: one
          * forward stream for the prefetchers instead of 16 interleaved ones (from memory,
          * single core: 19 GB/s for per-row prefetches, 33-35 GB/s this way) */
-        for (int l = 0; l < pf_lines; l++, pf += 64) _mm_prefetch((const char *)pf, _MM_HINT_T0);
+        for (int l = 0; l < pf_lines; l++, pf += 64) _mm_prefetch((const char *)pf, HY_ROWS16_PF_HINT);
         /* 16 rows' 16 nibble bytes: four rows per 512-bit register */
         __m512i z[4];
         for (int j = 0; j < 4; j++) {
@@ -1130,11 +1140,11 @@ hy_q8_matvec16(const uint8_t *w, long row_bytes, long nb, const int R, const int
     const __m512i flip = _mm512_set1_epi8((char)0x80);
     __m512 acc[HY_MR], off[HY_MR];
     for (int r = 0; r < R; r++) acc[r] = off[r] = _mm512_setzero_ps();
-    const uint8_t *pf = w + 32 * row_bytes;  /* two groups ahead, one forward stream */
+    const uint8_t *pf = w + 32 * row_bytes;  /* two groups ahead, one forward stream, into L2 */
     const int pf_lines = (int)((16 * row_bytes / 64 + nb - 1) / nb);
     for (long b = 0; b < nb; b++) {
         const uint8_t *blk = w + 34 * b;
-        for (int l = 0; l < pf_lines; l++, pf += 64) _mm_prefetch((const char *)pf, _MM_HINT_T0);
+        for (int l = 0; l < pf_lines; l++, pf += 64) _mm_prefetch((const char *)pf, HY_ROWS16_PF_HINT);
         __m512i wc[8];  /* wc[c] lane i: dword c (values 4c..4c+3) of row i, sign bit flipped */
         hy_transpose_16x8(blk + 2, row_bytes, wc);
         for (int c = 0; c < 8; c++) wc[c] = _mm512_xor_si512(wc[c], flip);
