@@ -939,9 +939,7 @@ static float hy_dot_half(const uint8_t *w, long n, const float *x, int bf16) {
  * prefetched lines were evicted before they were read.  Zen 4, 2 threads, from memory, one
  * activation row, Q8_0: 49152x576 (SmolLM2's LM head) 18 -> 38-40 GB/s, 1536x576 15 -> 22;
  * the same bits. */
-#ifndef HY_ROWS16_PF_HINT
 #define HY_ROWS16_PF_HINT _MM_HINT_T1
-#endif
 
 /* Shared by the 16-row mat-vecs: the first 16 bytes of the 16 rows' blocks (row i at
  * blk + i*row_bytes), four rows per register, then dwords 0 and 1 of every row as lanes:
