@@ -467,14 +467,16 @@ static inline int hy_attn_simd_ok(long n, int f16) {
  * stream.  Each pass over rows prefetches the bytes it reads itself, HY_ATTN_PF_AHEAD bytes
  * further on: the scoring passes prefetch ahead of their K rows, the value passes ahead of their
  * V rows, so every line of the stream is prefetched once and the prefetches are spread evenly
- * over the work.  Non-temporal: each line is read once per step.  From memory (no cache reuse),
- * 2 threads, 32q/8kv heads, head_dim 128, AVX-512, ns per key and KV head per core, alternating
- * runs: float16 30-32 -> 26-28, float32 60-62 -> 55-60 against prefetching only in the scoring
- * passes (as many bytes as K and V together) with the T0 hint; 3 to 12 KiB ahead measured alike. */
-#define HY_ATTN_PF_AHEAD 6144
+ * over the work.  Into L2 (T1): on a Zen 4 core (32 KiB L1D) lines prefetched into L1 (T0 or
+ * NTA) were partly evicted before their use.  From memory (no cache reuse), 2 threads, 32q/8kv
+ * heads, head_dim 128, context 16k, AVX-512, ns per key and KV head per core, alternating runs:
+ * NTA 6 KiB ahead float16 47-82, float32 72-91; T0 alike; T1 12 KiB ahead float16 32-35,
+ * float32 63-69 (8 to 32 KiB ahead measured alike; cache-resident runs unchanged).  (On a Zen
+ * 5-class core, 48 KiB L1D, NTA had measured 26-28 and 55-60.) */
+#define HY_ATTN_PF_AHEAD 12288
 #define HY_ATTN_PREFETCH(p, bytes)                                                               \
     for (long o_ = 0; o_ < (bytes); o_ += 64)                                                    \
-        _mm_prefetch((const char *)(p) + HY_ATTN_PF_AHEAD + o_, _MM_HINT_NTA);
+        _mm_prefetch((const char *)(p) + HY_ATTN_PF_AHEAD + o_, _MM_HINT_T1);
 
 /* acc[g, :] *= alpha[g] for g < 4 (skipped where the running max did not move) */
 static inline void hy_rescale4(float *acc, const float *alpha, long n) {
