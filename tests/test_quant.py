@@ -49,8 +49,9 @@ def oracle(qt: QuantizedTensor) -> np.ndarray:
 
 def widths(name):
     # 32 to 224: 1, 2, 3, 5 and 7 blocks of 32, so that the kernels stepping 4 blocks at a time
-    # end on a partial step of each length, alone or after whole steps
-    return [w for w in (256, 576, 1536, 4096, 32, 64, 96, 160, 224)
+    # end on a partial step of each length, alone or after whole steps; 17 and 100 (formats of
+    # single values only) end inside a 16-value half of the 32-value steps of the half kernels
+    return [w for w in (256, 576, 1536, 4096, 32, 64, 96, 160, 224, 17, 100)
             if w % FORMATS[name].block_values == 0]
 
 
