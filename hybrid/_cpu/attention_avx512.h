@@ -53,7 +53,7 @@ HY512_AI void hy512_scores(const int NQ, const int f16, const float *q, const vo
     int j = 0;
     for (; j + 2 <= c; j += 2) {
         __m512 a0[4] = {z, z, z, z}, a1[4] = {z, z, z, z};
-        /* software prefetch of this pass's K rows, HY_ATTN_PF_AHEAD bytes on (simd.h; the
+        /* software prefetch of this pass's K rows, a fixed distance on (simd.h; the
          * value passes do the same for their V rows) */
         HY_ATTN_PREFETCH((const char *)k + (long)j * row, 2 * row);
         for (int d = 0; d < D; d += 16) {

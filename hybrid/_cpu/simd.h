@@ -19,6 +19,7 @@
 #ifndef HYBRID_SIMD_H
 #define HYBRID_SIMD_H
 
+#include <unistd.h>
 #include <math.h>
 #include <stdint.h>
 #include <stdlib.h>
@@ -47,6 +48,20 @@ static inline int hy_simd_level(void) {
 #else
     return 0; /* portable C */
 #endif
+}
+
+/* 1 where the core's L1D holds at least 48 KiB: attention then prefetches its stream into L1,
+ * else into L2 (see HY_ATTN_PREFETCH) */
+static int hy_attn_pf_l1_ = -1;  /* (set on first use; every thread computes the same value) */
+static inline int hy_attn_pf_into_l1(void) {
+    if (hy_attn_pf_l1_ < 0) {
+#ifdef _SC_LEVEL1_DCACHE_SIZE
+        hy_attn_pf_l1_ = sysconf(_SC_LEVEL1_DCACHE_SIZE) >= 48 * 1024;
+#else
+        hy_attn_pf_l1_ = 0;
+#endif
+    }
+    return hy_attn_pf_l1_;
 }
 
 /* n bytes (at least one) on a 64-byte boundary, released with free(); NULL when out of memory.
@@ -464,19 +479,30 @@ static inline int hy_attn_simd_ok(long n, int f16) {
 #define HY_FMA _mm256_fmadd_ps
 /* Software prefetch for attention over the cache's blocks.  Inside a block a KV head's K rows,
  * then its V rows, then the next head's, follow one another, so a task reads one forward
- * stream.  Each pass over rows prefetches the bytes it reads itself, HY_ATTN_PF_AHEAD bytes
- * further on: the scoring passes prefetch ahead of their K rows, the value passes ahead of their
- * V rows, so every line of the stream is prefetched once and the prefetches are spread evenly
- * over the work.  Into L2 (T1): on a Zen 4 core (32 KiB L1D) lines prefetched into L1 (T0 or
- * NTA) were partly evicted before their use.  From memory (no cache reuse), 2 threads, 32q/8kv
- * heads, head_dim 128, context 16k, AVX-512, ns per key and KV head per core, alternating runs:
- * NTA 6 KiB ahead float16 47-82, float32 72-91; T0 alike; T1 12 KiB ahead float16 32-35,
- * float32 63-69 (8 to 32 KiB ahead measured alike; cache-resident runs unchanged).  (On a Zen
- * 5-class core, 48 KiB L1D, NTA had measured 26-28 and 55-60.) */
-#define HY_ATTN_PF_AHEAD 12288
+ * stream.  Each pass over rows prefetches the bytes it reads itself, a fixed distance further
+ * on: the scoring passes ahead of their K rows, the value passes ahead of their V rows, so every
+ * line of the stream is prefetched once and the prefetches are spread evenly over the work.
+ * Where the prefetched lines go depends on the core's L1D, read once at run time
+ * (hy_attn_pf_into_l1):
+ *   - 48 KiB or more: 6 KiB ahead into L1, non-temporal.  On a Zen 5-class core (48 KiB L1D),
+ *     from memory, 2 threads, 32q/8kv heads, head_dim 128, context 16k, ns per key and KV head
+ *     per core: float16 26-28, float32 55-60; 3 to 20 KiB ahead alike, into L2 slower.
+ *   - smaller: 12 KiB ahead into L2.  On a Zen 4 core (32 KiB L1D) lines prefetched into L1
+ *     were partly evicted before their use: the same measure, alternating runs, non-temporal
+ *     6 KiB ahead float16 47-82, float32 72-91 (into L1 with T0 alike); into L2 12 KiB ahead
+ *     float16 32-35, float32 63-69 (8 to 32 KiB alike; cache-resident runs unchanged). */
+#define HY_ATTN_PF_L1_AHEAD 6144
+#define HY_ATTN_PF_L2_AHEAD 12288
 #define HY_ATTN_PREFETCH(p, bytes)                                                               \
-    for (long o_ = 0; o_ < (bytes); o_ += 64)                                                    \
-        _mm_prefetch((const char *)(p) + HY_ATTN_PF_AHEAD + o_, _MM_HINT_T1);
+    do {                                                                                         \
+        const char *p_ = (const char *)(p);                                                      \
+        if (hy_attn_pf_into_l1())                                                                \
+            for (long o_ = 0; o_ < (bytes); o_ += 64)                                            \
+                _mm_prefetch(p_ + HY_ATTN_PF_L1_AHEAD + o_, _MM_HINT_NTA);                       \
+        else                                                                                     \
+            for (long o_ = 0; o_ < (bytes); o_ += 64)                                            \
+                _mm_prefetch(p_ + HY_ATTN_PF_L2_AHEAD + o_, _MM_HINT_T1);                        \
+    } while (0)
 
 /* acc[g, :] *= alpha[g] for g < 4 (skipped where the running max did not move) */
 static inline void hy_rescale4(float *acc, const float *alpha, long n) {
