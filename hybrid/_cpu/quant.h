@@ -593,13 +593,23 @@ static inline __m256 hy_k4_factors(const uint8_t *blk, const float *da, const fl
 #endif
 
 #if defined(HY_Q512)
+/* Whether the Q4_K / Q5_K two-row kernel prefetches into L2 rather than L1, for rows of n
+ * values: where one activation row (n bytes and two floats per 32) and the 12 KiB prefetch
+ * window pass 3/4 of the L1D, lines prefetched into L1 were evicted before their use.  Zen 4
+ * (32 KiB L1D), 2 threads, from memory, three alternating runs: Q4_K 4096x14336 (Llama-3-8B's
+ * down projection) 21-23 -> 30-31 GB/s, Q5_K 23-26 -> 29-35; 4096- and 8192-wide rows stay in
+ * L1 (the same or slightly faster so). */
+static inline int hy_q_kquant_pf_l2(long n) {
+    return n + n / 4 + HY_PREFETCH_AHEAD > hy_l1d_bytes() * 3 / 4;
+}
+
 /* Q4_K / Q5_K with 512-bit vectors: 64 nibble bytes (sub-blocks 2g..2g+3) per load, sub-blocks
  * 2g and 2g+2 (low nibbles) or 2g+1 and 2g+3 (high) side by side; otherwise as below.  W (<= 2)
  * weight rows, row i at w + i*wstep, share a pass: the activations are loaded and arranged once
  * for all of them, and each row takes exactly the operations of a single row (the same bits). */
 static inline __attribute__((always_inline)) void
 hy_dot_q45_k_512_rows(const uint8_t *w, long wstep, const int W, long nsb, const int8_t *qa,
-                      const float *da, const float *sa, int five, float *out) {
+                      const float *da, const float *sa, int five, const int pf_l2, float *out) {
     const int bb = five ? 176 : 144;
     __m512 acc0[2], acc1[2];
     __m256 accm[2];
@@ -618,9 +628,15 @@ hy_dot_q45_k_512_rows(const uint8_t *w, long wstep, const int W, long nsb, const
              * memory sees one forward stream (prefetching each row ahead of its own cursor read
              * 25-35% slower from memory, 2 threads) */
             const uint8_t *pf = w + bb * (W * s + i);
-            HY_PREFETCH(pf);
-            HY_PREFETCH(pf + 64);
-            HY_PREFETCH(pf + 128);
+            if (pf_l2) {  /* (see hy_q_kquant_pf_l2) */
+                HY_PREFETCH_L2(pf);
+                HY_PREFETCH_L2(pf + 64);
+                HY_PREFETCH_L2(pf + 128);
+            } else {
+                HY_PREFETCH(pf);
+                HY_PREFETCH(pf + 64);
+                HY_PREFETCH(pf + 128);
+            }
             coef[i] = _mm512_castps256_ps512(hy_k4_factors(blk, da + a0, sa + a0, &accm[i]));
             hb[i] = five ? _mm512_broadcast_i64x4(_mm256_loadu_si256((const __m256i *)(blk + 16)))
                          : _mm512_setzero_si512();
@@ -657,7 +673,7 @@ hy_dot_q45_k_512_rows(const uint8_t *w, long wstep, const int W, long nsb, const
 static float hy_dot_q45_k_512(const uint8_t *w, long nsb, const int8_t *qa, const float *da,
                               const float *sa, int five) {
     float out;
-    hy_dot_q45_k_512_rows(w, 0, 1, nsb, qa, da, sa, five, &out);
+    hy_dot_q45_k_512_rows(w, 0, 1, nsb, qa, da, sa, five, 0, &out);
     return out;
 }
 #endif
@@ -1514,18 +1530,20 @@ static inline void hy_q_matvec_range(int type, const uint8_t *w, long row_bytes,
      * 128x8192: Q4_K 12.7-16.4 -> 16.8-21.2 GB/s, Q6_K 14.4-16.1 -> 17.0-21.7 (with the vector
      * activation quantization); four rows per pass measured the same as two. */
     if ((type == HY_Q_Q4_K || type == HY_Q_Q5_K || type == HY_Q_Q6_K) && qa != NULL) {
+        const int pf_l2 = hy_q_kquant_pf_l2(n);
         for (; o + 2 <= o1; o += 2)
             for (int r = 0; r < rows; r++) {
                 float v[2];
+#define HY_K45(FIVE, L2) hy_dot_q45_k_512_rows(w + o * row_bytes, row_bytes, 2, n / 256, qa + r * n, \
+                                                da + r * nb, sa + r * nb, FIVE, L2, v)
                 if (type == HY_Q_Q6_K)
                     hy_dot_q6_k_512_rows(w + o * row_bytes, row_bytes, 2, n / 256, qa + r * n,
                                          da + r * nb, s16 + 2 * r * nb, v);
-                else if (type == HY_Q_Q5_K)  /* (five a constant in each call) */
-                    hy_dot_q45_k_512_rows(w + o * row_bytes, row_bytes, 2, n / 256, qa + r * n,
-                                          da + r * nb, sa + r * nb, 1, v);
+                else if (type == HY_Q_Q5_K)  /* (five and pf_l2 constants in each call) */
+                    pf_l2 ? HY_K45(1, 1) : HY_K45(1, 0);
                 else
-                    hy_dot_q45_k_512_rows(w + o * row_bytes, row_bytes, 2, n / 256, qa + r * n,
-                                          da + r * nb, sa + r * nb, 0, v);
+                    pf_l2 ? HY_K45(0, 1) : HY_K45(0, 0);
+#undef HY_K45
                 for (int i = 0; i < 2; i++) out[r * ldo + o + i] = v[i] + (bias ? bias[o + i] : 0.0f);
             }
     }

@@ -50,19 +50,23 @@ static inline int hy_simd_level(void) {
 #endif
 }
 
+/* The core's L1D in bytes (sysconf, read once; 32 KiB where the system does not say).  Kernels
+ * whose software prefetches would overflow it prefetch into L2 instead. */
+static long hy_l1d_bytes_ = 0;  /* (set on first use; every thread computes the same value) */
+static inline long hy_l1d_bytes(void) {
+    if (hy_l1d_bytes_ <= 0) {
+        long b = 0;
+#ifdef _SC_LEVEL1_DCACHE_SIZE
+        b = sysconf(_SC_LEVEL1_DCACHE_SIZE);
+#endif
+        hy_l1d_bytes_ = b > 0 ? b : 32 * 1024;
+    }
+    return hy_l1d_bytes_;
+}
+
 /* 1 where the core's L1D holds at least 48 KiB: attention then prefetches its stream into L1,
  * else into L2 (see HY_ATTN_PREFETCH) */
-static int hy_attn_pf_l1_ = -1;  /* (set on first use; every thread computes the same value) */
-static inline int hy_attn_pf_into_l1(void) {
-    if (hy_attn_pf_l1_ < 0) {
-#ifdef _SC_LEVEL1_DCACHE_SIZE
-        hy_attn_pf_l1_ = sysconf(_SC_LEVEL1_DCACHE_SIZE) >= 48 * 1024;
-#else
-        hy_attn_pf_l1_ = 0;
-#endif
-    }
-    return hy_attn_pf_l1_;
-}
+static inline int hy_attn_pf_into_l1(void) { return hy_l1d_bytes() >= 48 * 1024; }
 
 /* n bytes (at least one) on a 64-byte boundary, released with free(); NULL when out of memory.
  * Kernel scratch that vector loads read over and over (attention's scaled queries and
