@@ -352,6 +352,29 @@ def test_rows_shared_between_threads_in_claimed_pieces_keep_their_bits(name, rng
                 assert np.array_equal(got[k], want[k]), (rows, threads, k)
 
 
+@pytest.mark.parametrize("name", ["q4_k", "q5_k"])
+def test_wide_k_quant_rows_against_float64_and_row_by_row(name, rng):
+    """Rows of 16384 values: the Q4_K / Q5_K two-row kernel is compiled a second time for rows
+    whose activations crowd the L1D (it prefetches into L2 there, hy_q_kquant_pf_l2). Its sums
+    equal, bit for bit, those of each row served alone (the one-row path), and stay within the
+    activation-rounding bound of the float64 product, with 1 and 3 activation rows."""
+    n, out = 16384, 7
+    w = random_blocks(name, out, n, rng)
+    wd = oracle(w).astype(np.float64)
+    code = w.format.kernel_code
+    for rows in (1, 3):
+        x = rng.standard_normal((rows, n)).astype(np.float32)
+        full = np.full((rows, out), np.nan, np.float32)
+        kernels.matvec(code, w.data, x, None, full, 2)
+        for i in range(out):
+            one = np.empty((rows, 1), np.float32)
+            kernels.matvec(code, np.ascontiguousarray(w.data[i:i + 1]), x, None, one, 1)
+            assert np.array_equal(one[:, 0], full[:, i]), (rows, i)
+        xq, da = _act_quantized(x)
+        tight = xq @ wd.T
+        assert np.all(np.abs(full - tight) <= 2e-6 * (np.abs(xq) @ np.abs(wd).T) + 1e-30)
+
+
 @pytest.mark.skipif(os.name != "posix", reason="needs mmap and mprotect")
 @pytest.mark.parametrize("name", NAMES)
 def test_kernels_read_nothing_past_the_weights(name, rng):

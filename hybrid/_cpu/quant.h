@@ -597,7 +597,7 @@ static inline __m256 hy_k4_factors(const uint8_t *blk, const float *da, const fl
  * values: where one activation row (n bytes and two floats per 32) and the 12 KiB prefetch
  * window pass 3/4 of the L1D, lines prefetched into L1 were evicted before their use.  Zen 4
  * (32 KiB L1D), 2 threads, from memory, three alternating runs: Q4_K 4096x14336 (Llama-3-8B's
- * down projection) 21-23 -> 30-31 GB/s, Q5_K 23-26 -> 29-35; 4096- and 8192-wide rows stay in
+ * down projection) 21-23 -> 30-33 GB/s, Q5_K 23-26 -> 29-35; 4096- and 8192-wide rows stay in
  * L1 (the same or slightly faster so). */
 static inline int hy_q_kquant_pf_l2(long n) {
     return n + n / 4 + HY_PREFETCH_AHEAD > hy_l1d_bytes() * 3 / 4;
@@ -955,7 +955,7 @@ static float hy_dot_half(const uint8_t *w, long n, const float *x, int bf16) {
     if (bf16) hy_half_rows(w, 0, 1, n, x, 1, &out);
     else hy_half_rows(w, 0, 1, n, x, 0, &out);
     return out;
-#endif
+#else
     const uint16_t *h = (const uint16_t *)w;
     long i = 0;
     float sum = 0.0f;
@@ -992,6 +992,7 @@ static float hy_dot_half(const uint8_t *w, long n, const float *x, int bf16) {
         sum += v * x[i];
     }
     return sum;
+#endif
 }
 
 #if defined(HY_Q512)
