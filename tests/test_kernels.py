@@ -129,21 +129,30 @@ needs_gemm_f32 = pytest.mark.skipif(not _qk.GEMM_F32, reason="this build has no 
                                                           "GEMM (BLAS serves float32 prompts)")
 
 
+def _f32_linear_case(rng, rows, fin, fout):
+    """Random x [rows, fin], w [fout, fin], bias [fout] and a NaN-filled out [rows, fout]."""
+    return (rng.standard_normal((rows, fin), dtype=np.float32),
+            rng.standard_normal((fout, fin), dtype=np.float32),
+            rng.standard_normal(fout, dtype=np.float32),
+            np.full((rows, fout), np.nan, np.float32))
+
+
+def _f32_bound(fin):
+    """float32 sums of fin products: a few ulps times sqrt(fin) of the row scale."""
+    return 4e-7 * max(4.0, np.sqrt(fin))
+
+
 # sizes at and around the 4-row x 6-weight tile, the 16-lane vector and the 768-value pass
 @needs_gemm_f32
 @pytest.mark.parametrize("rows,fin,fout", [(1, 1, 1), (3, 15, 5), (4, 16, 6), (5, 17, 7),
                                            (7, 767, 13), (9, 768, 49), (17, 769, 96),
                                            (100, 1537, 53), (256, 576, 97)])
 def test_gemm_f32_against_float64(rng, rows, fin, fout):
-    x = rng.standard_normal((rows, fin), dtype=np.float32)
-    w = rng.standard_normal((fout, fin), dtype=np.float32)
-    b = rng.standard_normal(fout, dtype=np.float32)
-    out = np.full((rows, fout), np.nan, np.float32)
+    x, w, b, out = _f32_linear_case(rng, rows, fin, fout)
     _qk.gemm_f32(w, x, b, out, 2)
-    # float32 sums of fin products: a few ulps times sqrt(fin) of the row scale
-    assert rel_err(out, ref.linear(x, w, b)) < 4e-7 * max(4.0, np.sqrt(fin))
+    assert rel_err(out, ref.linear(x, w, b)) < _f32_bound(fin)
     _qk.gemm_f32(w, x, None, out, 2)
-    assert rel_err(out, ref.linear(x, w)) < 4e-7 * max(4.0, np.sqrt(fin))
+    assert rel_err(out, ref.linear(x, w)) < _f32_bound(fin)
 
 
 @needs_gemm_f32
@@ -167,18 +176,15 @@ def test_matvec_f32_against_float64_and_across_threads(rng, rows, fin, fout):
     """The float32 decode mat-vec: within float32 rounding of the float64 product, and the same
     bits on 1, 2, 3 and 5 threads, run after run (its rows are claimed in pieces by the threads,
     as the quantized formats' are: which thread serves a row changes, its sums never do)."""
-    x = rng.standard_normal((rows, fin), dtype=np.float32)
-    w = rng.standard_normal((fout, fin), dtype=np.float32)
-    b = rng.standard_normal(fout, dtype=np.float32)
-    want = np.full((rows, fout), np.nan, np.float32)
+    x, w, b, want = _f32_linear_case(rng, rows, fin, fout)
     _qk.matvec_f32(w, x, b, want, 1)
-    assert rel_err(want, ref.linear(x, w, b)) < 4e-7 * max(4.0, np.sqrt(fin))
+    assert rel_err(want, ref.linear(x, w, b)) < _f32_bound(fin)
     for threads in (2, 3, 5, 2, 3, 5):
         got = np.full((rows, fout), np.nan, np.float32)
         _qk.matvec_f32(w, x, b, got, threads)
         np.testing.assert_array_equal(got, want)
     _qk.matvec_f32(w, x, None, got, 2)
-    assert rel_err(got, ref.linear(x, w)) < 4e-7 * max(4.0, np.sqrt(fin))
+    assert rel_err(got, ref.linear(x, w)) < _f32_bound(fin)
 
 
 @needs_gemm_f32

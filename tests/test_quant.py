@@ -354,10 +354,10 @@ def test_rows_shared_between_threads_in_claimed_pieces_keep_their_bits(name, rng
 
 @pytest.mark.parametrize("name", ["q4_k", "q5_k"])
 def test_wide_k_quant_rows_against_float64_and_row_by_row(name, rng):
-    """Rows of 16384 values: the Q4_K / Q5_K two-row kernel is compiled a second time for rows
-    whose activations crowd the L1D (it prefetches into L2 there, hy_q_kquant_pf_l2). Its sums
-    equal, bit for bit, those of each row served alone (the one-row path), and stay within the
-    activation-rounding bound of the float64 product, with 1 and 3 activation rows."""
+    """Rows of 16384 values, whose activations crowd the L1D: the Q4_K / Q5_K two-row kernel
+    prefetches into L2 there (hy_q_kquant_pf_l2). Its sums equal, bit for bit, those of each row
+    served alone (the one-row path), and stay within the activation-rounding bound of the float64
+    product, with 1 and 3 activation rows."""
     n, out = 16384, 7
     w = random_blocks(name, out, n, rng)
     wd = oracle(w).astype(np.float64)

@@ -609,7 +609,7 @@ static inline int hy_q_kquant_pf_l2(long n) {
  * for all of them, and each row takes exactly the operations of a single row (the same bits). */
 static inline __attribute__((always_inline)) void
 hy_dot_q45_k_512_rows(const uint8_t *w, long wstep, const int W, long nsb, const int8_t *qa,
-                      const float *da, const float *sa, int five, const int pf_l2, float *out) {
+                      const float *da, const float *sa, int five, int pf_l2, float *out) {
     const int bb = five ? 176 : 144;
     __m512 acc0[2], acc1[2];
     __m256 accm[2];
@@ -918,7 +918,6 @@ static float hy_dot_q6_k(const uint8_t *w, long nsb, const int8_t *qa, const flo
  * pass's).  Zen 4, 2 threads, from memory, 4096-wide rows, alternating runs: the 256-bit
  * one-row loop before (two FMA chains, a prefetch 12 KiB ahead into L1 per 32 bytes) 15-25
  * GB/s; this kernel with that prefetch 20-28, with this one 28-31. */
-#define HY_HALF_PF(p) _mm_prefetch((const char *)(p) + 4 * row_bytes, _MM_HINT_T1)
 static inline __attribute__((always_inline)) __m512 hy_half16(const uint16_t *h, __mmask16 m,
                                                                const int bf16) {
     const __m256i u = _mm256_maskz_loadu_epi16(m, h);
@@ -939,7 +938,7 @@ hy_half_rows(const uint8_t *w, long row_bytes, const int W, long n, const float 
         const __m512 x0 = _mm512_maskz_loadu_ps(m0, x + i), x1 = _mm512_maskz_loadu_ps(m1, x + i + 16);
         for (int r = 0; r < W; r++) {
             const uint16_t *h = (const uint16_t *)(w + r * row_bytes) + i;
-            HY_HALF_PF(h);
+            _mm_prefetch((const char *)h + 4 * row_bytes, _MM_HINT_T1);  /* the next pass's line */
             a0[r] = _mm512_fmadd_ps(hy_half16(h, m0, bf16), x0, a0[r]);
             a1[r] = _mm512_fmadd_ps(hy_half16(h + 16, m1, bf16), x1, a1[r]);
         }
@@ -1535,16 +1534,15 @@ static inline void hy_q_matvec_range(int type, const uint8_t *w, long row_bytes,
         for (; o + 2 <= o1; o += 2)
             for (int r = 0; r < rows; r++) {
                 float v[2];
-#define HY_K45(FIVE, L2) hy_dot_q45_k_512_rows(w + o * row_bytes, row_bytes, 2, n / 256, qa + r * n, \
-                                                da + r * nb, sa + r * nb, FIVE, L2, v)
                 if (type == HY_Q_Q6_K)
                     hy_dot_q6_k_512_rows(w + o * row_bytes, row_bytes, 2, n / 256, qa + r * n,
                                          da + r * nb, s16 + 2 * r * nb, v);
-                else if (type == HY_Q_Q5_K)  /* (five and pf_l2 constants in each call) */
-                    pf_l2 ? HY_K45(1, 1) : HY_K45(1, 0);
+                else if (type == HY_Q_Q5_K)  /* (five a constant in each call) */
+                    hy_dot_q45_k_512_rows(w + o * row_bytes, row_bytes, 2, n / 256, qa + r * n,
+                                          da + r * nb, sa + r * nb, 1, pf_l2, v);
                 else
-                    pf_l2 ? HY_K45(0, 1) : HY_K45(0, 0);
-#undef HY_K45
+                    hy_dot_q45_k_512_rows(w + o * row_bytes, row_bytes, 2, n / 256, qa + r * n,
+                                          da + r * nb, sa + r * nb, 0, pf_l2, v);
                 for (int i = 0; i < 2; i++) out[r * ldo + o + i] = v[i] + (bias ? bias[o + i] : 0.0f);
             }
     }
