@@ -224,6 +224,7 @@ class KVBlockPool:
         self.head_dim, self.block_size = int(head_dim), int(block_size)
         self.dtype = KV_DTYPES[key]
         self.placements = self._parse_placements(placement)
+        self.on_cpu = all(p.is_cpu for p in self.placements)  # every layer's blocks in host memory
         self.block_bytes = (self.num_kv_heads * 2 * self.block_size * self.head_dim
                             * self.dtype.itemsize * self.num_layers)  # one id, every layer
         if num_blocks is not None and kv_memory is not None:

@@ -339,6 +339,8 @@ class DecoderLayer:
         if n == 1 and self._bind_decode is not None:
             bufs["decode_step"] = self._bind_decode(cfg, self._w, bufs, self._inv_freq)
         self._bufs = (n, bufs)
+        global _rebinds
+        _rebinds += 1  # every stack's remembered decode steps (_stack_steps) are stale now
         return bufs
 
     def _qkv(self, x, pos: np.ndarray, rotate: bool = True):
@@ -477,7 +479,21 @@ def _optional_op(op: str, placement: Placement):
         return None
 
 
-def decode_stack(layers, batch, x) -> bool:
+_rebinds = 0  # how many times any layer has rebuilt its buffers (and rebound its decode step)
+
+
+def _stack_steps(layers, memo: dict):
+    """The layers' bound decode steps, or None where some layer has none; remembered in
+    ``memo`` until some layer rebuilds its buffers or profiling is switched, so that a decode
+    step costs no Python per layer."""
+    if memo.get("key") != (_rebinds, profiling_enabled(), len(layers)):
+        steps = [layer.decode_step() for layer in layers]  # may rebuild buffers: key after
+        memo["steps"] = None if any(s is None for s in steps) else steps
+        memo["key"] = (_rebinds, profiling_enabled(), len(layers))
+    return memo["steps"]
+
+
+def decode_stack(layers, batch, x, memo=None) -> bool:
     """Run one generated row (``batch`` of one row, x [1, hidden] float32, overwritten with the
     output) through ``layers`` in one native call when every one is a quantized CPU layer with a
     bound decode step: the same kernels in the same order as ``forward_step`` layer by layer.
@@ -485,8 +501,8 @@ def decode_stack(layers, batch, x) -> bool:
     if batch.num_rows != 1 or kernel_role.current() == kernel_role.PROMPT \
             or type(x) is not np.ndarray or x.dtype != np.float32 or not x.flags.c_contiguous:
         return False
-    steps = [layer.decode_step() for layer in layers]
-    if any(s is None for s in steps):
+    steps = _stack_steps(layers, {} if memo is None else memo)
+    if steps is None:
         return False
     first = layers[0]
     first._k.decode_stack(steps, batch, x, first._bufs[1]["att"], first.config.num_heads,

@@ -52,7 +52,7 @@ class StepBatch:
         if not caches:
             return False
         pool = caches[0].pool
-        return all(c.pool is pool for c in caches) and all(p.is_cpu for p in pool.placements)
+        return pool.on_cpu and all(c.pool is pool for c in caches)
 
     @classmethod
     def plan(cls, items) -> "StepBatch":
@@ -87,6 +87,8 @@ class StepBatch:
             for c in done:
                 c._trim()
             raise
+        if len(caches) == 1:  # one sequence (a decode step, a prompt): the same arrays, cheaper
+            return cls._one(caches[0], counts[0], starts[0])
         bs = caches[0].block_size
         positions = np.concatenate([np.arange(s, s + n, dtype=np.int64)
                                     for s, n in zip(starts, counts)])
@@ -101,6 +103,20 @@ class StepBatch:
         row_block = table_ids[seg_table[seq_of_row] + positions // bs]
         return cls(caches, counts, positions, seg_rows, seg_table, table_ids, row_block,
                    positions % bs, starts)
+
+    @classmethod
+    def _one(cls, cache: PagedKVCache, n: int, start: int) -> "StepBatch":
+        """plan's arrays for one sequence of n rows from position ``start`` (blocks taken)."""
+        bs = cache.block_size
+        table_ids = np.array(cache._blocks[:-(-(start + n) // bs)], dtype=np.int64)
+        if n == 1:  # a decode row: its block is the table's last
+            positions = np.array([start], dtype=np.int64)
+            row_block, row_slot = table_ids[-1:], np.array([start % bs], dtype=np.int64)
+        else:
+            positions = np.arange(start, start + n, dtype=np.int64)
+            row_block, row_slot = table_ids[positions // bs], positions % bs
+        return cls([cache], [n], positions, np.array([0, n], dtype=np.int64),
+                   np.zeros(1, dtype=np.int64), table_ids, row_block, row_slot, [start])
 
     def wrote_layer(self, layer: int) -> None:
         """Every sequence's ``layer`` now holds its new rows."""

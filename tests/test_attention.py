@@ -242,10 +242,11 @@ def test_long_context_single_kv_head_is_split_across_threads():
 
 
 @pytest.mark.parametrize("dtype", ["float32", "float16"])
-@pytest.mark.parametrize("length", [700, 3001])
+@pytest.mark.parametrize("length", [1, 300, 700, 3001])
 def test_a_sequence_does_not_depend_on_the_others_in_its_batch(rng, dtype, length):
-    """A long sequence's decode row is bit-identical alone and in a batch of 15 others on two
-    threads: how its key range is split across threads depends on its own length only."""
+    """A sequence's decode row is bit-identical alone and in a batch of 15 others on two
+    threads: how its key range is split across threads depends on its own length only.  Short
+    rows alone take paged_attention's one-thread shortcut (no task table), long ones the plan."""
     kvh, group, d = 2, 4, 64
     caches, rows = [], []
     for n in [length] + [int(x) for x in rng.integers(5, 60, 15)]:

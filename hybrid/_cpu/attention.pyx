@@ -333,11 +333,46 @@ def paged_attention(float[:, ::1] q,            # IN  [n_rows, num_heads*head_di
     if k_ptrs.shape[0] < need or v_ptrs.shape[0] < need:
         raise ValueError(f"block tables hold {min(k_ptrs.shape[0], v_ptrs.shape[0])} blocks, "
                          f"{start_pos + n} keys need {need}")
+    cdef hy_attn_shape sh
+    cdef long chunk
+    cdef int failed = 0
+    if n == 1 and _splits(start_pos + 1, block_size, &chunk) == 1 and (
+            num_threads <= 1 or (start_pos + 1) * num_heads * 64 < PARALLEL_MIN_WORK):
+        sh.head_stride, sh.num_heads, sh.num_kv_heads = head_stride, num_heads, num_kv_heads
+        sh.head_dim, sh.block_size, sh.kv_f16, sh.scale = head_dim, block_size, kv_f16, scale
+        with nogil:
+            failed = _decode_row_serial(&sh, &q[0, 0], start_pos, &k_ptrs[0], &v_ptrs[0],
+                                        &out[0, 0])
+        if failed:
+            raise MemoryError("paged attention: could not allocate scratch")
+        return
     row_pos = np.arange(start_pos, start_pos + n, dtype=np.int64)
     seg_rows = np.array([0, n], dtype=np.int64)
     seg_table = np.zeros(1, dtype=np.int64)
     _attend(q, row_pos, seg_rows, seg_table, k_ptrs, v_ptrs, num_heads, num_kv_heads, head_dim,
             block_size, head_stride, kv_f16, scale, out, num_threads)
+
+
+cdef int _decode_row_serial(const hy_attn_shape *sh, const float *q, int64_t pos,
+                            const int64_t *kptr, const int64_t *vptr, float *out) noexcept nogil:
+    """One decode row that _plan would give one thread and one key range: its tasks (a group of
+    KV heads each) run here in _plan's order with the same calls, without the task tables, the
+    parallel region or the numpy arrays (what a short context's step costs otherwise).
+    Returns 1 when scratch allocation failed."""
+    cdef int group = sh.num_heads // sh.num_kv_heads
+    cdef int heads = max(1, min(sh.num_kv_heads, QUERY_VECTORS_PER_TASK // group))
+    cdef int g0 = 0, g1
+    cdef hy_attn_scratch *w = _alloc_scratch(heads * group, sh.head_dim, sh.block_size)
+    if not _scratch_ok(w):
+        _free_scratch(w)
+        return 1
+    while g0 < sh.num_kv_heads:
+        g1 = min(g0 + heads, sh.num_kv_heads)
+        hy_attn_task(sh, w, q, &pos, 0, 1, kptr, vptr, g0, g1, 0, pos + 1)
+        _finish_direct(sh, w, 0, 1, g0, g1, out)
+        g0 = g1
+    _free_scratch(w)
+    return 0
 
 
 def paged_attention_batch(float[:, ::1] q,            # IN  [B, num_heads*head_dim] float32

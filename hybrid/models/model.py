@@ -98,6 +98,7 @@ class Model:
                                   to_device(dequantize(self.lm_head), self._head_at))
         self.last_stats = GenerationStats()
         self._all_cpu = all(p.is_cpu for p in self.placements)
+        self._stack_memo: dict = {}  # the layers' bound decode steps (layer._stack_steps)
 
     @property
     def vocab_size(self) -> int:
@@ -111,6 +112,9 @@ class Model:
 
     # ------------------------------------------------------------------ forward
     def _ids(self, ids) -> np.ndarray:
+        if type(ids) is list and len(ids) == 1 and type(ids[0]) is int \
+                and 0 <= ids[0] < self.vocab_size:  # a decode step's token: checked cheaply
+            return np.array(ids, dtype=np.int64)
         arr = np.asarray(ids)
         if arr.ndim != 1 or (arr.size and not np.issubdtype(arr.dtype, np.integer)):
             raise TypeError("token ids must be a 1-D sequence of integers")
@@ -202,7 +206,7 @@ class Model:
         batch = StepBatch.plan([(c, t.size) for c, t in zip(caches, ids)])
         x = self._embed(np.concatenate(ids))  # [T, hidden]
         try:
-            if not decode_stack(self.layers, batch, x):
+            if not decode_stack(self.layers, batch, x, self._stack_memo):
                 x = self._through_layers(x, lambda layer, h, out: layer.forward_step(h, batch,
                                                                                      out=out))
         except BaseException:
