@@ -322,7 +322,8 @@ def test_one_call_decode_stack_equals_layer_by_layer(tiny_q8, tiny_qwen3_q4, rng
     model.forward(prompt, slow, role="prompt")
     for tok in [int(t) for t in rng.integers(3, VOCAB, 5)]:
         a = model.forward([tok], fast, role="decode")
-        with hybrid.profiling():
+        with hybrid.profiling() as prof:
             b = model.forward([tok], slow, role="decode")
+        assert "Block/Attention" in str(prof)  # layer by layer (the remembered stack is not used)
         np.testing.assert_array_equal(a, b)
     assert all(layer.decode_step() is not None for layer in model.layers)
