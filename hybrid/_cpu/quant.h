@@ -565,6 +565,100 @@ static float hy_dot_q4q5(const uint8_t *w, long nb, const int8_t *qa, const floa
     return out;
 }
 
+#if defined(HY_AVX2) && !defined(HY_Q512)
+/* Q4_0 / Q4_1 decode for 8 weight rows at once where the quantized kernels are 256-bit (AVX2,
+ * what a Zen 3 runs): row i (rows w + i*row_bytes for i < W, the last row repeated past W) in
+ * 32-bit lane i.  Per block the 8 rows' 16 nibble bytes are transposed (dword c of every row in
+ * one register), each activation dword is broadcast and one maddubs per dword serves all 8 rows;
+ * the block's float work (scale, offset) is then one vector operation for the 8 rows, where one
+ * row at a time paid it per row (and a scalar conversion of d).  The 8 rows' headers (d, and
+ * Q4_1's m) come in with one gather.  Lane i's sums do not depend on the other lanes, so a row
+ * gets the same bits in whichever group it falls, and every row of these formats takes this
+ * kernel in such builds; each activation row takes the same operations whatever R is.
+ * Per row: acc += float(block sum) * (d * da), off += (m or d) * sa, one chain each, in block
+ * order; out = off * centre + acc. */
+static inline __attribute__((always_inline)) void
+hy_q4_matvec8(const uint8_t *w, long row_bytes, int W, long nb, const int R, const int8_t *qa,
+              const float *da, const float *sa, const int with_min, float *out, long ldo) {
+    const int qoff = with_min ? 4 : 2, bb = qoff + 16;
+    const long n = 32 * nb;
+    const __m256i m4 = _mm256_set1_epi8(0x0F);
+    const __m256i idx = _mm256_mullo_epi32(
+        _mm256_min_epi32(_mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7), _mm256_set1_epi32(W - 1)),
+        _mm256_set1_epi32((int)row_bytes));
+    /* low (d) or high (m) 16 bits of each dword, packed into the low 64 bits of each half */
+    const __m256i pick_lo = _mm256_setr_epi8(0, 1, 4, 5, 8, 9, 12, 13, -1, -1, -1, -1, -1, -1, -1, -1,
+                                             0, 1, 4, 5, 8, 9, 12, 13, -1, -1, -1, -1, -1, -1, -1, -1);
+    const __m256i pick_hi = _mm256_setr_epi8(2, 3, 6, 7, 10, 11, 14, 15, -1, -1, -1, -1, -1, -1, -1, -1,
+                                             2, 3, 6, 7, 10, 11, 14, 15, -1, -1, -1, -1, -1, -1, -1, -1);
+    const uint8_t *row[8];
+    for (int i = 0; i < 8; i++) row[i] = w + (i < W ? i : W - 1) * row_bytes;
+    __m256 acc[HY_MR], off[HY_MR];
+    for (int r = 0; r < R; r++) acc[r] = off[r] = _mm256_setzero_ps();
+    /* two groups ahead, front to back, into L2 (as hy_q45_matvec16): from memory, 2 threads,
+     * the 1B-shaped Q4_0 model's weights in turn read 20-23 GB/s so, 13-18 prefetched into L1 */
+    const uint8_t *pf = w + 16 * row_bytes;
+    const int pf_lines = (int)((8 * row_bytes / 64 + nb - 1) / nb);
+    for (long b = 0; b < nb; b++) {
+        for (int l = 0; l < pf_lines; l++, pf += 64) _mm_prefetch((const char *)pf, _MM_HINT_T1);
+        const long at = bb * b;
+        /* [row k | row k+4] nibble bytes, then a 4x4 dword transpose in each half:
+         * wc[c] lane i = dword c of row i (bytes 4c..4c+3: values 4c.. low, 16+4c.. high) */
+        __m256i t[4], u[4], wc[4];
+        for (int k = 0; k < 4; k++)
+            t[k] = _mm256_inserti128_si256(
+                _mm256_castsi128_si256(_mm_loadu_si128((const __m128i *)(row[k] + at + qoff))),
+                _mm_loadu_si128((const __m128i *)(row[k + 4] + at + qoff)), 1);
+        u[0] = _mm256_unpacklo_epi32(t[0], t[1]);
+        u[1] = _mm256_unpackhi_epi32(t[0], t[1]);
+        u[2] = _mm256_unpacklo_epi32(t[2], t[3]);
+        u[3] = _mm256_unpackhi_epi32(t[2], t[3]);
+        wc[0] = _mm256_unpacklo_epi64(u[0], u[2]);
+        wc[1] = _mm256_unpackhi_epi64(u[0], u[2]);
+        wc[2] = _mm256_unpacklo_epi64(u[1], u[3]);
+        wc[3] = _mm256_unpackhi_epi64(u[1], u[3]);
+        __m256i lo[4], hi[4];
+        for (int c = 0; c < 4; c++) {
+            lo[c] = _mm256_and_si256(wc[c], m4);
+            hi[c] = _mm256_and_si256(_mm256_srli_epi16(wc[c], 4), m4);
+        }
+        /* the 8 rows' first dwords: d in the low 16 bits, Q4_1's m in the high */
+        const __m256i hdr = _mm256_i32gather_epi32((const int *)(w + at), idx, 1);
+        const __m256 d = _mm256_cvtph_ps(_mm256_castsi256_si128(
+            _mm256_permute4x64_epi64(_mm256_shuffle_epi8(hdr, pick_lo), 0x08)));
+        const __m256 mn = with_min ? _mm256_cvtph_ps(_mm256_castsi256_si128(
+            _mm256_permute4x64_epi64(_mm256_shuffle_epi8(hdr, pick_hi), 0x08))) : d;
+        for (int r = 0; r < R; r++) {
+            const uint8_t *a = (const uint8_t *)(qa + r * n + 32 * b);
+            __m256i sum;
+#ifdef HY_VNNI
+            sum = _mm256_setzero_si256();
+            for (int c = 0; c < 4; c++) {
+                sum = HY_DPBUSD(sum, lo[c], _mm256_set1_epi32((int)hy_u32(a + 4 * c)));
+                sum = HY_DPBUSD(sum, hi[c], _mm256_set1_epi32((int)hy_u32(a + 16 + 4 * c)));
+            }
+#else
+            /* 8 int16 pair sums of at most 2 * 15 * 128 each: no saturation */
+            __m256i s16 = _mm256_setzero_si256();
+            for (int c = 0; c < 4; c++) {
+                s16 = _mm256_add_epi16(s16, _mm256_maddubs_epi16(lo[c], _mm256_set1_epi32((int)hy_u32(a + 4 * c))));
+                s16 = _mm256_add_epi16(s16, _mm256_maddubs_epi16(hi[c], _mm256_set1_epi32((int)hy_u32(a + 16 + 4 * c))));
+            }
+            sum = _mm256_madd_epi16(s16, _mm256_set1_epi16(1));
+#endif
+            acc[r] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(sum), _mm256_mul_ps(d, _mm256_set1_ps(da[r * nb + b])), acc[r]);
+            off[r] = _mm256_fmadd_ps(mn, _mm256_set1_ps(sa[r * nb + b]), off[r]);
+        }
+    }
+    const __m256 centre = _mm256_set1_ps(with_min ? 1.0f : -8.0f);
+    for (int r = 0; r < R; r++) {
+        float v[8];
+        _mm256_storeu_ps(v, _mm256_fmadd_ps(off[r], centre, acc[r]));
+        for (int i = 0; i < W; i++) out[r * ldo + i] = v[i];
+    }
+}
+#endif
+
 /* Q4_K / Q5_K: nsb super-blocks of 256; activation block 8*s+j is sub-block j of super-block s.
  * The 6-bit scales and mins of the 8 sub-blocks are unpacked with 32-bit masks and widened to
  * 8 floats, so each sub-block's factor d*sc_j*da_j is one lane of a vector product and the mins
@@ -1557,6 +1651,26 @@ static inline void hy_q_matvec_range(int type, const uint8_t *w, long row_bytes,
                 else hy_half_rows(w + o * row_bytes, row_bytes, 4, n, x + r * n, 0, v);
                 for (int i = 0; i < 4; i++) out[r * ldo + o + i] = v[i] + (bias ? bias[o + i] : 0.0f);
             }
+    }
+#endif
+#if defined(HY_AVX2) && !defined(HY_Q512)
+    /* Q4_0 / Q4_1: 8 weight rows per pass, every row (hy_q4_matvec8) */
+    if ((type == HY_Q_Q4_0 || type == HY_Q_Q4_1) && qa != NULL) {
+        const int mn = type == HY_Q_Q4_1;
+        for (; o < o1; o += 8) {
+            const int W = o1 - o < 8 ? (int)(o1 - o) : 8;
+            for (int r = 0; r < rows; r += HY_MR) {
+                const int left = rows - r < HY_MR ? rows - r : HY_MR;
+#define HY_R8(R) case R: hy_q4_matvec8(w + o * row_bytes, row_bytes, W, nb, R, qa + r * n, \
+                                       da + r * nb, sa + r * nb, mn, out + r * ldo + o, ldo); break;
+                switch (left) { HY_R_CASES(HY_R8) }
+#undef HY_R8
+            }
+            if (bias)
+                for (int r = 0; r < rows; r++)
+                    for (int i = 0; i < W; i++) out[r * ldo + o + i] += bias[o + i];
+        }
+        return;
     }
 #endif
     for (; o < o1; o++) {
