@@ -566,23 +566,25 @@ static float hy_dot_q4q5(const uint8_t *w, long nb, const int8_t *qa, const floa
 }
 
 #if defined(HY_AVX2) && !defined(HY_Q512)
-/* Q4_0 / Q4_1 decode for 8 weight rows at once where the quantized kernels are 256-bit (AVX2,
- * what a Zen 3 runs): row i (rows w + i*row_bytes for i < W, the last row repeated past W) in
- * 32-bit lane i.  Per block the 8 rows' 16 nibble bytes are transposed (dword c of every row in
- * one register), each activation dword is broadcast and one maddubs per dword serves all 8 rows;
- * the block's float work (scale, offset) is then one vector operation for the 8 rows, where one
- * row at a time paid it per row (and a scalar conversion of d).  The 8 rows' headers (d, and
- * Q4_1's m) come in with one gather.  Lane i's sums do not depend on the other lanes, so a row
- * gets the same bits in whichever group it falls, and every row of these formats takes this
- * kernel in such builds; each activation row takes the same operations whatever R is.
- * Per row: acc += float(block sum) * (d * da), off += (m or d) * sa, one chain each, in block
- * order; out = off * centre + acc. */
+/* Q4_0 / Q4_1 / Q5_0 / Q5_1 decode for 8 weight rows at once where the quantized kernels are
+ * 256-bit (AVX2, what a Zen 3 runs): row i (rows w + i*row_bytes for i < W, the last row repeated
+ * past W) in 32-bit lane i.  Per block the 8 rows' 16 nibble bytes are transposed (dword c of
+ * every row in one register), each activation dword is broadcast and one maddubs per dword
+ * serves all 8 rows; the block's float work (scale, offset) is then one vector operation for the
+ * 8 rows, where one row at a time paid it per row (and a scalar conversion of d).  The 8 rows'
+ * headers (d, and m for Q4_1 / Q5_1) and Q5's high-bit words come in with one gather each.
+ * Lane i's sums do not depend on the other lanes, so a row gets the same bits in whichever group
+ * it falls, and every row of these formats takes this kernel in such builds; each activation
+ * row takes the same operations whatever R is.  Per row: acc += float(block sum) * (d * da),
+ * off += (m or d) * sa, one chain each, in block order; out = off * centre + acc. */
 static inline __attribute__((always_inline)) void
-hy_q4_matvec8(const uint8_t *w, long row_bytes, int W, long nb, const int R, const int8_t *qa,
-              const float *da, const float *sa, const int with_min, float *out, long ldo) {
-    const int qoff = with_min ? 4 : 2, bb = qoff + 16;
+hy_q45_matvec8(const uint8_t *w, long row_bytes, int W, long nb, const int R, const int8_t *qa,
+               const float *da, const float *sa, const int five, const int with_min, float *out,
+               long ldo) {
+    const int hoff = with_min ? 4 : 2;                       /* Q5's high bits after d [, m] */
+    const int qoff = hoff + (five ? 4 : 0), bb = qoff + 16;  /* nibbles' offset, block bytes */
     const long n = 32 * nb;
-    const __m256i m4 = _mm256_set1_epi8(0x0F);
+    const __m256i m4 = _mm256_set1_epi8(0x0F), ones = _mm256_set1_epi16(1);
     const __m256i idx = _mm256_mullo_epi32(
         _mm256_min_epi32(_mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7), _mm256_set1_epi32(W - 1)),
         _mm256_set1_epi32((int)row_bytes));
@@ -622,7 +624,25 @@ hy_q4_matvec8(const uint8_t *w, long row_bytes, int W, long nb, const int R, con
             lo[c] = _mm256_and_si256(wc[c], m4);
             hi[c] = _mm256_and_si256(_mm256_srli_epi16(wc[c], 4), m4);
         }
-        /* the 8 rows' first dwords: d in the low 16 bits, Q4_1's m in the high */
+        if (five) {  /* value j takes bit j of its row's 32-bit word: 16 where it is set */
+            const __m256i qh = _mm256_i32gather_epi32((const int *)(w + at + hoff), idx, 1);
+            for (int c = 0; c < 4; c++) {
+                /* bytes k of each dword: the word's byte holding bits 4c..4c+3 (16+4c.. for the
+                 * high nibbles), tested against bit 4c+k of it */
+                const char lb = (char)(c / 2), hb = (char)(2 + c / 2);
+                const __m256i bit = _mm256_set1_epi32((int)(0x08040201u << (4 * (c & 1))));
+                const __m256i sl = _mm256_setr_epi8(lb, lb, lb, lb, 4 + lb, 4 + lb, 4 + lb, 4 + lb,
+                                                    8 + lb, 8 + lb, 8 + lb, 8 + lb, 12 + lb, 12 + lb, 12 + lb, 12 + lb,
+                                                    lb, lb, lb, lb, 4 + lb, 4 + lb, 4 + lb, 4 + lb,
+                                                    8 + lb, 8 + lb, 8 + lb, 8 + lb, 12 + lb, 12 + lb, 12 + lb, 12 + lb);
+                const __m256i sh = _mm256_add_epi8(sl, _mm256_set1_epi8((char)(hb - lb)));
+                const __m256i l16 = _mm256_cmpeq_epi8(_mm256_and_si256(_mm256_shuffle_epi8(qh, sl), bit), bit);
+                const __m256i h16 = _mm256_cmpeq_epi8(_mm256_and_si256(_mm256_shuffle_epi8(qh, sh), bit), bit);
+                lo[c] = _mm256_or_si256(lo[c], _mm256_and_si256(l16, _mm256_set1_epi8(0x10)));
+                hi[c] = _mm256_or_si256(hi[c], _mm256_and_si256(h16, _mm256_set1_epi8(0x10)));
+            }
+        }
+        /* the 8 rows' first dwords: d in the low 16 bits, m (Q4_1, Q5_1) in the high */
         const __m256i hdr = _mm256_i32gather_epi32((const int *)(w + at), idx, 1);
         const __m256 d = _mm256_cvtph_ps(_mm256_castsi256_si128(
             _mm256_permute4x64_epi64(_mm256_shuffle_epi8(hdr, pick_lo), 0x08)));
@@ -638,19 +658,19 @@ hy_q4_matvec8(const uint8_t *w, long row_bytes, int W, long nb, const int R, con
                 sum = HY_DPBUSD(sum, hi[c], _mm256_set1_epi32((int)hy_u32(a + 16 + 4 * c)));
             }
 #else
-            /* 8 int16 pair sums of at most 2 * 15 * 128 each: no saturation */
-            __m256i s16 = _mm256_setzero_si256();
+            /* int16 pair sums of at most 2 * 31 * 128, four added: no saturation */
+            __m256i sl = _mm256_setzero_si256(), sh = _mm256_setzero_si256();
             for (int c = 0; c < 4; c++) {
-                s16 = _mm256_add_epi16(s16, _mm256_maddubs_epi16(lo[c], _mm256_set1_epi32((int)hy_u32(a + 4 * c))));
-                s16 = _mm256_add_epi16(s16, _mm256_maddubs_epi16(hi[c], _mm256_set1_epi32((int)hy_u32(a + 16 + 4 * c))));
+                sl = _mm256_add_epi16(sl, _mm256_maddubs_epi16(lo[c], _mm256_set1_epi32((int)hy_u32(a + 4 * c))));
+                sh = _mm256_add_epi16(sh, _mm256_maddubs_epi16(hi[c], _mm256_set1_epi32((int)hy_u32(a + 16 + 4 * c))));
             }
-            sum = _mm256_madd_epi16(s16, _mm256_set1_epi16(1));
+            sum = _mm256_add_epi32(_mm256_madd_epi16(sl, ones), _mm256_madd_epi16(sh, ones));
 #endif
             acc[r] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(sum), _mm256_mul_ps(d, _mm256_set1_ps(da[r * nb + b])), acc[r]);
             off[r] = _mm256_fmadd_ps(mn, _mm256_set1_ps(sa[r * nb + b]), off[r]);
         }
     }
-    const __m256 centre = _mm256_set1_ps(with_min ? 1.0f : -8.0f);
+    const __m256 centre = _mm256_set1_ps(with_min ? 1.0f : (five ? -16.0f : -8.0f));
     for (int r = 0; r < R; r++) {
         float v[8];
         _mm256_storeu_ps(v, _mm256_fmadd_ps(off[r], centre, acc[r]));
@@ -1654,15 +1674,21 @@ static inline void hy_q_matvec_range(int type, const uint8_t *w, long row_bytes,
     }
 #endif
 #if defined(HY_AVX2) && !defined(HY_Q512)
-    /* Q4_0 / Q4_1: 8 weight rows per pass, every row (hy_q4_matvec8) */
-    if ((type == HY_Q_Q4_0 || type == HY_Q_Q4_1) && qa != NULL) {
-        const int mn = type == HY_Q_Q4_1;
+    /* Q4_0 / Q4_1 / Q5_0 / Q5_1: 8 weight rows per pass, every row (hy_q45_matvec8) */
+    if ((type == HY_Q_Q4_0 || type == HY_Q_Q4_1 || type == HY_Q_Q5_0 || type == HY_Q_Q5_1)
+        && qa != NULL) {
+        const int mn = type == HY_Q_Q4_1 || type == HY_Q_Q5_1;
+        const int five = type == HY_Q_Q5_0 || type == HY_Q_Q5_1;
         for (; o < o1; o += 8) {
             const int W = o1 - o < 8 ? (int)(o1 - o) : 8;
             for (int r = 0; r < rows; r += HY_MR) {
                 const int left = rows - r < HY_MR ? rows - r : HY_MR;
-#define HY_R8(R) case R: hy_q4_matvec8(w + o * row_bytes, row_bytes, W, nb, R, qa + r * n, \
-                                       da + r * nb, sa + r * nb, mn, out + r * ldo + o, ldo); break;
+#define HY_R8(R) case R: \
+                    if (five) hy_q45_matvec8(w + o * row_bytes, row_bytes, W, nb, R, qa + r * n, \
+                                             da + r * nb, sa + r * nb, 1, mn, out + r * ldo + o, ldo); \
+                    else hy_q45_matvec8(w + o * row_bytes, row_bytes, W, nb, R, qa + r * n, \
+                                        da + r * nb, sa + r * nb, 0, mn, out + r * ldo + o, ldo); \
+                    break;
                 switch (left) { HY_R_CASES(HY_R8) }
 #undef HY_R8
             }
