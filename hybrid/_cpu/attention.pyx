@@ -123,6 +123,25 @@ cdef void _merge_splits(const hy_attn_shape *sh, long r0, long r1, int g0, int g
                     o[d] *= inv
 
 
+cdef inline hy_attn_shape _shape(int num_heads, int num_kv_heads, int head_dim, int block_size,
+                                long head_stride, bint kv_f16, float scale) noexcept nogil:
+    cdef hy_attn_shape sh
+    sh.num_heads, sh.num_kv_heads, sh.head_dim = num_heads, num_kv_heads, head_dim
+    sh.block_size, sh.kv_f16, sh.head_stride, sh.scale = block_size, kv_f16, head_stride, scale
+    return sh
+
+
+cdef inline int _heads_per_task(int num_kv_heads, int tile, int group) noexcept nogil:
+    """KV heads a task of `tile` query rows takes (its query vectors <= QUERY_VECTORS_PER_TASK)."""
+    return <int> max(1, min(num_kv_heads, QUERY_VECTORS_PER_TASK // (tile * group)))
+
+
+cdef inline bint _one_thread(long work, int num_heads) noexcept nogil:
+    """Whether `work` (query rows x the keys each sees, summed) is too little for a parallel
+    region: below PARALLEL_MIN_WORK multiply-adds at head_dim 64."""
+    return work * num_heads * 64 < PARALLEL_MIN_WORK
+
+
 cdef object _plan(const int64_t[::1] row_pos, const int64_t[::1] seg_rows,
                   const int64_t[::1] seg_table, int num_kv_heads, int group, int block_size,
                   int nthreads):
@@ -142,13 +161,13 @@ cdef object _plan(const int64_t[::1] row_pos, const int64_t[::1] seg_rows,
     cdef int tile = max(1, QUERY_VECTORS_PER_TASK // group)
     if max_rows < tile:
         tile = <int> max(1, max_rows)
-    cdef int heads = <int> max(1, min(num_kv_heads, QUERY_VECTORS_PER_TASK // (tile * group)))
+    cdef int heads = _heads_per_task(num_kv_heads, tile, group)
     cdef int head_groups = (num_kv_heads + heads - 1) // heads
     cdef long n_tiles = 0, work = 0
     for s in range(nseg):
         n_tiles += (seg_rows[s + 1] - seg_rows[s] + tile - 1) // tile
         work += (seg_rows[s + 1] - seg_rows[s]) * (row_pos[seg_rows[s + 1] - 1] + 1)
-    if work * num_kv_heads * group * 64 < PARALLEL_MIN_WORK:
+    if _one_thread(work, num_kv_heads * group):
         nthreads = 1
 
     # pass 1: splits per tile and the sizes of the tables
@@ -262,14 +281,8 @@ cdef _attend(float[:, ::1] q, const int64_t[::1] row_pos, const int64_t[::1] seg
              const int64_t[::1] seg_table, const int64_t[::1] k_ptrs, const int64_t[::1] v_ptrs,
              int num_heads, int num_kv_heads, int head_dim, int block_size, long head_stride,
              bint kv_f16, float scale, float[:, ::1] out, int num_threads):
-    cdef hy_attn_shape sh
-    sh.head_stride = head_stride
-    sh.num_heads = num_heads
-    sh.num_kv_heads = num_kv_heads
-    sh.head_dim = head_dim
-    sh.block_size = block_size
-    sh.kv_f16 = kv_f16
-    sh.scale = scale
+    cdef hy_attn_shape sh = _shape(num_heads, num_kv_heads, head_dim, block_size, head_stride,
+                                   kv_f16, scale)
     cdef int group = num_heads // num_kv_heads
     tasks, merges, n_partial, maxnq_o, num_threads = _plan(row_pos, seg_rows, seg_table,
                                                           num_kv_heads, group, block_size,
@@ -337,9 +350,8 @@ def paged_attention(float[:, ::1] q,            # IN  [n_rows, num_heads*head_di
     cdef long chunk
     cdef int failed = 0
     if n == 1 and _splits(start_pos + 1, block_size, &chunk) == 1 and (
-            num_threads <= 1 or (start_pos + 1) * num_heads * 64 < PARALLEL_MIN_WORK):
-        sh.head_stride, sh.num_heads, sh.num_kv_heads = head_stride, num_heads, num_kv_heads
-        sh.head_dim, sh.block_size, sh.kv_f16, sh.scale = head_dim, block_size, kv_f16, scale
+            num_threads <= 1 or _one_thread(start_pos + 1, num_heads)):
+        sh = _shape(num_heads, num_kv_heads, head_dim, block_size, head_stride, kv_f16, scale)
         with nogil:
             failed = _decode_row_serial(&sh, &q[0, 0], start_pos, &k_ptrs[0], &v_ptrs[0],
                                         &out[0, 0])
@@ -360,7 +372,7 @@ cdef int _decode_row_serial(const hy_attn_shape *sh, const float *q, int64_t pos
     parallel region or the numpy arrays (what a short context's step costs otherwise).
     Returns 1 when scratch allocation failed."""
     cdef int group = sh.num_heads // sh.num_kv_heads
-    cdef int heads = max(1, min(sh.num_kv_heads, QUERY_VECTORS_PER_TASK // group))
+    cdef int heads = _heads_per_task(sh.num_kv_heads, 1, group)
     cdef int g0 = 0, g1
     cdef hy_attn_scratch *w = _alloc_scratch(heads * group, sh.head_dim, sh.block_size)
     if not _scratch_ok(w):
@@ -466,9 +478,7 @@ cdef class RaggedStep:
                         or row_block[i] != table_ids[seg_table[s] + row_pos[i] // block_size]:
                     raise ValueError(f"ragged step: row {i} is not stored where its position "
                                      f"puts it")
-        self.sh.num_heads, self.sh.num_kv_heads, self.sh.head_dim = num_heads, num_kv_heads, head_dim
-        self.sh.block_size, self.sh.kv_f16, self.sh.head_stride = block_size, kv_f16, head_stride
-        self.sh.scale = scale
+        self.sh = _shape(num_heads, num_kv_heads, head_dim, block_size, head_stride, kv_f16, scale)
         self.tasks, self.merges, n_partial, maxnq, self.nthreads = _plan(
             row_pos, seg_rows, seg_table, num_kv_heads, num_heads // num_kv_heads, block_size,
             num_threads)

@@ -593,6 +593,19 @@ hy_q45_matvec8(const uint8_t *w, long row_bytes, int W, long nb, const int R, co
                                              0, 1, 4, 5, 8, 9, 12, 13, -1, -1, -1, -1, -1, -1, -1, -1);
     const __m256i pick_hi = _mm256_setr_epi8(2, 3, 6, 7, 10, 11, 14, 15, -1, -1, -1, -1, -1, -1, -1, -1,
                                              2, 3, 6, 7, 10, 11, 14, 15, -1, -1, -1, -1, -1, -1, -1, -1);
+    /* Q5: byte k of dword c (value 4c+k, or 16+4c+k in the high nibble) tests bit 4c+k of the
+     * row word's byte c/2 (2 + c/2): q5_lo/q5_hi put that byte in all four bytes of each dword,
+     * q5_bit holds bit (4c+k) % 8 in byte k */
+    __m256i q5_lo[4], q5_hi[4], q5_bit[4];
+    for (int c = 0; c < 4; c++) {
+        const char lb = (char)(c / 2);
+        q5_lo[c] = _mm256_add_epi8(_mm256_setr_epi8(0, 0, 0, 0, 4, 4, 4, 4, 8, 8, 8, 8, 12, 12, 12, 12,
+                                                     0, 0, 0, 0, 4, 4, 4, 4, 8, 8, 8, 8, 12, 12, 12, 12),
+                                    _mm256_set1_epi8(lb));
+        q5_hi[c] = _mm256_add_epi8(q5_lo[c], _mm256_set1_epi8(2));
+        q5_bit[c] = _mm256_set1_epi32((int)(0x08040201u << (4 * (c & 1))));
+    }
+    const __m256i b4 = _mm256_set1_epi8(0x10);
     const uint8_t *row[8];
     for (int i = 0; i < 8; i++) row[i] = w + (i < W ? i : W - 1) * row_bytes;
     __m256 acc[HY_MR], off[HY_MR];
@@ -627,19 +640,10 @@ hy_q45_matvec8(const uint8_t *w, long row_bytes, int W, long nb, const int R, co
         if (five) {  /* value j takes bit j of its row's 32-bit word: 16 where it is set */
             const __m256i qh = _mm256_i32gather_epi32((const int *)(w + at + hoff), idx, 1);
             for (int c = 0; c < 4; c++) {
-                /* bytes k of each dword: the word's byte holding bits 4c..4c+3 (16+4c.. for the
-                 * high nibbles), tested against bit 4c+k of it */
-                const char lb = (char)(c / 2), hb = (char)(2 + c / 2);
-                const __m256i bit = _mm256_set1_epi32((int)(0x08040201u << (4 * (c & 1))));
-                const __m256i sl = _mm256_setr_epi8(lb, lb, lb, lb, 4 + lb, 4 + lb, 4 + lb, 4 + lb,
-                                                    8 + lb, 8 + lb, 8 + lb, 8 + lb, 12 + lb, 12 + lb, 12 + lb, 12 + lb,
-                                                    lb, lb, lb, lb, 4 + lb, 4 + lb, 4 + lb, 4 + lb,
-                                                    8 + lb, 8 + lb, 8 + lb, 8 + lb, 12 + lb, 12 + lb, 12 + lb, 12 + lb);
-                const __m256i sh = _mm256_add_epi8(sl, _mm256_set1_epi8((char)(hb - lb)));
-                const __m256i l16 = _mm256_cmpeq_epi8(_mm256_and_si256(_mm256_shuffle_epi8(qh, sl), bit), bit);
-                const __m256i h16 = _mm256_cmpeq_epi8(_mm256_and_si256(_mm256_shuffle_epi8(qh, sh), bit), bit);
-                lo[c] = _mm256_or_si256(lo[c], _mm256_and_si256(l16, _mm256_set1_epi8(0x10)));
-                hi[c] = _mm256_or_si256(hi[c], _mm256_and_si256(h16, _mm256_set1_epi8(0x10)));
+                const __m256i l16 = _mm256_cmpeq_epi8(_mm256_and_si256(_mm256_shuffle_epi8(qh, q5_lo[c]), q5_bit[c]), q5_bit[c]);
+                const __m256i h16 = _mm256_cmpeq_epi8(_mm256_and_si256(_mm256_shuffle_epi8(qh, q5_hi[c]), q5_bit[c]), q5_bit[c]);
+                lo[c] = _mm256_or_si256(lo[c], _mm256_and_si256(l16, b4));
+                hi[c] = _mm256_or_si256(hi[c], _mm256_and_si256(h16, b4));
             }
         }
         /* the 8 rows' first dwords: d in the low 16 bits, m (Q4_1, Q5_1) in the high */
