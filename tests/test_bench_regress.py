@@ -1,15 +1,18 @@
 """The benchmark regression check (benches/regress.py) catches a slowdown and passes an equal run.
 
 A real benchmark (decode attention at context 1024, float32 KV) is run three times in
-subprocesses: saved as this CPU's baseline, re-run with HYBRID_TEST_SLOWDOWN=16 (the attention
-kernel runs sixteen times per call: a deliberately slowed kernel), and re-run unchanged.  The
-slowed run must make `compare` fail and name the benchmark; the equal run must pass.  Both compare
-with a 50% tolerance because these shared machines' timings move by 20-40% between runs.  The
-slowdown is large because the figure is a share of the read bandwidth measured in the same run,
-and on a shared machine that probe itself can read 52 GB/s in one run and 31 in the next: a 4x
-slower kernel then showed only -50% (seen in CI).  Sixteen times slower loses about 94% of the
-share, which even a halved probe cannot hide (the default tolerances, 10% and 5%, are for quiet
-machines).
+subprocesses: saved as this CPU's baseline, re-run with HYBRID_TEST_SLOWDOWN=64 (the attention
+kernel runs 64 times per call: a deliberately slowed kernel), and re-run unchanged.  The slowed
+run must make `compare` fail and name the benchmark; the equal run must pass.
+
+Both compare with a 90% tolerance.  The figure is a share of the read bandwidth measured in the
+same run, and on these shared machines both move between runs: the kernel (warm, partly in L3)
+by up to 2x (of five unchanged runs against one baseline, one read -50% with a probe 7% faster;
+the test once failed so with a 50% tolerance), the probe from 52 GB/s in one run to 31 in
+the next (a 4x slower kernel once showed only -50% in CI).  64 times slower loses about 98% of
+the share: still more than 90% with a kernel 2x faster and a probe 2.5x slower than at the
+baseline, while an equal run would have to lose 10x to fail (the default tolerances, 10% and 5%,
+are for quiet machines).
 """
 
 import json
@@ -25,6 +28,7 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 REGRESS = os.path.join(os.path.dirname(HERE), "benches", "regress.py")
 SELECT = ["--", "-k", "test_decode_attention_hybrid and 1024 and float32"]
 FIGURE = "attention: hybrid ctx=1024 float32 | share of read bandwidth"
+TOLERANCE = "0.9"  # (see the module docstring)
 
 if not os.path.exists(REGRESS):
     pytest.skip("benches/ is not next to tests/ (not a source checkout)", allow_module_level=True)
@@ -49,12 +53,12 @@ def test_compare_fails_on_a_slowed_kernel_and_passes_an_equal_run(tmp_path):
         doc = json.load(f)
     assert FIGURE in doc["figures"] and doc["cpu"]["simd"] in baseline
 
-    slowed = _regress(tmp_path, "compare", "--tolerance", "0.5", slowdown=16)
+    slowed = _regress(tmp_path, "compare", "--tolerance", TOLERANCE, slowdown=64)
     assert slowed.returncode == 1, slowed.stdout + slowed.stderr
     regressed = slowed.stdout.split("regressed beyond tolerance:")[1]
     assert FIGURE in regressed
 
-    equal = _regress(tmp_path, "compare", "--tolerance", "0.5")
+    equal = _regress(tmp_path, "compare", "--tolerance", TOLERANCE)
     assert equal.returncode == 0, equal.stdout + equal.stderr
     assert "no regression" in equal.stdout
 
