@@ -1687,7 +1687,7 @@ static inline void hy_q_matvec_range(int type, const uint8_t *w, long row_bytes,
             const int W = o1 - o < 8 ? (int)(o1 - o) : 8;
             for (int r = 0; r < rows; r += HY_MR) {
                 const int left = rows - r < HY_MR ? rows - r : HY_MR;
-#define HY_R8(R) case R: \
+#define HY_R8(R) case R:  /* (five a constant in each call) */ \
                     if (five) hy_q45_matvec8(w + o * row_bytes, row_bytes, W, nb, R, qa + r * n, \
                                              da + r * nb, sa + r * nb, 1, mn, out + r * ldo + o, ldo); \
                     else hy_q45_matvec8(w + o * row_bytes, row_bytes, W, nb, R, qa + r * n, \
