@@ -62,11 +62,21 @@ def pytest_collection_modifyitems(config, items):
             item.add_marker(pytest.mark.quick)
 
 
+_CURRENT: dict = {}  # the running benchmark's file (which file to re-run for a figure)
+
+
+@pytest.fixture(autouse=True)
+def _current_benchmark_file(request):
+    _CURRENT["file"] = os.path.basename(str(request.node.path))
+    yield
+
+
 def figure(name: str, value: float, kind: str, higher_is_better: bool = True):
     """Record one machine-normalised figure for the regression comparison."""
     if value is not None and value == value:  # skip missing / NaN
         FIGURES[name] = {"value": float(value), "kind": kind,
-                         "higher_is_better": bool(higher_is_better)}
+                         "higher_is_better": bool(higher_is_better),
+                         "file": _CURRENT.get("file")}
 
 
 def read_probe(x, passes_reader=1, passes_dot=1) -> float:
@@ -88,51 +98,104 @@ def read_probe(x, passes_reader=1, passes_dot=1) -> float:
     return best
 
 
-def paired_share(fn, bytes_moved: int, rounds: int = 8):
-    """fn's best bytes/s and the read probe's, measured in alternation round by round, so both
-    see the same phases of a shared machine (the session's probe may have caught a faster or
-    slower moment).  Returns (fn bytes/s, probe bytes/s)."""
-    x = np.ones(128 * 1024 * 1024, dtype=np.float32)  # 512 MiB
-    best_fn = best_probe = 0.0
-    for _ in range(rounds):
-        t0 = time.perf_counter()
+_PROBE_DATA: list = []  # the probe's 512 MiB, allocated once
+
+
+def _probe_data():
+    if not _PROBE_DATA:
+        _PROBE_DATA.append(np.ones(128 * 1024 * 1024, dtype=np.float32))
+    return _PROBE_DATA[0]
+
+
+def rate(fn, amount: float, min_time: float = 0.01) -> float:
+    """amount per second of fn: fn called back to back until min_time has passed (at least once)."""
+    n, t0 = 0, time.perf_counter()
+    while True:
         fn()
-        best_fn = max(best_fn, bytes_moved / (time.perf_counter() - t0))
-        best_probe = max(best_probe, read_probe(x))
-    return best_fn, best_probe
+        n += 1
+        elapsed = time.perf_counter() - t0
+        if elapsed >= min_time:
+            return amount * n / elapsed
+
+
+# Rounds of a paired measurement.  Why pairs and medians: on a shared machine the read probe
+# bursts (32 -> 50+ GB/s for a few seconds) and other load comes and goes, so a share against the
+# session's probe, or the best round of each side, moved by 20-60% between equal runs.  The
+# median of per-round ratios, each round measuring both sides back to back, moved by about 3%
+# over three runs a minute apart (Zen 4, 2 threads: a Q4_K / Q8_0 4096x4096 mat-vec's share,
+# 0.80 0.84 0.83 / 0.83 0.84 0.86, where the best of each side gave 0.86 0.90 0.88 / 0.60 0.85
+# 0.73).  Load on the cores that a read probe cannot see still moves figures by up to about 20%
+# over minutes (README, "Catching slowdowns").
+PAIRED_ROUNDS = 9
+
+
+def paired(measure_a, measure_b, rounds: int = PAIRED_ROUNDS):
+    """measure_a() / measure_b() (each returns a rate) in alternation, round by round: returns
+    (median of the per-round ratios, median of a, median of b)."""
+    a, b = np.empty(rounds), np.empty(rounds)
+    for r in range(rounds):
+        a[r] = measure_a()
+        b[r] = measure_b()
+    return float(np.median(a / b)), float(np.median(a)), float(np.median(b))
+
+
+def paired_with_probe(measure, rounds: int = PAIRED_ROUNDS):
+    """measure() (a rate) against the read probe's bytes/s, in alternation: (median of per-round
+    rate / probe, median rate, median probe)."""
+    x = _probe_data()
+    return paired(measure, lambda: read_probe(x), rounds)
+
+
+def paired_share(fn, bytes_moved: int, rounds: int = PAIRED_ROUNDS):
+    """fn's share of the read bandwidth: fn's bytes/s over the read probe's, measured back to back
+    in each round (both see the same phase of a shared machine); the median over the rounds.
+    Returns (share, fn bytes/s, probe bytes/s), the last two medians."""
+    return paired_with_probe(lambda: rate(fn, bytes_moved), rounds)
+
+
+def paired_time_ratio(fn_a, fn_b, rounds: int = PAIRED_ROUNDS) -> float:
+    """time(fn_a) / time(fn_b), the two timed back to back in each round; the median."""
+    return paired(lambda: rate(fn_b, 1.0), lambda: rate(fn_a, 1.0), rounds)[0]
 
 
 @pytest.fixture(scope="session")
 def read_bandwidth():
     """Bytes/s this machine streams from memory with THREADS threads (best of several passes over
     512 MiB, the better of hybrid's OpenMP reader and NumPy/BLAS dot)."""
-    x = np.ones(128 * 1024 * 1024, dtype=np.float32)  # 512 MiB
-    best = read_probe(x, passes_reader=4, passes_dot=3)
+    best = read_probe(_probe_data(), passes_reader=4, passes_dot=3)
     RESULTS.append(("machine", f"read bandwidth, {THREADS} threads", best / 1e9, "GB/s", ""))
     _MACHINE["read_bandwidth_GBps"] = best / 1e9
     return best
 
 
-def record(benchmark, group, name, *, bytes_moved=None, flops=None, bandwidth=None, note=""):
-    """Put throughput in benchmark.extra_info and in the closing table; returns the median time."""
+def record(benchmark, group, name, *, bytes_moved=None, flops=None, bandwidth=None, note="",
+           fn=None):
+    """Put throughput in benchmark.extra_info and in the closing table; returns the median time.
+    With fn (what the benchmark timed) the regression figures are measured again beside the read
+    probe (paired_with_probe); without it they use the best round against the session's probe."""
     t = benchmark.stats.stats.median
     best = benchmark.stats.stats.min  # the figures use the best round: least moved by other load
     info = benchmark.extra_info
     info["threads"] = THREADS
+    per_probe = None  # calls per second of fn over the probe's bytes per second, paired
+    if fn is not None and bandwidth and (bytes_moved is not None or flops is not None):
+        per_probe = paired_with_probe(lambda: rate(fn, 1.0))[0]
     if bytes_moved is not None:
         info["bytes"] = bytes_moved
         info["GB_per_s"] = bytes_moved / t / 1e9
         if bandwidth:
             info["share_of_read_bandwidth"] = bytes_moved / t / bandwidth
-            figure(f"{group}: {name} | share of read bandwidth", bytes_moved / best / bandwidth,
-                   "bandwidth_share")
+            share = bytes_moved * per_probe if per_probe else bytes_moved / best / bandwidth
+            figure(f"{group}: {name} | share of read bandwidth", share, "bandwidth_share")
+        paired_note = f" ({bytes_moved * per_probe:.0%} beside the probe)" if per_probe else ""
         RESULTS.append((group, name, info["GB_per_s"], "GB/s",
-                        f"{info.get('share_of_read_bandwidth', 0):.0%} of read bw; {note}"))
+                        f"{info.get('share_of_read_bandwidth', 0):.0%} of read bw{paired_note}; "
+                        f"{note}"))
     if flops is not None:
         info["GFLOP_per_s"] = flops / t / 1e9
         if bandwidth:
-            figure(f"{group}: {name} | GFLOP/s per GB/s of read bandwidth",
-                   flops / best / bandwidth, "per_gbps")
+            per_gbps = flops * per_probe if per_probe else flops / best / bandwidth
+            figure(f"{group}: {name} | GFLOP/s per GB/s of read bandwidth", per_gbps, "per_gbps")
         RESULTS.append((group, name, info["GFLOP_per_s"], "GFLOP/s", note))
     info["median_ms"] = t * 1e3
     RESULTS.append((group, name, t * 1e3, "ms", ""))

@@ -1,12 +1,14 @@
 """The benchmark regression check (benches/regress.py) catches a slowdown and passes an equal run.
 
 A real benchmark (decode attention at context 1024, float32 KV) is run three times in
-subprocesses: saved as this CPU's baseline, re-run with HYBRID_TEST_SLOWDOWN=64 (the attention
-kernel runs 64 times per call: a deliberately slowed kernel), and re-run unchanged.  The slowed
-run must make `compare` fail and name the benchmark; the equal run must pass.
+subprocesses: saved as this CPU's baseline (one run), re-run with HYBRID_TEST_SLOWDOWN=64 (the
+attention kernel runs 64 times per call: a deliberately slowed kernel), and re-run unchanged.
+The slowed run must make `compare` fail and name the benchmark, after re-running it once to
+confirm; the equal run must pass.
 
-Both compare with a 90% tolerance.  The figure is a share of the read bandwidth measured in the
-same run, and on these shared machines both move between runs: the kernel (warm, partly in L3)
+Both compare with a 90% tolerance.  The figure is a share of the read bandwidth (now measured
+beside the probe round by round, which halved the swings; these bounds come from before), and
+on these shared machines both move between runs: the kernel (warm, partly in L3)
 by up to 2x (of five unchanged runs against one baseline, one read -50% with a probe 7% faster;
 the test once failed so with a 50% tolerance), the probe from 52 GB/s in one run to 31 in
 the next (a 4x slower kernel once showed only -50% in CI).  64 times slower loses about 98% of
@@ -46,17 +48,18 @@ def _regress(tmp_path, *args, slowdown=None):
 
 
 def test_compare_fails_on_a_slowed_kernel_and_passes_an_equal_run(tmp_path):
-    saved = _regress(tmp_path, "save")
+    saved = _regress(tmp_path, "save", "--runs", "1")
     assert saved.returncode == 0, saved.stdout + saved.stderr
     (baseline,) = os.listdir(tmp_path / "baselines")
     with open(tmp_path / "baselines" / baseline) as f:
         doc = json.load(f)
     assert FIGURE in doc["figures"] and doc["cpu"]["simd"] in baseline
 
-    slowed = _regress(tmp_path, "compare", "--tolerance", TOLERANCE, slowdown=64)
+    slowed = _regress(tmp_path, "compare", "--tolerance", TOLERANCE, "--confirm", "1", slowdown=64)
     assert slowed.returncode == 1, slowed.stdout + slowed.stderr
     regressed = slowed.stdout.split("regressed beyond tolerance:")[1]
     assert FIGURE in regressed
+    assert "confirmation 1 of 1" in slowed.stdout  # re-run before it counted, and still slow
 
     equal = _regress(tmp_path, "compare", "--tolerance", TOLERANCE)
     assert equal.returncode == 0, equal.stdout + equal.stderr
@@ -76,3 +79,35 @@ def test_compare_without_a_baseline_for_this_cpu_says_so(tmp_path):
                          cwd=str(tmp_path), timeout=60)
     assert out.returncode == 2
     assert "no baseline for this CPU" in out.stderr and "other-cpu.json" in out.stderr
+
+
+def _load_regress():
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("regress", REGRESS)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_a_rerun_keeps_each_figures_better_value():
+    regress = _load_regress()
+
+    def doc(share, time_ratio, other):
+        return {"figures": {
+            "share": {"value": share, "kind": "bandwidth_share", "higher_is_better": True},
+            "f16 / f32 time": {"value": time_ratio, "kind": "peer_ratio",
+                               "higher_is_better": False},
+            "untouched": {"value": other, "kind": "per_gbps", "higher_is_better": True}}}
+    first = doc(0.5, 0.8, 1.0)
+    regress.keep_better(first, doc(0.7, 0.9, 9.0), ["share", "f16 / f32 time"])
+    regress.keep_better(first, doc(0.6, 0.6, 9.0), ["share", "f16 / f32 time"])
+    figs = first["figures"]
+    assert figs["share"]["value"] == 0.7 and figs["share"]["runs"] == 3  # higher is better
+    assert figs["f16 / f32 time"]["value"] == 0.6  # lower is better
+    assert figs["untouched"]["value"] == 1.0 and "runs" not in figs["untouched"]  # not re-run
+    base = doc(0.75, 0.6, 1.0)
+    _, regressed, _ = regress.compare(base, first, 0.10, 0.05)
+    assert regressed == []
+    _, regressed, _ = regress.compare(base, doc(0.6, 0.7, 1.0), 0.10, 0.05)
+    assert sorted(regressed) == ["f16 / f32 time", "share"]
