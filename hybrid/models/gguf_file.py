@@ -212,8 +212,9 @@ class _Tensors:
         quants = _gguf_quants(self.path)
         from gguf import GGMLQuantizationType
 
-        values = quants.dequantize(raw.reshape(count_rows(shape), -1),
-                                   GGMLQuantizationType(ttype)).reshape(shape)
+        with np.errstate(invalid="ignore", over="ignore", divide="ignore"):  # (checked below)
+            values = quants.dequantize(raw.reshape(count_rows(shape), -1),
+                                       GGMLQuantizationType(ttype)).reshape(shape)
         values = np.ascontiguousarray(values, dtype=np.float32)
         if len(shape) == 1:
             return values
