@@ -179,7 +179,11 @@ def record(benchmark, group, name, *, bytes_moved=None, flops=None, bandwidth=No
     info["threads"] = THREADS
     per_probe = None  # calls per second of fn over the probe's bytes per second, paired
     if fn is not None and bandwidth and (bytes_moved is not None or flops is not None):
-        per_probe = paired_with_probe(lambda: rate(fn, 1.0))[0]
+        per_probe, calls, probe = paired_with_probe(lambda: rate(fn, 1.0))
+        info["probe_GB_per_s_paired"] = probe / 1e9  # (medians of the rounds)
+        if bytes_moved is not None:
+            info["GB_per_s_paired"] = bytes_moved * calls / 1e9
+            info["share_paired"] = bytes_moved * per_probe
     if bytes_moved is not None:
         info["bytes"] = bytes_moved
         info["GB_per_s"] = bytes_moved / t / 1e9
