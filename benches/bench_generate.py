@@ -187,7 +187,7 @@ def test_llama_cpp_peer(benchmark, prompt, which, request):
         from bench_quant import side_by_side
 
         del llm
-        hp, hd, _, lp, _, _ = side_by_side(path)
+        hp, hd, _, lp, _ = side_by_side(path)
         _quote("hybrid f32 prefill (same file)", hp)
         _quote("hybrid f32 decode (same file)", hd)
         record_ratio("generate", "float32 prefill vs llama.cpp (the same float32 file)",

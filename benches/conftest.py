@@ -107,11 +107,6 @@ def _probe_data():
     return _PROBE_DATA[0]
 
 
-def probe_now() -> float:
-    """One short read-probe measurement (bytes/s), for a figure's own rounds."""
-    return read_probe(_probe_data(), passes_reader=2, passes_dot=1)
-
-
 def rate(fn, amount: float, min_time: float = 0.01) -> float:
     """amount per second of fn: fn called back to back until min_time has passed (at least once)."""
     n, t0 = 0, time.perf_counter()
