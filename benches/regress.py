@@ -149,9 +149,12 @@ def main(argv=None) -> int:
         i = argv.index("--")
         argv, pytest_args = argv[:i], argv[i + 1:]
     args = ap.parse_args(argv)
+    with tempfile.TemporaryDirectory() as tmp:  # the runs' figures files
+        return _run(args, pytest_args, tmp)
 
-    tmp_dir = tempfile.TemporaryDirectory()
-    tmp = tmp_dir.name
+
+def _run(args, pytest_args: list, tmp: str) -> int:
+    """main() after parsing: save or compare, the figures files written under tmp."""
     if args.run:
         with open(args.run) as f:
             doc = json.load(f)
@@ -166,7 +169,6 @@ def main(argv=None) -> int:
         for i in range(1, 1 if args.run else args.runs):  # the baseline: each figure's best run
             again = run_benches(args.quick, pytest_args, os.path.join(tmp, f"save{i}.json"))
             keep_better(doc, again, list(doc["figures"]))
-        tmp_dir.cleanup()
         os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
         with open(path, "w") as f:
             json.dump(doc, f, indent=1, sort_keys=True)
@@ -185,7 +187,6 @@ def main(argv=None) -> int:
         rows, regressed, missing = compare(base, doc, args.tolerance, args.peer_tolerance)
     else:
         rows, regressed, missing = confirm(doc, base, args, pytest_args, tmp)
-    tmp_dir.cleanup()
     print_table(rows, missing, base, doc)
     if regressed:
         print(f"\n{len(regressed)} figure(s) regressed beyond tolerance:")
