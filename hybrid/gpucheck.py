@@ -296,7 +296,7 @@ class Checks:
                 return Model(weights, **kw)
 
             cpu = make()
-        want = list(cpu.generate_tokens(prompt, 16))
+        want = cpu.generate(prompt, 16)
         want_logits = cpu.logits(prompt)
         n = len(cpu.layers)
         for label, kw in ((f"all {n} layers on {CUDA}", dict(gpu_layers=n)),
@@ -307,7 +307,7 @@ class Checks:
             # float16 KV: a fused-RoPE GPU cache rounds K before rotating it, the cpu after
             self.record(f"{name} prompt logits, {label}", rel_err(gpu.logits(prompt), want_logits), 5e-3)
             t0 = time.perf_counter()
-            got = list(gpu.generate_tokens(prompt, 16))
+            got = gpu.generate(prompt, 16)
             dt = time.perf_counter() - t0
             self.equal(f"{name} greedy 16 tokens, {label}: identical to the cpu "
                        f"({16 / dt:.0f} tok/s incl. prefill)", got == want)

@@ -103,13 +103,13 @@ def test_sampling_is_reproducible_and_varies(tiny):
 
 
 def test_repetition_penalty_changes_the_choice():
-    from hybrid.models import Sampler, SamplingParams
+    from hybrid.engine import GenerationParams, Sampler
 
     logits = np.array([0.0, 2.0, 1.9, -1.0], np.float32)
-    assert Sampler(SamplingParams())(logits, [1]) == 1
-    assert Sampler(SamplingParams(repetition_penalty=1.2))(logits, [1]) == 2
+    assert Sampler(GenerationParams())(logits, [1]) == 1
+    assert Sampler(GenerationParams(repetition_penalty=1.2))(logits, [1]) == 2
     with pytest.raises(ValueError, match="top_p"):
-        SamplingParams(top_p=0)
+        GenerationParams(top_p=0)
 
 
 def test_stop_strings_and_streaming(tiny):

@@ -324,18 +324,3 @@ def test_api_key_queue_limit_and_clean_shutdown(model):
         assert '"error"' in rest and rest.rstrip().endswith("data: [DONE]")
     finally:
         srv.stop()
-
-
-def test_incremental_text_equals_a_full_decode(model):
-    from hybrid.serve.app import _Run
-
-    for seed in range(6):
-        ids = model.generate(model.tokenizer.encode(f"Say {seed} in French, then 数字:"), 50,
-                             temperature=1.0, seed=seed)
-        run = _Run.__new__(_Run)
-        run.model, run.stops = model, []
-        for i in range(1, len(ids) + 1):
-            run.tokens = ids[:i]
-            text = run.text(i == len(ids))
-        assert text == model.tokenizer.decode(
-            [t for t in ids if t not in model.tokenizer.eos_ids])

@@ -2,6 +2,10 @@
 
 from .async_engine import AsyncEngine, EngineClosedError
 from .engine import Engine
-from .request import GenerationParams, RequestOutput
+from .output import TextOutput
+from .params import GenerationParams
+from .request import RequestOutput
+from .sampling import Sampler
 
-__all__ = ["Engine", "AsyncEngine", "EngineClosedError", "GenerationParams", "RequestOutput"]
+__all__ = ["Engine", "AsyncEngine", "EngineClosedError", "GenerationParams", "RequestOutput",
+           "Sampler", "TextOutput"]

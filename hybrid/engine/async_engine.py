@@ -17,7 +17,8 @@ import collections
 import threading
 
 from .engine import Engine
-from .request import GenerationParams, RequestOutput
+from .params import GenerationParams
+from .request import RequestOutput
 
 
 class EngineClosedError(RuntimeError):
@@ -53,7 +54,7 @@ class AsyncEngine:
                     self.engine.admit_request(self._incoming.popleft())
                 while self._aborts:
                     rid = self._aborts.popleft()
-                    if rid in self.engine._requests:
+                    if self.engine.has_request(rid):
                         self.engine.abort(rid)
                 if not self.engine.has_unfinished():
                     self._wake.clear()
@@ -65,7 +66,7 @@ class AsyncEngine:
                 except Exception as exc:  # noqa: BLE001 - an engine fault fails every stream
                     outs = []
                     for rid in list(self._streams):
-                        if rid in self.engine._requests:
+                        if self.engine.has_request(rid):
                             self.engine.abort(rid)
                         self._deliver(rid, exc)
             self._deliver_many([(out.request_id, out) for out in outs])
@@ -150,7 +151,7 @@ class AsyncEngine:
         self._wake.set()
         self._thread.join(timeout=30)
         with self._lock:
-            for rid in list(self.engine._requests):
+            for rid in self.engine.request_ids():
                 self.engine.abort(rid)
 
     def __enter__(self):

@@ -26,7 +26,8 @@ import numpy as np
 
 from .. import kernel_role
 from ..kvpool import KVBlockPool, default_kv_memory, parse_bytes
-from .request import GenerationParams, Request, RequestOutput
+from .params import GenerationParams
+from .request import Request, RequestOutput
 from .scheduler import Scheduler, _TooLarge
 
 
@@ -86,7 +87,7 @@ class Engine:
         params = params if params is not None else GenerationParams()
         if not isinstance(params, GenerationParams):
             raise TypeError(f"params must be GenerationParams, got {type(params).__name__}")
-        prompt = [int(t) for t in self.model._ids(ids)]
+        prompt = [int(t) for t in self.model.check_ids(ids)]
         if not prompt:
             raise ValueError("the prompt has no tokens")
         if len(prompt) >= self.max_tokens:
@@ -99,8 +100,8 @@ class Engine:
                                  f"{self.pool.max_blocks}")
         if request_id is not None and request_id in self._requests:
             raise ValueError(f"request id {request_id!r} is already in use")
-        stops = self.model._stop_ids(params.stop_tokens)
-        req = Request(prompt, params, stops, arrival=next(self._arrivals))
+        stops = self.model.stop_ids(params.stop_tokens)
+        req = Request(prompt, params, stops, self.model.tokenizer, arrival=next(self._arrivals))
         if request_id is not None:
             req.request_id = str(request_id)
         return req
@@ -123,12 +124,19 @@ class Engine:
     def has_unfinished(self) -> bool:
         return bool(self._requests)
 
+    def has_request(self, request_id: str) -> bool:
+        """Whether the request is queued or running (not finished)."""
+        return request_id in self._requests
+
+    def request_ids(self) -> list:
+        """The ids of every unfinished request."""
+        return list(self._requests)
+
     def _finish(self, req: Request, reason: str, error: "str | None" = None) -> RequestOutput:
         self.scheduler.remove(req)
         self._requests.pop(req.request_id, None)
         req.finish_reason = reason
-        return RequestOutput(req.request_id, [], list(req.generated), True, reason, error,
-                             len(req.prompt), req.cached_tokens)
+        return req.report([], True, reason, error)
 
     # -- the step ---------------------------------------------------------------------------
     def step(self) -> list:
@@ -188,21 +196,19 @@ class Engine:
         tok = req.sampler(logits, req.tokens)
         req.generated.append(tok)
         self.generation_tokens += 1
-        p = req.params
+        if req.output is not None:
+            req.output.add(tok)
         reason = None
-        if tok in req.stops:
+        if tok in req.stops or (req.output is not None and req.output.stopped):
             reason = "stop"
-        elif p.stop_strings and self.model.tokenizer is not None and any(
-                s in self.model.tokenizer.decode(req.generated) for s in p.stop_strings):
-            reason = "stop"
-        elif len(req.generated) >= p.max_new_tokens or len(req.tokens) >= self.max_tokens:
+        elif len(req.generated) >= req.params.max_new_tokens \
+                or len(req.prompt) + len(req.generated) >= self.max_tokens:
             reason = "length"
         if reason is not None:
             out = self._finish(req, reason)
             out.new_tokens = [tok]
             return out
-        return RequestOutput(req.request_id, [tok], list(req.generated), False, None, None,
-                             len(req.prompt), req.cached_tokens)
+        return req.report([tok])
 
     # -- offline ----------------------------------------------------------------------------
     def generate(self, prompts, max_new_tokens: int = 32, *, temperature: float = 0.0,
@@ -213,12 +219,13 @@ class Engine:
         prompts = list(prompts)
         if max_new_tokens == 0:
             for p in prompts:
-                self.model._ids(p)
+                self.model.check_ids(p)
             return [[] for _ in prompts]
         params = [GenerationParams(max_new_tokens, temperature, top_k, top_p, repetition_penalty,
                                    None if seed is None else seed + i,
                                    None if stop_tokens is None else list(stop_tokens),
-                                   tuple(stop_strings)) for i in range(len(prompts))]
+                                   tuple(stop_strings), detokenize=bool(stop_strings))
+                  for i in range(len(prompts))]
         ids = []
         try:
             for p, gp in zip(prompts, params):

@@ -1,50 +1,15 @@
-"""A request to the engine: its parameters, its state between steps, and what a step reports."""
+"""A request to the engine: its state between steps, and what a step reports."""
 
 from __future__ import annotations
 
 import itertools
 from dataclasses import dataclass, field
 
-from ..models.sampling import Sampler, SamplingParams
+from .output import TextOutput
+from .params import GenerationParams
+from .sampling import Sampler
 
 _ids = itertools.count()
-
-
-@dataclass
-class GenerationParams:
-    """How one request generates: the sampling of ``Model.generate`` plus its stop conditions.
-
-    stop_tokens None means the tokenizer's end-of-sequence ids; stop_strings end the request when
-    the decoded new text contains one of them (the completing token included)."""
-
-    max_new_tokens: int = 32
-    temperature: float = 0.0
-    top_k: int = 0
-    top_p: float = 1.0
-    repetition_penalty: float = 1.0
-    seed: "int | None" = None
-    stop_tokens: "list | None" = None
-    stop_strings: tuple = ()
-
-    def __post_init__(self):
-        if isinstance(self.max_new_tokens, bool) or not isinstance(self.max_new_tokens, int) \
-                or self.max_new_tokens < 1:
-            raise ValueError(f"max_new_tokens must be an integer >= 1, got {self.max_new_tokens!r}")
-        for name in ("temperature", "top_p", "repetition_penalty"):
-            v = getattr(self, name)
-            if isinstance(v, bool) or not isinstance(v, (int, float)) or v != v:
-                raise ValueError(f"{name} must be a number, got {v!r}")
-        if isinstance(self.top_k, bool) or not isinstance(self.top_k, int):
-            raise ValueError(f"top_k must be an integer, got {self.top_k!r}")
-        self.sampling()  # range checks
-        if isinstance(self.stop_strings, str):
-            self.stop_strings = (self.stop_strings,)
-        self.stop_strings = tuple(self.stop_strings)
-
-    def sampling(self) -> SamplingParams:
-        return SamplingParams(temperature=float(self.temperature), top_k=self.top_k,
-                              top_p=float(self.top_p),
-                              repetition_penalty=float(self.repetition_penalty), seed=self.seed)
 
 
 @dataclass
@@ -59,6 +24,8 @@ class RequestOutput:
     error: "str | None" = None
     prompt_tokens: int = 0
     cached_tokens: int = 0  # prompt tokens served from the prefix cache
+    text: str = ""  # the generated text so far, cut before a stop string (stop tokens add none)
+    delta: str = ""  # text not reported before, held back where a stop string could begin
 
 
 @dataclass
@@ -68,7 +35,8 @@ class Request:
 
     prompt: list
     params: GenerationParams
-    stops: set
+    stops: set  # stop token ids
+    tokenizer: object = None  # for the text (None: token ids only)
     request_id: str = field(default_factory=lambda: f"req-{next(_ids)}")
     generated: list = field(default_factory=list)
     cache: object = None  # PagedKVCache over the engine's pool while admitted
@@ -77,10 +45,14 @@ class Request:
     cached_tokens: int = 0
     arrival: int = 0
     sampler: "Sampler | None" = None
+    output: "TextOutput | None" = None
     finish_reason: "str | None" = None
 
     def __post_init__(self):
-        self.sampler = Sampler(self.params.sampling())
+        self.sampler = Sampler(self.params)
+        p = self.params
+        if self.tokenizer is not None and (p.detokenize or p.stop_strings):
+            self.output = TextOutput(self.tokenizer, p.stop_strings, self.stops)
 
     @property
     def tokens(self) -> list:
@@ -90,3 +62,14 @@ class Request:
     def pending(self) -> int:
         """Tokens to feed before the next sample."""
         return len(self.prompt) + len(self.generated) - self.computed
+
+    def report(self, new_tokens: list, finished: bool = False, reason: "str | None" = None,
+               error: "str | None" = None) -> RequestOutput:
+        """This step's RequestOutput (the text's new part handed out with it)."""
+        text = delta = ""
+        if self.output is not None:
+            if finished:
+                self.output.finish()
+            text, delta = self.output.text, self.output.delta(finished)
+        return RequestOutput(self.request_id, new_tokens, list(self.generated), finished, reason,
+                             error, len(self.prompt), self.cached_tokens, text, delta)

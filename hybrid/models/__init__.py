@@ -11,7 +11,6 @@ import os
 
 from .errors import ModelLoadError
 from .model import GenerationStats, Model, layer_placements
-from .sampling import Sampler, SamplingParams
 from .tokenizer import Tokenizer
 from ..quant import TARGETS
 from .weights import ModelWeights, convert_weights, weight_formats
@@ -81,6 +80,6 @@ def load_model(path=None, *, weights: "str | None" = None, gpu_layers: int = 0, 
                  max_tokens=max_tokens)
 
 
-__all__ = ["GenerationStats", "Model", "ModelLoadError", "ModelWeights", "Sampler",
-           "SamplingParams", "Tokenizer", "convert_weights", "default_model_path", "weight_formats", "layer_placements",
+__all__ = ["GenerationStats", "Model", "ModelLoadError", "ModelWeights",
+           "Tokenizer", "convert_weights", "default_model_path", "weight_formats", "layer_placements",
            "load_model", "read_weights"]

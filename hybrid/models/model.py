@@ -25,7 +25,6 @@ from ..placement import (CPU, Placement, copy_between, is_device_array, placemen
 from ..quant import QuantizedTensor, dequantize
 from ..scratch import Scratch
 from ..step import StepBatch
-from .sampling import Sampler, SamplingParams
 from .weights import ModelWeights
 
 
@@ -111,7 +110,8 @@ class Model:
                             max_tokens=self.max_tokens)
 
     # ------------------------------------------------------------------ forward
-    def _ids(self, ids) -> np.ndarray:
+    def check_ids(self, ids) -> np.ndarray:
+        """``ids`` as a 1-D int64 array, checked to be token ids of this model."""
         if type(ids) is list and len(ids) == 1 and type(ids[0]) is int \
                 and 0 <= ids[0] < self.vocab_size:  # a decode step's token: checked cheaply
             return np.array(ids, dtype=np.int64)
@@ -123,13 +123,14 @@ class Model:
                              f"{int(arr.min())}..{int(arr.max())}")
         return arr.astype(np.int64)
 
-    def _check_room(self, cache: PagedKVCache, n_new: int) -> None:
-        total = cache.seq_len + n_new
+    def _check_room(self, total: int, limit: "int | None") -> None:
+        """Raise if ``total`` tokens of one sequence exceed the context or ``limit`` (a cache's
+        capacity)."""
         if self.max_position and total > self.max_position:
             raise ValueError(f"{total} tokens exceed the model's context length "
                              f"{self.max_position}")
-        if cache.max_tokens and total > cache.max_tokens:
-            raise ValueError(f"{total} tokens exceed the KV cache capacity {cache.max_tokens}")
+        if limit and total > limit:
+            raise ValueError(f"{total} tokens exceed the KV cache capacity {limit}")
 
     def _head(self, h) -> np.ndarray:
         """Final norm and LM head: h [rows, hidden] -> logits [rows, vocab] float32.  Every row
@@ -154,14 +155,14 @@ class Model:
                 return self.forward(ids, cache)
         if self._all_cpu and StepBatch.supports([cache]):
             return self._step([(cache, ids)])[0]
-        return self._forward_one(self._ids(ids), cache)
+        return self._forward_one(self.check_ids(ids), cache)
 
     def _forward_one(self, ids, cache: PagedKVCache) -> np.ndarray:
         """One sequence layer by layer (GPU layers, or caches the ragged step cannot take)."""
-        ids = self._ids(ids)
+        ids = self.check_ids(ids)
         if ids.size == 0:
             raise ValueError("forward needs at least one token")
-        self._check_room(cache, ids.size)
+        self._check_room(cache.seq_len + ids.size, cache.max_tokens)
         start = cache.seq_len
         x = self._embed(ids)  # [n, hidden]
         positions = np.arange(start, start + ids.size)
@@ -188,11 +189,11 @@ class Model:
 
     def _step(self, items) -> np.ndarray:
         caches = [c for c, _ in items]
-        ids = [self._ids(t) for _, t in items]
+        ids = [self.check_ids(t) for _, t in items]
         for c, t in zip(caches, ids):
             if t.size == 0:
                 raise ValueError("every sequence of a step needs at least one token")
-            self._check_room(c, t.size)
+            self._check_room(c.seq_len + t.size, c.max_tokens)
         if not (self._all_cpu and StepBatch.supports(caches)):
             starts, rows = [c.seq_len for c in caches], []
             try:
@@ -217,9 +218,9 @@ class Model:
 
     def forward_batch(self, tokens, caches) -> np.ndarray:
         """One decode token per sequence: tokens [B] -> logits [B, vocab]; commits each cache."""
-        tokens = self._ids(tokens)
+        tokens = self.check_ids(tokens)
         for c in caches:
-            self._check_room(c, 1)
+            self._check_room(c.seq_len + 1, c.max_tokens)
         x = self._embed(tokens)  # [B, hidden]
         positions = [c.seq_len for c in caches]
         try:
@@ -258,70 +259,72 @@ class Model:
         return self.forward(ids, self.new_cache())
 
     # ------------------------------------------------------------------ generation
-    def _params(self, temperature, top_k, top_p, repetition_penalty, seed) -> SamplingParams:
-        return SamplingParams(temperature=temperature, top_k=top_k, top_p=top_p,
-                              repetition_penalty=repetition_penalty, seed=seed)
-
-    def _stop_ids(self, stop_tokens):
-        stops = set(stop_tokens) if stop_tokens is not None else set()
+    def stop_ids(self, stop_tokens=None) -> set:
+        """The token ids that end a generation: ``stop_tokens``, or the tokenizer's
+        end-of-sequence ids when it is None."""
+        stops = set(int(t) for t in stop_tokens) if stop_tokens is not None else set()
         if stop_tokens is None and self.tokenizer is not None:
             stops |= set(self.tokenizer.eos_ids)
         return stops
 
-    def generate_tokens(self, ids, max_new_tokens: int = 32, *, temperature: float = 0.0,
-                        top_k: int = 0, top_p: float = 1.0, repetition_penalty: float = 1.0,
-                        seed=None, stop_tokens=None, stop_strings=(), cache=None):
-        """Yield new token ids one by one (the streaming core of ``generate``)."""
-        ids = list(self._ids(ids))
+    def _requests(self, ids, max_new_tokens: int, detokenize: bool, kw: dict):
+        """Run one request through a one-request Engine; yield its RequestOutputs.  The engine's
+        pool holds exactly this request, its whole prompt is one step, and the prefix cache is
+        off (each call computes its prompt, as a fresh cache would)."""
+        from ..engine import Engine, GenerationParams
+
+        ids = [int(t) for t in self.check_ids(ids)]
         if not ids:
             raise ValueError("the prompt has no tokens")
-        if max_new_tokens < 0:
-            raise ValueError(f"max_new_tokens must be >= 0, got {max_new_tokens}")
-        sampler = Sampler(self._params(temperature, top_k, top_p, repetition_penalty, seed))
-        stops = self._stop_ids(stop_tokens)
-        cache = cache if cache is not None else self.new_cache()
-        self._check_room(cache, len(ids) + max_new_tokens)
+        if isinstance(max_new_tokens, bool) or not isinstance(max_new_tokens, int) \
+                or max_new_tokens < 0:
+            raise ValueError(f"max_new_tokens must be an integer >= 0, got {max_new_tokens!r}")
+        self._check_room(len(ids) + max_new_tokens, self.max_tokens)
         stats = self.last_stats = GenerationStats(prompt_tokens=len(ids))
         if max_new_tokens == 0:
+            GenerationParams(1, **kw)  # the parameters are still checked
             return
+        params = GenerationParams(max_new_tokens, detokenize=detokenize, **kw)
+        engine = Engine(self, max_batch=1, max_batched_tokens=len(ids),
+                        num_blocks=-(-(len(ids) + max_new_tokens) // self.block_size),
+                        prefix_cache=False)
+        rid = engine.add_request(ids, params)
         t0 = time.perf_counter()
-        logits = self.forward(ids, cache, role=kernel_role.PROMPT)
-        stats.prefill_s = time.perf_counter() - t0
-        history = list(ids)
-        new: list = []
-        t1 = time.perf_counter()
-        while True:
-            tok = sampler(logits, history)
-            history.append(tok)
-            new.append(tok)
-            stats.new_tokens = len(new)
-            yield tok
-            if tok in stops or len(new) >= max_new_tokens:
-                break
-            if stop_strings and self.tokenizer is not None:
-                text = self.tokenizer.decode(new)
-                if any(s in text for s in stop_strings):
-                    break
-            logits = self.forward([tok], cache, role=kernel_role.DECODE)
-            stats.decode_s = time.perf_counter() - t1
+        t_first = None
+        try:
+            while engine.has_unfinished():
+                for out in engine.step():
+                    now = time.perf_counter()
+                    if out.new_tokens:
+                        if t_first is None:
+                            t_first, stats.prefill_s = now, now - t0
+                        stats.new_tokens = len(out.tokens)
+                        stats.decode_s = now - t_first
+                    if out.finish_reason == "error":
+                        raise RuntimeError(f"generation failed: {out.error}")
+                    yield out
+        finally:
+            if engine.has_request(rid):
+                engine.abort(rid)
 
     def generate(self, ids, max_new_tokens: int = 32, **kw) -> list:
-        """The new token ids (stop tokens and the token completing a stop string included)."""
-        return list(self.generate_tokens(ids, max_new_tokens, **kw))
+        """The new token ids (stop tokens and the token completing a stop string included).
+
+        Keywords: the fields of ``hybrid.GenerationParams`` (temperature, top_k, top_p,
+        repetition_penalty, seed, stop_tokens, stop_strings)."""
+        new: list = []
+        for out in self._requests(ids, max_new_tokens, False, kw):
+            new.extend(out.new_tokens)
+        return new
 
     def stream(self, ids, max_new_tokens: int = 32, **kw):
-        """Yield decoded text pieces as tokens arrive (whole UTF-8 characters only)."""
+        """Yield the generated text piece by piece as tokens arrive (whole characters; stop
+        tokens add no text; the text ends before a stop string)."""
         if self.tokenizer is None:
             raise ValueError("streaming text needs a tokenizer")
-        new, sent = [], ""
-        for tok in self.generate_tokens(ids, max_new_tokens, **kw):
-            new.append(tok)
-            text = self.tokenizer.decode(new)
-            if text.endswith("\ufffd"):
-                continue  # a multi-byte character is not complete yet
-            if len(text) > len(sent):
-                yield text[len(sent):]
-                sent = text
+        for out in self._requests(ids, max_new_tokens, True, kw):
+            if out.delta:
+                yield out.delta
 
     def generate_batch(self, prompts, max_new_tokens: int = 32, *, temperature: float = 0.0,
                        top_k: int = 0, top_p: float = 1.0, repetition_penalty: float = 1.0,
@@ -332,13 +335,13 @@ class Model:
         Returns the new ids of each prompt."""
         from ..engine import Engine
 
-        prompts = [list(self._ids(p)) for p in prompts]
+        prompts = [list(self.check_ids(p)) for p in prompts]
         if any(not p for p in prompts):
             raise ValueError("every prompt needs at least one token")
         if max_new_tokens < 0:
             raise ValueError(f"max_new_tokens must be >= 0, got {max_new_tokens}")
         for p in prompts:
-            self._check_room(self.new_cache(), len(p) + max_new_tokens)
+            self._check_room(len(p) + max_new_tokens, self.max_tokens)
         engine = Engine(self, max_batch=max_batch, kv_memory=kv_memory)
         return engine.generate(prompts, max_new_tokens, temperature=temperature, top_k=top_k,
                                top_p=top_p, repetition_penalty=repetition_penalty, seed=seed,

@@ -162,19 +162,18 @@ def build_app(model, *, model_name: str = "hybrid", api_key: "str | None" = None
             raise APIError(400, f"the prompt has {len(ids)} tokens; the model's context is "
                                 f"{ctx_len}", param="prompt", code="context_length_exceeded")
         max_new = min(max_tokens or (ctx_len - len(ids)), ctx_len - len(ids))
-        stops = body.stop_list()
         try:
             params = GenerationParams(max_new_tokens=max_new, temperature=body.temperature,
                                       top_k=body.top_k, top_p=body.top_p,
                                       repetition_penalty=body.repetition_penalty,
-                                      seed=body.seed, stop_strings=tuple(stops))
+                                      seed=body.seed, stop_strings=tuple(body.stop_list()))
         except ValueError as exc:
             raise APIError(400, str(exc)) from None
         if eng.stats()["requests_waiting"] >= max_queue:
             raise APIError(429, f"the queue is full ({max_queue} waiting requests); retry later",
                            "rate_limit_error", code="queue_full")
         rid = ("chatcmpl-" if chat else "cmpl-") + uuid.uuid4().hex[:24]
-        run = _Run(eng, model, ids, params, stops, metrics, rid)
+        run = _Run(eng, ids, params, metrics, rid)
         try:
             await run.start()
         except (ValueError, TypeError) as exc:
@@ -209,17 +208,18 @@ def _tokenizer(model):
 
 
 class _Run:
-    """One request's stream: text so far (stop strings cut), counts and timings."""
+    """One request's stream: its outputs as they come (text from the engine), counts and
+    timings."""
 
-    def __init__(self, engine, model, ids, params, stops, metrics, rid):
-        self.engine, self.model, self.ids, self.params = engine, model, ids, params
-        self.stops, self.metrics, self.id = stops, metrics, rid
+    def __init__(self, engine, ids, params, metrics, rid):
+        self.engine, self.ids, self.params = engine, ids, params
+        self.metrics, self.id = metrics, rid
         self.tokens: list = []
+        self.last = None  # the latest RequestOutput
         self.finish_reason = None
         self.t0 = time.perf_counter()
         self.t_first = None
         self.t_last = None
-        self.sent = ""
         self.created = int(time.time())
 
     async def start(self):
@@ -237,6 +237,7 @@ class _Run:
                 self.metrics.token_latency.observe((now - self.t_last) / len(out.new_tokens))
             self.t_last = now
         self.tokens = out.tokens
+        self.last = out
         if out.finished:
             self.finish_reason = "stop" if out.finish_reason in ("stop", "abort") else out.finish_reason
             if out.finish_reason == "error":
@@ -257,39 +258,10 @@ class _Run:
         async for _ in self.outputs():
             pass
 
-    def _decoded(self) -> str:
-        """The generated text (end-of-sequence ids left out), decoded incrementally: the text of
-        settled tokens is kept, and only the tokens after them are decoded again, with a few
-        tokens before them as context (so word-initial spaces come out right)."""
-        tok = self.model.tokenizer
-        ids = [t for t in self.tokens if t not in tok.eos_ids]
-        if not hasattr(self, "_settled"):
-            self._settled, self._settled_text, self._head = 0, "", ""
-        ctx = max(0, self._settled - 4)
-        tail = tok.decode(ids[ctx:])
-        head = self._head  # the context tokens' own text, decoded when they settled
-        text = self._settled_text + (tail[len(head):] if tail.startswith(head) else
-                                     tok.decode(ids)[len(self._settled_text):])
-        if len(ids) - self._settled > 8 and not text.endswith("\ufffd"):
-            self._settled, self._settled_text = len(ids), text
-            self._head = tok.decode(ids[max(0, self._settled - 4):self._settled])
-        return text
-
-    def text(self, final: bool) -> str:
-        """The generated text, stop strings cut; while running, held back where a stop string
-        could still begin."""
-        if self.model.tokenizer is None:
-            return ""
-        text = self._decoded()
-        cut = min((text.find(s) for s in self.stops if s in text), default=-1)
-        if cut >= 0:
-            return text[:cut]
-        if final:
-            return text
-        if text.endswith("\ufffd"):
-            text = text[:-1]
-        hold = max((len(s) - 1 for s in self.stops), default=0)
-        return text[:len(text) - hold] if hold else text
+    def text(self) -> str:
+        """The generated text so far (end-of-sequence tokens add none; cut before a stop
+        string)."""
+        return self.last.text if self.last is not None else ""
 
     def usage(self) -> dict:
         return {"prompt_tokens": len(self.ids), "completion_tokens": len(self.tokens),
@@ -315,7 +287,7 @@ def _choice(run: _Run, chat: bool, text: str, finish, delta: bool) -> dict:
 def _final(run: _Run, chat: bool, model_name: str) -> dict:
     return {"id": run.id, "object": "chat.completion" if chat else "text_completion",
             "created": run.created, "model": model_name,
-            "choices": [_choice(run, chat, run.text(True), run.finish_reason, False)],
+            "choices": [_choice(run, chat, run.text(), run.finish_reason, False)],
             "usage": run.usage()}
 
 
@@ -330,13 +302,9 @@ async def _sse(run: _Run, chat: bool, model_name: str, include_usage: bool):
         return f"data: {json.dumps(body)}\n\n"
     try:
         async for out in run.outputs():
-            text = run.text(out.finished)
-            delta = ""
-            if len(text) > len(run.sent) and text.startswith(run.sent):  # never take back text
-                delta, run.sent = text[len(run.sent):], text
-            if delta or out.finished:
-                yield event([_choice(run, chat, delta, run.finish_reason if out.finished else None,
-                                     True)])
+            if out.delta or out.finished:
+                yield event([_choice(run, chat, out.delta,
+                                     run.finish_reason if out.finished else None, True)])
         if include_usage:
             yield event([], run.usage())
     except (EngineClosedError, RuntimeError, asyncio.CancelledError) as exc:

@@ -2,38 +2,14 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
 import numpy as np
 
 
-@dataclass
-class SamplingParams:
-    """temperature 0 is greedy (argmax).  top_k 0 and top_p 1 turn those filters off.
-    repetition_penalty > 1 discourages tokens already in the sequence (as transformers applies it:
-    positive logits divided, negative multiplied).  ``seed`` makes sampling reproducible."""
-
-    temperature: float = 0.0
-    top_k: int = 0
-    top_p: float = 1.0
-    repetition_penalty: float = 1.0
-    seed: "int | None" = None
-
-    def __post_init__(self):
-        if self.temperature < 0:
-            raise ValueError(f"temperature must be >= 0, got {self.temperature}")
-        if self.top_k < 0:
-            raise ValueError(f"top_k must be >= 0, got {self.top_k}")
-        if not 0 < self.top_p <= 1:
-            raise ValueError(f"top_p must be in (0, 1], got {self.top_p}")
-        if self.repetition_penalty <= 0:
-            raise ValueError(f"repetition_penalty must be > 0, got {self.repetition_penalty}")
-
-
 class Sampler:
-    """Stateful sampler (its random generator advances with each draw)."""
+    """Stateful sampler (its random generator advances with each draw) for one request's
+    GenerationParams (temperature, top_k, top_p, repetition_penalty, seed)."""
 
-    def __init__(self, params: SamplingParams):
+    def __init__(self, params):
         self.params = params
         self.rng = np.random.default_rng(params.seed)
 
