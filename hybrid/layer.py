@@ -229,9 +229,8 @@ class DecoderLayer:
         caches).  hidden [T, hidden_size] in the batch's row order.  Writes each row's K/V into
         its slot and attends over each sequence's blocks in one call; the caller commits the
         batch after the last layer, or rolls it back on error.  Returns [T, hidden_size]."""
-        if not self.placement.is_cpu:
-            raise ValueError(f"layer {self.index} is on {self.placement}; a ragged step runs "
-                             f"on the cpu (use forward / forward_batch)")
+        if not (self.placement.is_cpu and batch.pool.placements[self.index].is_cpu):
+            return self._step_by_sequence(hidden, batch, out)
         x, host_out = self._enter(hidden, out)  # [T, hidden]
         T = x.shape[0]
         if T != batch.num_rows:
@@ -252,6 +251,21 @@ class DecoderLayer:
             k_.attend_step(batch, self.index, q, k, v, cfg.num_heads, self._scale, att)
             batch.wrote_layer(self.index)
         return self._leave(self._finish(x, att, self._result(x, out, host_out)), host_out)
+
+    def _step_by_sequence(self, hidden, batch, out):
+        """A step on a GPU layer, or with the cache layer off the CPU: each sequence's rows
+        through ``forward`` (their blocks are already taken by the step's plan)."""
+        x, host_out = self._enter(hidden, out)  # [T, hidden] on this layer's device
+        if x.shape[0] != batch.num_rows:
+            raise ValueError(f"hidden has {x.shape[0]} rows, the step describes "
+                             f"{batch.num_rows}")
+        result = self._result(x, out, host_out)
+        rows = batch.seg_rows
+        for s, cache in enumerate(batch.caches):
+            lo, hi = int(rows[s]), int(rows[s + 1])
+            self.forward(x[lo:hi], batch.positions[lo:hi], cache, out=result[lo:hi])
+        batch.wrote_layer(self.index)
+        return self._leave(result, host_out)
 
     def decode_step(self):
         """The bound native decode step of one generated row (a CPU layer whose projections are

@@ -11,8 +11,8 @@ blocks each sequence attends over.
 Planning takes every block the rows need from the pool at once (all or nothing, copying a
 shared block before it is written); what depends on the layer is only the pool's address table,
 so the CPU backend plans the step's attention once (attention.RaggedStep, kept in
-``attention_plans``) and every layer gathers its block addresses in C.  The sequences must share one pool whose layers are
-all on the CPU (``StepBatch.supports``); other placements run sequence by sequence.
+``attention_plans``) and every layer gathers its block addresses in C.  The sequences share one pool; a layer on a GPU (or with its
+cache layer off the CPU) runs the step sequence by sequence (DecoderLayer.forward_step).
 """
 
 from __future__ import annotations
@@ -45,14 +45,6 @@ class StepBatch:
     @property
     def num_rows(self) -> int:
         return int(self.positions.shape[0])
-
-    @staticmethod
-    def supports(caches) -> bool:
-        """Whether these caches can run as one ragged step (one shared pool, all on the CPU)."""
-        if not caches:
-            return False
-        pool = caches[0].pool
-        return pool.on_cpu and all(c.pool is pool for c in caches)
 
     @classmethod
     def plan(cls, items) -> "StepBatch":

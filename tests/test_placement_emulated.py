@@ -205,12 +205,21 @@ def test_model_with_gpu_layers_matches_the_cpu(emulated, rng, kw):
         assert rel_err(gpu.forward([t], c_gpu), cpu.forward([t], c_cpu)) < 1e-5
     if kw == dict(gpu_layers=4):  # one upload and one download per step, between the layers none
         assert emulated.STATS == {"h2d": 2, "d2h": 2}
-    caches = [gpu.new_cache() for _ in range(2)]
-    cpu_caches = [cpu.new_cache() for _ in range(2)]
+    # one step of two sequences over one pool, as the engine runs it: a prompt and a decode row
+    from hybrid import KVBlockPool, PagedKVCache
+
+    def shared(model):
+        pool = KVBlockPool(len(model.layers), CFG.num_kv_heads, CFG.head_dim, 16, "float32",
+                           model.cache_placements)
+        return [PagedKVCache.on(pool) for _ in range(2)]
+    caches, cpu_caches = shared(gpu), shared(cpu)
     for c, cc, n in zip(caches, cpu_caches, (3, 5)):
         gpu.forward(ids[:n], c)
         cpu.forward(ids[:n], cc)
-    assert rel_err(gpu.forward_batch([4, 5], caches), cpu.forward_batch([4, 5], cpu_caches)) < 1e-5
+    got = gpu.forward_step([(caches[0], [4, 6]), (caches[1], [5])])
+    want = cpu.forward_step([(cpu_caches[0], [4, 6]), (cpu_caches[1], [5])])
+    assert rel_err(got, want) < 1e-5
+    assert [c.seq_len for c in caches] == [5, 6]
 
 
 def test_gpucheck_model_section_falls_back_to_a_model_of_smollm2s_shape(emulated, monkeypatch):

@@ -5,9 +5,10 @@
     new = model.generate(ids, max_new_tokens=32)     # greedy; the new tokens only
     for text in model.stream(ids, max_new_tokens=32): print(text, end="")
 
-Each step prefills or decodes through every layer and then commits once, so every layer of a step
-reads the same start position.  Batched generation prefills each prompt on its own and then
-decodes all unfinished sequences together through ``forward_batch``.
+Each step (``forward_step``: prompt chunks or decode rows of many sequences, described once by a
+hybrid.step.StepBatch) runs through every layer and then commits once, so every layer of a step
+reads the same start position.  Generation runs as requests through hybrid.Engine, which feeds
+its steps here.
 """
 
 from __future__ import annotations
@@ -149,90 +150,62 @@ class Model:
         """Run ``ids`` (continuing ``cache``), commit them, return the last position's logits.
         ``role``: "prompt" or "decode" picks the projection kernels by what the rows are
         (hybrid/kernel_role.py; what makes results batch-invariant), "auto" by their count.
-        On the CPU this is the one-sequence case of ``forward_step``."""
-        if role != kernel_role.AUTO:
-            with kernel_role.rows_are(role):
-                return self.forward(ids, cache)
-        if self._all_cpu and StepBatch.supports([cache]):
-            return self._step([(cache, ids)])[0]
-        return self._forward_one(self.check_ids(ids), cache)
-
-    def _forward_one(self, ids, cache: PagedKVCache) -> np.ndarray:
-        """One sequence layer by layer (GPU layers, or caches the ragged step cannot take)."""
-        ids = self.check_ids(ids)
-        if ids.size == 0:
-            raise ValueError("forward needs at least one token")
-        self._check_room(cache.seq_len + ids.size, cache.max_tokens)
-        start = cache.seq_len
-        x = self._embed(ids)  # [n, hidden]
-        positions = np.arange(start, start + ids.size)
-        try:
-            x = self._through_layers(x, lambda layer, h, out: layer.forward(h, positions, cache,
-                                                                            out=out))
-        except BaseException:
-            cache.discard_uncommitted()
-            raise
-        cache.commit(ids.size)
-        return self._head(x[-1:])[0]
+        The one-sequence case of ``forward_step``."""
+        return self.forward_step([(cache, ids)], role)[0]
 
     def forward_step(self, items, role: str = kernel_role.AUTO) -> np.ndarray:
         """One step of many sequences: items [(cache, ids)], each cache continued by its ids
         (a prefill chunk or decode tokens).  Returns the logits of each sequence's last row
-        [len(items), vocab] and commits every cache.  With one shared CPU pool (the engine's
-        caches, or a single cache) the step runs as one ragged batch through every layer
-        (hybrid/step.py); otherwise sequence by sequence.  On error every cache is left as it
+        [len(items), vocab] and commits every cache.  The sequences of one pool (the engine's
+        caches share one) run as one ragged step through every layer (hybrid/step.py); caches
+        with pools of their own run as one step each.  On error every cache is left as it
         was."""
         if role != kernel_role.AUTO:
             with kernel_role.rows_are(role):
-                return self._step(items)
-        return self._step(items)
-
-    def _step(self, items) -> np.ndarray:
+                return self.forward_step(items)
         caches = [c for c, _ in items]
         ids = [self.check_ids(t) for _, t in items]
+        if not caches:
+            raise ValueError("a step needs at least one sequence")
         for c, t in zip(caches, ids):
+            if not isinstance(c, PagedKVCache):
+                raise TypeError(f"expected PagedKVCache, got {type(c).__name__}")
             if t.size == 0:
                 raise ValueError("every sequence of a step needs at least one token")
             self._check_room(c.seq_len + t.size, c.max_tokens)
-        if not (self._all_cpu and StepBatch.supports(caches)):
-            starts, rows = [c.seq_len for c in caches], []
-            try:
-                for c, t in zip(caches, ids):
-                    rows.append(self._forward_one(t, c))
-            except BaseException:
-                for c, s in zip(caches[:len(rows)], starts):
-                    c.truncate(s)
-                raise
-            return np.stack(rows)
+        pools: dict = {}  # pool -> the indices of its sequences, in order
+        for i, c in enumerate(caches):
+            pools.setdefault(id(c.pool), []).append(i)
+        if len(pools) == 1:
+            return self._run_step(caches, ids)
+        logits = np.empty((len(caches), self.vocab_size), dtype=np.float32)
+        starts, done = [c.seq_len for c in caches], []
+        try:
+            for group in pools.values():
+                logits[group] = self._run_step([caches[i] for i in group], [ids[i] for i in group])
+                done.extend(group)
+        except BaseException:
+            for i in done:
+                caches[i].truncate(starts[i])
+            raise
+        return logits
+
+    def _run_step(self, caches, ids) -> np.ndarray:
+        """One ragged step over caches of one pool: plan, every layer, commit (or roll back)."""
         batch = StepBatch.plan([(c, t.size) for c, t in zip(caches, ids)])
         x = self._embed(np.concatenate(ids))  # [T, hidden]
         try:
-            if not decode_stack(self.layers, batch, x, self._stack_memo):
+            if not (self._all_cpu and batch.pool.on_cpu
+                    and decode_stack(self.layers, batch, x, self._stack_memo)):
                 x = self._through_layers(x, lambda layer, h, out: layer.forward_step(h, batch,
                                                                                      out=out))
         except BaseException:
             batch.rollback()
             raise
         batch.commit()
+        if is_device_array(x):  # the head on a GPU: device arrays slice by ranges only
+            return np.concatenate([self._head(x[r:r + 1]) for r in batch.last_rows.tolist()])
         return self._head(x[batch.last_rows])  # [S, vocab]
-
-    def forward_batch(self, tokens, caches) -> np.ndarray:
-        """One decode token per sequence: tokens [B] -> logits [B, vocab]; commits each cache."""
-        tokens = self.check_ids(tokens)
-        for c in caches:
-            self._check_room(c.seq_len + 1, c.max_tokens)
-        x = self._embed(tokens)  # [B, hidden]
-        positions = [c.seq_len for c in caches]
-        try:
-            x = self._through_layers(x, lambda layer, h, out: layer.forward_batch(
-                h, positions, caches, out=out))
-        except BaseException:
-            for c in caches:
-                c.discard_uncommitted()
-            raise
-        for c in caches:
-            c.commit(1)
-        return self._head(x)
 
     def _embed(self, ids: np.ndarray) -> np.ndarray:
         """[n, hidden] float32 rows of the embedding (decoded on lookup when quantized)."""
