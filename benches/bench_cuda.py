@@ -81,7 +81,7 @@ def test_gpu_decode_attention_torch_peer(benchmark, gpu, batch, ctx, dtype):
 
 @pytest.mark.parametrize("where", ["cpu", "cuda:0"])
 def test_smollm2_shaped_decode_step(benchmark, where):
-    from hybrid.cli import PRESETS, random_weights
+    from hybrid.testing import PRESETS, random_weights
     from hybrid.config import DecoderConfig
     from hybrid.kvcache import PagedKVCache
     from hybrid.layer import DecoderLayer

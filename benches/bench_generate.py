@@ -107,7 +107,7 @@ def test_hybrid_python_overhead(benchmark, model):
     SmolLM2 decode step (an upper bound).  Target < 5%."""
     import dataclasses
 
-    from hybrid.cli import random_weights
+    from hybrid.testing import random_weights
     from hybrid.models.weights import ModelWeights
 
     cfg = dataclasses.replace(model.config, hidden_size=32, num_heads=2, num_kv_heads=1,

@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 
 import hybrid
-from hybrid.cli import PRESETS, random_weights
+from hybrid.testing import PRESETS, random_weights
 from conftest import paired_time_ratio, record, record_ratio
 
 PROMPT = 128

@@ -35,8 +35,25 @@ def pytest_addoption(parser):
 
 def pytest_configure(config):
     hybrid.set_num_threads(THREADS)
+    _slow_down_attention(int(os.environ.get("HYBRID_TEST_SLOWDOWN", "1") or 1))
     config.addinivalue_line("markers", "quick: part of the quick regression subset "
                                        "(pytest benches -m quick, under 3 minutes)")
+
+
+def _slow_down_attention(times: int) -> None:
+    """HYBRID_TEST_SLOWDOWN=N (N > 1): the single-sequence attention kernel runs N times per
+    call, a deliberately slowed kernel with which tests/test_bench_regress.py proves that
+    `regress.py compare` catches a slowdown.  Unset in every real run."""
+    if times <= 1:
+        return
+    from hybrid._cpu import attention
+
+    kernel = attention.paged_attention
+
+    def slowed(*args):
+        for _ in range(times):
+            kernel(*args)
+    attention.paged_attention = slowed
 
 
 # The quick regression subset (pytest benches -m quick): one or two shapes per kernel family

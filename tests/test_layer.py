@@ -5,7 +5,7 @@ import pytest
 
 import hybrid
 from hybrid import reference as ref
-from hybrid.cli import random_weights
+from hybrid.testing import random_weights
 from conftest import rel_err
 
 

@@ -13,7 +13,7 @@ import pytest
 import emulated_cuda
 from conftest import cuda_kind_served_by, rel_err
 from hybrid import ops, registry
-from hybrid.cli import random_weights
+from hybrid.testing import random_weights
 from hybrid.config import DecoderConfig
 from hybrid.kvcache import PagedKVCache
 from hybrid.layer import DecoderLayer

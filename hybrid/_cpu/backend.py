@@ -175,18 +175,10 @@ def bind_decode_step(cfg, weights, bufs, inv_freq):
     return None
 
 
-# Test-only: HYBRID_TEST_SLOWDOWN=N (N > 1) runs the single-sequence attention kernel N times per
-# call, a deliberately slowed kernel with which tests/test_bench_regress.py proves that
-# `benches/regress.py compare` catches a slowdown.  Read once; unset in every real run.
-_SLOWDOWN = max(1, int(os.environ.get("HYBRID_TEST_SLOWDOWN", "1") or 1))
-
-
 def paged_attention(q, start_pos, k_ptrs, v_ptrs, num_heads, num_kv_heads, head_dim,
                     block_size, head_stride, kv_f16, scale, out):
-    for _ in range(_SLOWDOWN):
-        attention.paged_attention(q, start_pos, k_ptrs, v_ptrs, num_heads, num_kv_heads,
-                                  head_dim, block_size, head_stride, kv_f16, scale, out,
-                                  get_num_threads())
+    attention.paged_attention(q, start_pos, k_ptrs, v_ptrs, num_heads, num_kv_heads, head_dim,
+                              block_size, head_stride, kv_f16, scale, out, get_num_threads())
 
 
 def _step_plan(batch, num_heads, scale):
