@@ -27,6 +27,7 @@ from .profile import profiling
 from .quant import FORMATS, QuantizedTensor, WeightFormat, dequantize, quantize
 from .registry import BackendUnavailable, NoBackendError, backend_status
 from .scratch import Scratch
+from .step import StepBatch
 from .threads import get_num_threads, set_num_threads
 
 __version__ = "0.1.0"
@@ -43,7 +44,7 @@ __all__ = [
     "KVBlockPool", "PoolExhaustedError", "Engine", "AsyncEngine", "GenerationParams", "RequestOutput",
     "AppendResult", "BackendUnavailable", "FORMATS", "QuantizedTensor", "WeightFormat",
     "dequantize", "quantize", "CacheCapacityError", "DecoderConfig", "DecoderLayer",
-    "LayerWeights", "NoBackendError", "PagedKVCache", "Placement", "Scratch", "backend_status",
+    "LayerWeights", "NoBackendError", "PagedKVCache", "Placement", "Scratch", "StepBatch", "backend_status",
     "get_num_threads", "load_model", "ops", "placement_of", "profiling", "reference", "set_num_threads",
     "to_device",
 ]
