@@ -16,7 +16,8 @@ import time
 
 import numpy as np
 
-from . import DecoderConfig, DecoderLayer, LayerWeights, NoBackendError, PagedKVCache, Scratch, backend_status
+from . import (DecoderConfig, DecoderLayer, KVBlockPool, NoBackendError, PagedKVCache, Scratch,
+               StepBatch, backend_status)
 from . import profiling, set_num_threads, get_num_threads
 from .quant import TARGETS
 from .testing import PRESETS, random_weights
@@ -175,21 +176,20 @@ def _demo(args) -> int:
     if not np.all(np.isfinite(y)):
         print("non-finite output", file=sys.stderr)
         return 1
-    # batched decode of 4 sequences of different lengths
+    # batched decode of 4 sequences of different lengths over one pool: one step per token
+    pool = KVBlockPool(args.layers, cfg.num_kv_heads, cfg.head_dim, dtype=args.kv_dtype)
     caches = []
     for i, n in enumerate((5, 17, 33, 64)):
-        c = PagedKVCache(num_layers=args.layers, num_kv_heads=cfg.num_kv_heads,
-                         head_dim=cfg.head_dim, dtype=args.kv_dtype)
+        c = PagedKVCache.on(pool)
         run(rng.standard_normal((n, cfg.hidden_size), dtype=np.float32), np.arange(n), c)
         caches.append(c)
     xb = rng.standard_normal((len(caches), cfg.hidden_size), dtype=np.float32)
     t0 = time.perf_counter()
     for step in range(args.decode):
-        pos = [c.seq_len for c in caches]
+        batch = StepBatch.plan([(c, 1) for c in caches])
         for layer in layers:
-            xb = layer.forward_batch(xb, pos, caches)
-        for c in caches:
-            c.commit(1)
+            xb = layer.forward_step(xb, batch)
+        batch.commit()
     t_batch = time.perf_counter() - t0
 
     print(f"prefill {args.prompt} tokens: {args.prompt / t_prefill:9.1f} tokens/s")

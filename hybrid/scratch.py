@@ -12,9 +12,7 @@ from .placement import CPU, Placement
 def aligned_empty(shape, dtype, align: int = 4096) -> np.ndarray:
     """np.empty whose data starts on an `align`-byte boundary.  NumPy's own allocations are
     16-byte aligned, and data 16 bytes past a cache line splits every 64-byte vector load of it
-    in two.  The KV pool's chunks take it (float32 decode attention from memory, one core: 37-41
-    -> 28-31 ns per key and KV head); Scratch's activation buffers too (the float16 and bfloat16
-    mat-vecs, which read the activation row for every weight row, measured no difference)."""
+    in two.  The KV pool's chunks and Scratch's activation buffers take it."""
     dtype = np.dtype(dtype)
     nbytes = int(np.prod(shape)) * dtype.itemsize
     raw = np.empty(nbytes + align, dtype=np.uint8)

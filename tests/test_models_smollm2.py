@@ -158,7 +158,7 @@ def test_chat_answer_is_sensible(ours):
 
 
 def test_info_lists_the_formats_and_kernels(capsys):
-    from hybrid.testing import main
+    from hybrid.cli import main
 
     assert main(["info", GGUF]) == 0
     out = capsys.readouterr().out

@@ -29,8 +29,8 @@ def rmsnorm(x, weight, eps, out):
 
 
 # The cos/sin tables of the last positions rotated: every layer of a step, and Q and K, rotate the
-# same positions by the same frequencies, and the angles' libm calls were most of RoPE's time
-# (SmolLM2, 256-token prompt: 3.2% of the prefill).  The key is the positions' and frequencies'
+# same positions by the same frequencies, and the angles' libm calls are most of RoPE's time.
+# The key is the positions' and frequencies'
 # bytes, so equal inputs share a table whoever passes them; a tuple swap keeps it thread-safe.
 _rope_last = None  # ((positions bytes, inv_freq bytes), cs, sn)
 

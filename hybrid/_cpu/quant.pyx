@@ -86,11 +86,6 @@ def simd():
     return hy_q_simd().decode()
 
 
-def block_shape(int qtype):
-    """(values per block, bytes per block) of a format code."""
-    return hy_q_block_values(qtype), hy_q_block_bytes(qtype)
-
-
 def decode_rows(int qtype,
                 const uint8_t[:, ::1] w,     # IN  [out, row_bytes] encoded rows
                 Py_ssize_t n_in,
@@ -212,9 +207,7 @@ def gemm(int qtype,
                 hy_q_act(&x[r, 0], n_in, qa + r * n_in, da + r * nb, sa + r * nb, NULL)
                 hy_q_half_sums(qa + r * n_in, n_in, a16 + r * n16)
             # panels handed out one at a time: when one core is slowed (a shared machine) the
-            # other takes more panels (2 threads, 1B-shaped Q4_0, 256-token prefill, alternating
-            # runs: 776-836 tok/s with a static split, 812-956 this way); a panel's result does
-            # not depend on the thread
+            # other takes more panels; a panel's result does not depend on the thread
             for p in prange(npanels, num_threads=num_threads, schedule="dynamic"):
                 tid = threadid()
                 fl = <float *> (scratch + tid * per_thread + 2 * GEMM_PANEL * n_in)
@@ -295,11 +288,9 @@ cdef void _matvec_claimed(const _Mat *mats, int count, const long *first_chunk, 
     pieces from a counter of its own, so that it reads one forward stream, as a static split
     would; when its share is done it claims the pieces left in the other threads' shares.  On a
     shared machine one core is often slowed for a while, and a static split then waits at the
-    region's end for the slow core's whole share: claimed pieces took the 1B-shaped decode from
-    72-81 to 82-90 tok/s (Q4_K_M), 49-67 to 60-73 (Q8_0), 79-102 to 93-108 (Q4_0) on a Zen 4,
-    2 threads, with SmolLM2 unchanged within the noise.  A piece is an eighth of a share, or
-    MIN_PIECE_BYTES if that is more (pieces of 12-64 KiB slowed the small matrices: the kernels
-    then read short streams)."""
+    region's end for the slow core's whole share.  A piece is an eighth of a share, or
+    MIN_PIECE_BYTES if that is more (smaller pieces would make the kernels read short
+    streams)."""
     cdef long own[MAX_OWN_COUNTERS * 8]   # thread u's next chunk at counter[8u] (its own line)
     cdef long *counter = own
     cdef long c, c_end, hi, o0, o1

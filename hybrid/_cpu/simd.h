@@ -71,8 +71,7 @@ static inline int hy_attn_pf_into_l1(void) { return hy_l1d_bytes() >= 48 * 1024;
 /* n bytes (at least one) on a 64-byte boundary, released with free(); NULL when out of memory.
  * Kernel scratch that vector loads read over and over (attention's scaled queries and
  * accumulators, the 8-bit activations of the quantized kernels) must not straddle cache lines:
- * malloc's 16-byte alignment split every 64-byte load of the scaled queries in two (attention,
- * one core, float16 blocks from L3: 18.7 -> 14.4 ns per key and KV head). */
+ * malloc's 16-byte alignment would split every 64-byte load of the scaled queries in two. */
 static inline void *hy_alloc64(size_t n) {
     void *p = NULL;
     return posix_memalign(&p, 64, n ? n : 1) == 0 ? p : NULL;
@@ -285,9 +284,9 @@ static inline __m256 hy_exp256(__m256 x) {
 #endif
 
 #ifdef HY_AVX512
-/* exp(x) for 16 lanes, the polynomial of hy_exp256 (below -87.3 gives 0).  Always inlined: the
- * compiler emitted it out of line in the attention module, a call per softmax vector (float16
- * decode attention, one core, context 1024 in cache: 178-188 -> 158-164 us). */
+/* exp(x) for 16 lanes, the polynomial of hy_exp256 (below -87.3 gives 0).  Always inlined: left
+ * to itself the compiler emits it out of line in the attention module, a call per softmax
+ * vector. */
 static inline __attribute__((always_inline)) __m512 hy_exp512(__m512 x) {
     const __mmask16 under = _mm512_cmp_ps_mask(x, _mm512_set1_ps(-87.3f), _CMP_LT_OQ);
     x = _mm512_min_ps(_mm512_max_ps(x, _mm512_set1_ps(-87.3f)), _mm512_set1_ps(88.3762626647949f));
@@ -456,9 +455,9 @@ static inline void hy_axpy_rows4(float *acc, const float *alpha, const float *p,
  * reading the rows straight from a cache block (float32, or float16 converted in registers).
  * They need n % 8 == 0 and AVX2+FMA (+F16C for float16); hy_attn_simd_ok() says whether they apply.
  * QK scores 4 queries against one key row at a time; PV adds V rows into 4 accumulators.  Each
- * K/V row is loaded once for the whole GQA group, and rows are walked front to back: on the
- * machines measured, reading float32 rows two side by side (or a strip of every row) defeated the
- * hardware prefetchers and cost 30-70% at long context.  Float16 rows are half the bytes and the
+ * K/V row is loaded once for the whole GQA group, and rows are walked front to back: reading
+ * float32 rows two side by side (or a strip of every row) defeats the hardware prefetchers at
+ * long context.  Float16 rows are half the bytes and the
  * kernel is bound by the accumulator stores instead, so PV takes them two rows per pass.
  */
 static inline int hy_attn_simd_ok(long n, int f16) {

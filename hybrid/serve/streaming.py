@@ -1,0 +1,124 @@
+"""One request's answer: its outputs from the engine as they come, as a JSON completion or as
+Server-Sent Events (``data: {chunk}`` lines ending in ``data: [DONE]``), with usage, timings and
+a log line."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import time
+from contextlib import aclosing
+
+from ..engine import EngineClosedError
+from .protocol import APIError
+
+log = logging.getLogger("hybrid.serve")
+
+
+class Run:
+    """One request's stream: its outputs as they come (text from the engine), counts and
+    timings."""
+
+    def __init__(self, engine, ids, params, metrics, rid):
+        self.engine, self.ids, self.params = engine, ids, params
+        self.metrics, self.id = metrics, rid
+        self.tokens: list = []
+        self.last = None  # the latest RequestOutput
+        self.finish_reason = None
+        self.t0 = time.perf_counter()
+        self.t_first = None
+        self.t_last = None
+        self.created = int(time.time())
+
+    async def start(self):
+        self.gen = self.engine.stream(self.ids, self.params)
+        self.first = await self.gen.__anext__()  # raises ValueError for a bad request
+        self._take(self.first)
+
+    def _take(self, out):
+        now = time.perf_counter()
+        if out.new_tokens:
+            if self.t_first is None:
+                self.t_first = now
+                self.metrics.ttft.observe(now - self.t0)
+            elif self.t_last is not None:
+                self.metrics.token_latency.observe((now - self.t_last) / len(out.new_tokens))
+            self.t_last = now
+        self.tokens = out.tokens
+        self.last = out
+        if out.finished:
+            self.finish_reason = "stop" if out.finish_reason in ("stop", "abort") else out.finish_reason
+            if out.finish_reason == "error":
+                raise RuntimeError(out.error)
+            self._log()
+
+    async def outputs(self):
+        """The first output, then the rest as they come."""
+        yield self.first
+        if self.first.finished:
+            return
+        async with aclosing(self.gen) as gen:
+            async for out in gen:
+                self._take(out)
+                yield out
+
+    async def finish(self):
+        async for _ in self.outputs():
+            pass
+
+    def text(self) -> str:
+        """The generated text so far (end-of-sequence tokens add none; cut before a stop
+        string)."""
+        return self.last.text if self.last is not None else ""
+
+    def usage(self) -> dict:
+        return {"prompt_tokens": len(self.ids), "completion_tokens": len(self.tokens),
+                "total_tokens": len(self.ids) + len(self.tokens)}
+
+    def _log(self):
+        dt = time.perf_counter() - self.t0
+        ttft = (self.t_first - self.t0) if self.t_first else float("nan")
+        decode = (self.t_last - self.t_first) if self.t_first and self.t_last else 0.0
+        tps = (len(self.tokens) - 1) / decode if decode > 0 else 0.0
+        log.info("%s prompt=%d generated=%d ttft=%.3fs %.1f tok/s total=%.3fs finish=%s",
+                 self.id, len(self.ids), len(self.tokens), ttft, tps, dt, self.finish_reason)
+
+
+def choice(run: Run, chat: bool, text: str, finish, delta: bool) -> dict:
+    if chat:
+        key = "delta" if delta else "message"
+        return {"index": 0, key: {"role": "assistant", "content": text}, "finish_reason": finish,
+                "logprobs": None}
+    return {"index": 0, "text": text, "finish_reason": finish, "logprobs": None}
+
+
+def final_body(run: Run, chat: bool, model_name: str) -> dict:
+    return {"id": run.id, "object": "chat.completion" if chat else "text_completion",
+            "created": run.created, "model": model_name,
+            "choices": [choice(run, chat, run.text(), run.finish_reason, False)],
+            "usage": run.usage()}
+
+
+async def sse(run: Run, chat: bool, model_name: str, include_usage: bool):
+    obj = "chat.completion.chunk" if chat else "text_completion"
+
+    def event(choices, usage=None) -> str:
+        body = {"id": run.id, "object": obj, "created": run.created, "model": model_name,
+                "choices": choices}
+        if include_usage:
+            body["usage"] = usage
+        return f"data: {json.dumps(body)}\n\n"
+    try:
+        async for out in run.outputs():
+            if out.delta or out.finished:
+                yield event([choice(run, chat, out.delta,
+                                     run.finish_reason if out.finished else None, True)])
+        if include_usage:
+            yield event([], run.usage())
+    except (EngineClosedError, RuntimeError, asyncio.CancelledError) as exc:
+        if isinstance(exc, asyncio.CancelledError):
+            raise
+        err = APIError(503, f"the request ended early: {exc}", "server_error")
+        yield f"data: {json.dumps(err.body())}\n\n"
+    yield "data: [DONE]\n\n"
