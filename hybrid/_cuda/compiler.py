@@ -63,9 +63,16 @@ def _check_nvrtc(nvrtc, result, what: str, prog=None) -> None:
     raise HybridCudaError(msg)
 
 
+def _writable(size: int) -> bytes:
+    """A new bytes object of ``size`` zero bytes for NVRTC to write into.  Never ``b" " * n``:
+    for n == 1 that is the interpreter's shared one-byte object, and NVRTC's write into it
+    turned every ``bytes([32])`` of the process into b"\x00"."""
+    return bytes(size)
+
+
 def program_log(nvrtc, prog) -> str:
     err, size = nvrtc.nvrtcGetProgramLogSize(prog)
-    buf = b" " * size
+    buf = _writable(size)
     nvrtc.nvrtcGetProgramLog(prog, buf)
     return buf.rstrip(b"\x00").decode("utf-8", errors="replace").strip()
 
@@ -166,7 +173,7 @@ def _run_nvrtc(spec: KernelSpec, sources: dict, opts: list, output: str) -> tupl
         log = program_log(nvrtc, prog)
         res = getattr(nvrtc, f"nvrtcGet{output}Size")(prog)
         _check_nvrtc(nvrtc, res, f"nvrtcGet{output}Size", prog)
-        data = b" " * res[1]
+        data = _writable(res[1])
         _check_nvrtc(nvrtc, getattr(nvrtc, f"nvrtcGet{output}")(prog, data), f"nvrtcGet{output}", prog)
     finally:
         nvrtc.nvrtcDestroyProgram(prog)
