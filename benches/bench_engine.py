@@ -50,10 +50,10 @@ def test_decode_throughput(benchmark, model, concurrent):
     rng = np.random.default_rng(0)
     engine = hybrid.Engine(model, max_batch=concurrent, max_batched_tokens=2048)
     params = hybrid.GenerationParams(max_new_tokens=NEW_TOKENS, stop_tokens=[])
-    for _ in range(concurrent):
-        engine.add_request([int(t) for t in rng.integers(100, 20000, 16)], params)
-    while any(r.computed < len(r.prompt) for r in engine._requests.values()):
-        engine.step()  # prefill everyone first
+    waiting = {engine.add_request([int(t) for t in rng.integers(100, 20000, 16)], params)
+               for _ in range(concurrent)}
+    while waiting:  # prefill everyone first: until each request has its first token
+        waiting -= {o.request_id for o in engine.step() if o.new_tokens}
     timed = _Timed(model)
     tokens, t0 = 0, time.perf_counter()
     try:

@@ -86,7 +86,7 @@ def test_hybrid_decode(benchmark, model, prompt, read_bandwidth):
 
 @pytest.mark.parametrize("batch", [4, 8])
 def test_hybrid_batched_decode(benchmark, model, prompt, batch):
-    """generate_batch: every prompt prefilled alone, then all decoded together (forward_batch)."""
+    """generate_batch: every prompt prefilled alone, then all decoded together in ragged steps."""
     prompts = [prompt[: 64 + 16 * i] for i in range(batch)]
     new = 64
 

@@ -165,13 +165,14 @@ class Checks:
                         k = ref.rope(k, np.arange(start + n), inv, kvh, d, style)
                     want = ref.attention(q, k, v, positions, heads, kvh, d)
                     self.record(f"attention {tag} start={start} rows={n}", rel_err(got, want), tol)
-                # batched decode over sequences of different lengths
+                # batched decode over sequences of different lengths (the launch itself: each
+                # sequence's device block tables found through their addresses)
                 lengths = list(lengths)
                 caches = self._caches(lengths, kvh, d, dtype, CUDA)
                 for c, n in zip(caches, lengths):
                     c.commit(n - 1)
                 q = self.f32(len(lengths), heads * d)
-                got = ops.paged_attention_batch(self.up(q), caches, 0, rope=rope).to_host()
+                got = self._attention_batch(q, caches, heads, rope)
                 wants = []
                 for b, (c, n) in enumerate(zip(caches, lengths)):
                     k, v = c.dense(0)
@@ -183,6 +184,21 @@ class Checks:
                 self.record(f"attention batch {tag} lengths={lengths}",
                             rel_err(got, np.concatenate(wants)), tol)
 
+    def _attention_batch(self, q, caches, heads, rope):
+        """Row b of q decodes at position caches[b].seq_len through the batched kernel."""
+        from ._cuda import launch
+
+        c0 = caches[0]
+        addrs = np.array([c.table_addresses(0) for c in caches], dtype=np.int64)
+        positions = np.array([c.seq_len for c in caches], dtype=np.int64)
+        qd, out = self.up(q), self.up(np.zeros_like(q))
+        rope = None if rope is None else (np.ascontiguousarray(rope[0], np.float64), bool(rope[1]))
+        launch.paged_attention_batch(qd, positions, addrs[:, 0], addrs[:, 1], heads,
+                                     c0.num_kv_heads, c0.head_dim, c0.block_size, c0.head_stride,
+                                     c0.dtype == np.float16, 1.0 / math.sqrt(c0.head_dim), out,
+                                     rope=rope)
+        return out.to_host()
+
     def attention_gptj(self):
         """Fused RoPE with adjacent pairs, on the head sizes whose lanes split rows unevenly."""
         self.attention(cases=((80, 2, 1), (256, 1, 2), (64, 4, 1)),
@@ -193,6 +209,7 @@ class Checks:
         from .testing import random_weights
         from .config import DecoderConfig
         from .kvcache import PagedKVCache
+        from .step import StepBatch
         from .layer import DecoderLayer
 
         known = {"llama": (DecoderConfig(hidden_size=256, num_heads=8, num_kv_heads=2,
@@ -225,14 +242,14 @@ class Checks:
                            f"{' fused rope' if layer.fused_rope and cache_at == layer_at else ''}")
                     for part, g, wnt in zip(("prefill", "decode", "batch"), got, want):
                         self.record(f"{tag} {part}", rel_err(g, wnt), tol)
-            # errors leave caches unchanged: mixed KV dtypes in a batch, wrong positions (fused)
+            # errors leave caches unchanged: two pools in one step, wrong positions (fused)
             layer = DecoderLayer(cfg, w, placement=CUDA)
             caches = [PagedKVCache(1, cfg.num_kv_heads, cfg.head_dim, dtype=dt, placement=CUDA)
                       for dt in ("float32", "float16")]
             layer.forward(x[:5], np.arange(5), caches[0])
             caches[0].commit(5)
             before = caches[0].dense(0)
-            raised = _raises(lambda: layer.forward_batch(batch[:2], [5, 0], caches), "mixed KV dtypes")
+            raised = _raises(lambda: StepBatch.plan([(c, 1) for c in caches]), "share one KV pool")
             raised &= _raises(lambda: layer.forward(x[:2], [9, 10], caches[0]), "cache positions")
             same = all(np.array_equal(a, b) for a, b in zip(before, caches[0].dense(0)))
             self.equal(f"layer {name}: bad batch and positions raise, cache unchanged",
@@ -240,8 +257,11 @@ class Checks:
 
     @staticmethod
     def _run_layer(layer, cache_at, cfg, dtype, x, steps, batch):
-        """prefill x, decode `steps` one by one, then one batched step over 3 sequences."""
+        """prefill x, decode `steps` one by one, then one step of a decode row for each of 3
+        sequences over one pool."""
         from .kvcache import PagedKVCache
+        from .kvpool import KVBlockPool
+        from .step import StepBatch
 
         def cache():
             return PagedKVCache(1, cfg.num_kv_heads, cfg.head_dim, dtype=dtype, placement=cache_at,
@@ -254,12 +274,16 @@ class Checks:
         for s in steps:
             dec.append(np.array(layer.forward(s, [c.seq_len], c)))
             c.commit(1)
-        seqs = [cache() for _ in range(3)]
+        pool = KVBlockPool(1, cfg.num_kv_heads, cfg.head_dim, 16, dtype, cache_at,
+                           poison_unused=True)
+        seqs = [PagedKVCache.on(pool) for _ in range(3)]
         for i, sc in enumerate(seqs):  # histories of 1, 17 and 40 tokens
             n = (1, 17, 40)[i]
             layer.forward(x[:n] if n <= len(x) else np.concatenate([x, x])[:n], np.arange(n), sc)
             sc.commit(n)
-        bat = np.asarray(layer.forward_batch(batch, [sc.seq_len for sc in seqs], seqs))
+        step = StepBatch.plan([(sc, 1) for sc in seqs])
+        bat = np.asarray(layer.forward_step(batch, step))
+        step.commit()
         return pre, np.concatenate(dec), bat
 
     # -- a real model -----------------------------------------------------------------------------

@@ -240,6 +240,33 @@ class PagedKVCache:
         self._version += 1
         self.pool.release([b])
 
+    def allocate_slots(self, n: int) -> None:
+        """Make sure blocks hold the slots of n more tokens after ``seq_len`` in every layer (a
+        shared block about to be written is copied first).  Takes only what is missing, so a
+        second call for the same tokens takes nothing.  Raises CacheCapacityError or
+        PoolExhaustedError with nothing taken."""
+        if isinstance(n, bool) or not isinstance(n, (int, np.integer)) or n < 0:
+            raise ValueError(f"allocate_slots(n) needs an integer n >= 0, got {n!r}")
+        self._take_blocks(self._seq_len, int(n))
+
+    def holds_uncommitted(self) -> bool:
+        """Whether some layer holds tokens appended after ``seq_len`` (not yet committed)."""
+        return any(t.length != self._seq_len for t in self._tables)
+
+    def allocated_tokens(self) -> int:
+        """Token slots the allocated blocks hold (committed, appended and reserved)."""
+        return len(self._blocks) * self.block_size
+
+    def mark_written(self, n: int, layers) -> None:
+        """``layers`` (indices) now hold the n tokens after ``seq_len``, written into their
+        allocated slots by a step's kernels; commit follows after the last layer."""
+        length = self._seq_len + int(n)
+        if length > len(self._blocks) * self.block_size:
+            raise ValueError(f"{n} tokens after seq_len={self._seq_len} need slots that were "
+                             f"not allocated")
+        for layer in layers:
+            self._tables[layer].length = length
+
     def adopt_prefix(self, block_ids) -> None:
         """Start this empty sequence with full blocks taken from the pool's prefix cache (each
         already referenced for this sequence by ``pool.match_prefix``): they count as committed
@@ -325,8 +352,9 @@ class PagedKVCache:
 
     close = reset  # a finished sequence gives its blocks back
 
-    def _rollback_layer(self, layer: int, length: int) -> None:
-        """Undo appends to one layer back to ``length`` tokens (used when a step fails)."""
+    def rollback_layer(self, layer: int, length: int) -> None:
+        """Undo appends to one layer back to ``length`` tokens (when a step fails there); blocks
+        no layer needs any more go back to the pool."""
         t = self._tables[layer]
         if length < t.length:
             t.length = length
@@ -421,7 +449,7 @@ def append_batch(caches, layer: int, k, v) -> None:
                 c._tables[layer].length = start + 1
     except BaseException:
         for c, start in zip(caches, starts):
-            c._rollback_layer(layer, start)  # blocks taken and rows appended go back
+            c.rollback_layer(layer, start)  # blocks taken and rows appended go back
         raise
 
 

@@ -21,7 +21,7 @@ import numpy as np
 
 from . import kernel_role, ops, registry
 from .config import DecoderConfig, LayerWeights
-from .kvcache import PagedKVCache, append_batch
+from .kvcache import PagedKVCache
 from .placement import Placement, copy_between, is_device_array, to_device
 from .profile import enabled as profiling_enabled
 from .profile import region
@@ -175,58 +175,17 @@ class DecoderLayer:
             try:
                 att = self._attend(q, k, v, fused, append, attention, where)
             except BaseException:
-                cache._rollback_layer(layer, start)
+                cache.rollback_layer(layer, start)
                 raise
         try:
             return self._leave(self._finish(x, att, self._result(x, out, host_out)), host_out)
         except BaseException:
-            cache._rollback_layer(layer, start)
-            raise
-
-    def forward_batch(self, hidden, positions, caches, *, out=None):
-        """Decode one token for each of B sequences, each with its own cache and position.
-
-        hidden [B, hidden_size]; positions [B]; caches: list of B PagedKVCache (distinct, same
-        block size and KV dtype).  Returns [B, hidden_size].  On error no cache is changed.
-        """
-        if not isinstance(caches, (list, tuple)):
-            raise TypeError(f"caches must be a list of PagedKVCache, got {type(caches).__name__}")
-        x, host_out = self._enter(hidden, out)  # [B, hidden] on this layer's device
-        B = x.shape[0]
-        if len(caches) != B:
-            raise ValueError(f"caches has {len(caches)} entries for a batch of {B} tokens")
-        pos = ops.positions_array(positions, B)  # [B] int64
-        ops.check_batch_caches(caches, self.index, B)
-        for i, c in enumerate(caches):
-            self._check_cache(c, f"caches[{i}]")
-        starts = [c.layer_len(self.index) for c in caches]
-        where = caches[0].placement(self.index) if caches else self.placement
-        fused = self._use_fused_rope(where, pos, lambda: np.asarray(starts, dtype=np.int64))
-        q, k, v = self._qkv(x, pos, rotate=not fused)
-
-        def append(kk, vv):  # row b goes to sequence b
-            append_batch(caches, self.index, kk, vv)
-
-        def attention(qq, o, rope):  # row b at position seq_len of sequence b
-            return ops.paged_attention_batch(qq, caches, self.index,
-                                             scale=self.config.softmax_scale, out=o, rope=rope)
-
-        with region("Block/Attention"):
-            try:
-                att = self._attend(q, k, v, fused, append, attention, where)
-            except BaseException:
-                self._rollback_all(caches, starts)
-                raise
-        try:
-            return self._leave(self._finish(x, att, self._result(x, out, host_out)), host_out)
-        except BaseException:
-            self._rollback_all(caches, starts)
+            cache.rollback_layer(layer, start)
             raise
 
     def forward_step(self, hidden, batch, *, out=None):
         """Run the layer on one ragged step: the rows of many sequences (prefill chunks, decode
-        rows, any mix) described once by ``batch`` (a hybrid.step.StepBatch, CPU layers and
-        caches).  hidden [T, hidden_size] in the batch's row order.  Writes each row's K/V into
+        rows, any mix) described once by ``batch`` (a hybrid.step.StepBatch over one pool).  hidden [T, hidden_size] in the batch's row order.  Writes each row's K/V into
         its slot and attends over each sequence's blocks in one call; the caller commits the
         batch after the last layer, or rolls it back on error.  Returns [T, hidden_size]."""
         if not (self.placement.is_cpu and batch.pool.placements[self.index].is_cpu):
@@ -273,10 +232,6 @@ class DecoderLayer:
         if not self.placement.is_cpu or profiling_enabled():
             return None
         return self._buffers(1).get("decode_step")
-
-    def _rollback_all(self, caches, starts) -> None:
-        for c, s in zip(caches, starts):
-            c._rollback_layer(self.index, s)
 
     __call__ = forward
 

@@ -233,101 +233,6 @@ def _rope_arg(rope, head_dim: int, where: Placement) -> tuple:
     return f, bool(neox)
 
 
-def check_batch_caches(caches, layer: int, batch: int) -> None:
-    """Raise if ``caches`` cannot serve one decode token per sequence at ``layer``."""
-    if not isinstance(caches, (list, tuple)):
-        raise TypeError(f"caches must be a list of PagedKVCache, got {type(caches).__name__}")
-    if len(caches) != batch:
-        raise ValueError(f"caches has {len(caches)} entries for a batch of {batch} tokens")
-    first = None
-    seen = set()
-    for i, c in enumerate(caches):
-        if c is None:
-            raise ValueError(f"batched attention needs a KV cache for every sequence; "
-                             f"caches[{i}] is None")
-        if not isinstance(c, PagedKVCache):
-            raise TypeError(f"caches[{i}] is a {type(c).__name__}, not a PagedKVCache")
-        if id(c) in seen:
-            raise ValueError(f"caches[{i}] appears twice in the batch; each sequence needs "
-                             f"its own cache")
-        seen.add(id(c))
-        if first is None:
-            first = c
-            continue
-        if c.block_size != first.block_size:
-            raise ValueError(f"mixed block sizes in batch: caches[0] has {first.block_size}, "
-                             f"caches[{i}] has {c.block_size}")
-        if c.dtype != first.dtype:
-            raise ValueError(f"mixed KV dtypes in batch: caches[0] is {first.dtype.name}, "
-                             f"caches[{i}] is {c.dtype.name}")
-        if (c.num_kv_heads, c.head_dim) != (first.num_kv_heads, first.head_dim):
-            raise ValueError(f"caches[{i}] has {c.num_kv_heads} KV heads x {c.head_dim}, "
-                             f"caches[0] has {first.num_kv_heads} x {first.head_dim}")
-        if c.placement(layer) != first.placement(layer):
-            raise ValueError(f"caches[{i}] layer {layer} is on {c.placement(layer)}, caches[0] "
-                             f"on {first.placement(layer)}")
-
-
-def paged_attention_batch(q, caches, layer: int, *, scale: "float | None" = None,
-                          out=None, rope=None):
-    """Decode attention: row b of q [B, num_heads*head_dim] is the token at position
-    ``caches[b].seq_len`` and attends to positions ``0 .. seq_len`` of its own cache's layer."""
-    q = as_f32("q", q, 2)
-    check_batch_caches(caches, layer, q.shape[0])
-    if not caches:
-        return _out("paged_attention_batch", out, q.shape, placement_of(q))
-    c0 = caches[0]
-    where = _where("paged_attention_batch", c0.placement(layer), q=q)
-    num_heads = _attention_shape(q, c0)
-    s = 1.0 / math.sqrt(c0.head_dim) if scale is None else float(scale)
-    if not where.is_cpu:
-        return _attention_batch_device(q, caches, layer, num_heads, s, out, rope, where)
-    if rope is not None:
-        _rope_arg(rope, c0.head_dim, where)  # raises: the cpu kernels take rotated q and k
-    kv_lens = np.empty(len(caches), dtype=np.int64)
-    indptr = np.zeros(len(caches) + 1, dtype=np.int64)
-    kp, vp = [], []
-    for b, c in enumerate(caches):
-        kv_lens[b] = _decode_position(c, b, layer) + 1
-        k_ptrs, v_ptrs = c.block_pointers(layer)
-        nb = -(-int(kv_lens[b]) // c.block_size)
-        kp.append(k_ptrs[:nb])
-        vp.append(v_ptrs[:nb])
-        indptr[b + 1] = indptr[b] + nb
-    o = _out("paged_attention_batch", out, q.shape)
-    registry.lookup("paged_attention_batch", where)(
-        q, kv_lens, indptr, np.concatenate(kp), np.concatenate(vp), num_heads, c0.num_kv_heads,
-        c0.head_dim, c0.block_size, c0.head_stride, c0.dtype == np.float16, s, o)
-    return o
-
-
-def _decode_position(cache: PagedKVCache, b: int, layer: int) -> int:
-    """The position of sequence b's decode token, whose K/V the layer must already hold."""
-    if cache.layer_len(layer) < cache.seq_len + 1:
-        raise ValueError(f"caches[{b}] layer {layer} holds {cache.layer_len(layer)} tokens; the "
-                         f"decode token at position {cache.seq_len} must be appended first")
-    return cache.seq_len
-
-
-def _attention_batch_device(q, caches, layer, num_heads, scale, out, rope, where):
-    """Batched decode on a GPU: the kernel reads each sequence's persistent device block tables
-    through their addresses (no per-step copy of the tables)."""
-    c0 = caches[0]
-    B = len(caches)
-    positions = np.empty(B, dtype=np.int64)
-    k_addrs = np.empty(B, dtype=np.int64)
-    v_addrs = np.empty(B, dtype=np.int64)
-    for b, c in enumerate(caches):
-        positions[b] = _decode_position(c, b, layer)
-        k_addrs[b], v_addrs[b] = c.table_addresses(layer)
-    o = _out("paged_attention_batch", out, q.shape, where)
-    extra = {} if rope is None else {"rope": _rope_arg(rope, c0.head_dim, where)}
-    registry.lookup("paged_attention_batch", where)(
-        q, positions, k_addrs, v_addrs, num_heads, c0.num_kv_heads, c0.head_dim, c0.block_size,
-        c0.head_stride, c0.dtype == np.float16, scale, o, **extra)
-    return o
-
-
 class BoundOps:
     """The kernels of one device resolved once, called without argument checks (FlashInfer's
     plan-once, run-many).  For callers that validated their arrays already, such as DecoderLayer:
@@ -380,5 +285,4 @@ def bind(device) -> BoundOps:
     return BoundOps(device)
 
 
-__all__ = ["bind", "BoundOps", "rmsnorm", "rope", "swiglu", "add", "linear", "paged_attention",
-           "paged_attention_batch", "as_f32", "positions_array", "Placement"]
+__all__ = ["bind", "BoundOps", "rmsnorm", "rope", "swiglu", "add", "linear", "paged_attention", "as_f32", "positions_array", "Placement"]

@@ -8,11 +8,13 @@ blocks each sequence attends over.
     batch.commit()      # after every layer: each cache advances by its rows
     batch.rollback()    # on error: every cache exactly as before
 
-Planning takes every block the rows need from the pool at once (all or nothing, copying a
-shared block before it is written); what depends on the layer is only the pool's address table,
-so the CPU backend plans the step's attention once (attention.RaggedStep, kept in
-``attention_plans``) and every layer gathers its block addresses in C.  The sequences share one pool; a layer on a GPU (or with its
-cache layer off the CPU) runs the step sequence by sequence (DecoderLayer.forward_step).
+The slots a step writes are allocated before it is described: by the engine's scheduler
+(``PagedKVCache.allocate_slots``), or by ``plan`` itself for stand-alone caches (all or nothing,
+copying a shared block before it is written); ``describe`` only reads.  What depends on the
+layer is only the pool's address table, so the CPU backend plans the step's attention once
+(attention.RaggedStep, kept in ``attention_plans``) and every layer gathers its block addresses
+in C.  The sequences share one pool; a layer on a GPU (or with its cache layer off the CPU)
+runs the step sequence by sequence (DecoderLayer.forward_step).
 """
 
 from __future__ import annotations
@@ -49,36 +51,51 @@ class StepBatch:
     @classmethod
     def plan(cls, items) -> "StepBatch":
         """items: [(cache, n_rows)] with distinct caches over one pool and n_rows >= 1.  Takes
-        the blocks every row needs; raises (PoolExhaustedError, CacheCapacityError, ValueError)
-        with nothing taken."""
+        the blocks every row needs that are not allocated yet (all or nothing; the engine's
+        scheduler has allocated them already), then describes the step.  Raises
+        (PoolExhaustedError, CacheCapacityError, ValueError) with nothing taken."""
+        cls._check(items)
+        done = []
+        try:
+            for c, n in items:
+                c.allocate_slots(int(n))
+                done.append(c)
+        except BaseException:
+            for c in done:  # the slots past the committed tokens go back
+                c.truncate(c.seq_len)
+            raise
+        return cls.describe(items)
+
+    @staticmethod
+    def _check(items) -> None:
         caches = [c for c, _ in items]
-        counts = [int(n) for _, n in items]
         if not caches:
             raise ValueError("a step needs at least one sequence")
         if len({id(c) for c in caches}) != len(caches):
             raise ValueError("a sequence appears twice in one step")
-        for c, n in zip(caches, counts):
+        for c, n in items:
             if not isinstance(c, PagedKVCache):
                 raise TypeError(f"expected PagedKVCache, got {type(c).__name__}")
-            if n < 1:
+            if int(n) < 1:
                 raise ValueError(f"every sequence of a step needs at least one row, got {n}")
             if c.pool is not caches[0].pool:
                 raise ValueError("the sequences of one step must share one KV pool")
-            committed = c.seq_len
-            for layer, t in enumerate(c._tables):
-                if t.length != committed:
-                    raise ValueError(f"a cache holds uncommitted tokens in layer {layer}; "
-                                     f"commit or truncate before the next step")
+            if c.holds_uncommitted():
+                raise ValueError("a cache holds uncommitted tokens; commit or truncate before "
+                                 "the next step")
+
+    @classmethod
+    def describe(cls, items) -> "StepBatch":
+        """The description of a step whose slots are all allocated already (the scheduler's
+        ``allocate_slots``): reads the caches, takes nothing."""
+        cls._check(items)
+        caches = [c for c, _ in items]
+        counts = [int(n) for _, n in items]
         starts = [c.seq_len for c in caches]
-        done = []
-        try:
-            for c, n in zip(caches, counts):
-                c._take_blocks(c.seq_len, n)
-                done.append(c)
-        except BaseException:
-            for c in done:
-                c._trim()
-            raise
+        for c, s, n in zip(caches, starts, counts):
+            if s + n > c.allocated_tokens():
+                raise ValueError(f"a step of {n} rows after {s} tokens needs slots the cache "
+                                 f"has not allocated (it holds {c.allocated_tokens()})")
         if len(caches) == 1:  # one sequence (a decode step, a prompt): the same arrays, cheaper
             return cls._one(caches[0], counts[0], starts[0])
         bs = caches[0].block_size
@@ -89,7 +106,7 @@ class StepBatch:
         nblocks = [-(-(s + n) // bs) for s, n in zip(starts, counts)]
         seg_table = np.zeros(len(caches), dtype=np.int64)
         seg_table[1:] = np.cumsum(nblocks)[:-1]
-        table_ids = np.concatenate([np.asarray(c._blocks[:nb], dtype=np.int64)
+        table_ids = np.concatenate([np.asarray(c.block_ids[:nb], dtype=np.int64)
                                     for c, nb in zip(caches, nblocks)])
         seq_of_row = np.repeat(np.arange(len(caches)), counts)
         row_block = table_ids[seg_table[seq_of_row] + positions // bs]
@@ -100,7 +117,7 @@ class StepBatch:
     def _one(cls, cache: PagedKVCache, n: int, start: int) -> "StepBatch":
         """plan's arrays for one sequence of n rows from position ``start`` (blocks taken)."""
         bs = cache.block_size
-        table_ids = np.array(cache._blocks[:-(-(start + n) // bs)], dtype=np.int64)
+        table_ids = np.array(cache.block_ids[:-(-(start + n) // bs)], dtype=np.int64)
         if n == 1:  # a decode row: its block is the table's last
             positions = np.array([start], dtype=np.int64)
             row_block, row_slot = table_ids[-1:], np.array([start % bs], dtype=np.int64)
@@ -112,22 +129,20 @@ class StepBatch:
 
     def wrote_layer(self, layer: int) -> None:
         """Every sequence's ``layer`` now holds its new rows."""
-        for c, s, n in zip(self.caches, self.starts, self.counts):
-            c._tables[layer].length = s + n
+        for c, n in zip(self.caches, self.counts):
+            c.mark_written(n, (layer,))
 
     def wrote_layers(self, num_layers: int) -> None:
         """Layers 0..num_layers-1 of every sequence now hold their new rows."""
-        for c, s, n in zip(self.caches, self.starts, self.counts):
-            for t in c._tables[:num_layers]:
-                t.length = s + n
+        for c, n in zip(self.caches, self.counts):
+            c.mark_written(n, range(num_layers))
 
     def commit(self) -> None:
         for c, n in zip(self.caches, self.counts):
             c.commit(n)
 
     def rollback(self) -> None:
-        """Undo the step: every cache back to its state before ``plan``."""
-        for c, s in zip(self.caches, self.starts):
-            for t in c._tables:
-                t.length = min(t.length, s)
-            c._trim()
+        """Undo the step: every cache back to its committed tokens, and the blocks past them
+        back to the pool."""
+        for c in self.caches:
+            c.truncate(c.seq_len)

@@ -156,22 +156,6 @@ def paged_attention(q, start, k_table, v_table, heads, kvh, d, bs, head_stride, 
                          heads, kvh, d, scale)
 
 
-def paged_attention_batch(q, positions, k_addrs, v_addrs, heads, kvh, d, bs, head_stride, kv_f16,
-                          scale, out, rope=None):
-    qd, od = _dev(q, out)
-    for b, (p, addr) in enumerate(zip(positions, k_addrs)):
-        blocks = _TABLES[int(addr)]
-        if rope is None:
-            nb = -(-(int(p) + 1) // bs)
-            k_ptrs, v_ptrs = blocks.k_ptrs[:nb], blocks.v_ptrs[:nb]
-            cpu.paged_attention_batch(qd[b:b + 1], np.array([p + 1]), np.array([0, nb]),
-                                      k_ptrs.copy(), v_ptrs.copy(), heads, kvh, d, bs,
-                                      head_stride, kv_f16, scale, od[b:b + 1])
-        else:
-            od[b:b + 1] = _fused(qd[b:b + 1], blocks, np.array([p]), int(p) + 1, rope, heads,
-                                 kvh, d, scale)
-
-
 def to_device(array, placement):
     if placement.is_cpu:
         return array.to_host()
@@ -192,6 +176,6 @@ def check_attention(head_dim, group):
 
 def register(registrar):
     for name in ("rmsnorm", "rope", "swiglu", "add", "copy", "linear", "paged_attention",
-                 "paged_attention_batch", "to_device", "empty", "kv_layer_storage",
+                 "to_device", "empty", "kv_layer_storage",
                  "check_attention"):
         registrar.op(name, globals()[name])

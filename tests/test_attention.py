@@ -175,42 +175,70 @@ def test_scale_argument(rng):
     assert rel_err(got, ref.paged_attention(q, kb, vb, 0, 1, 1, 64, scale=0.3)) < 2e-5
 
 
+def _decode_rows(rng, caches, num_heads):
+    """q, k, v for one decode row per cache."""
+    c0 = caches[0]
+    return (rng.standard_normal((len(caches), num_heads * c0.head_dim), dtype=np.float32),
+            rng.standard_normal((len(caches), c0.kv_dim), dtype=np.float32),
+            rng.standard_normal((len(caches), c0.kv_dim), dtype=np.float32))
+
+
+def _decode_step(caches, q, k, v):
+    """One decode row per cache (caches over one pool) through the ragged step: row b's K/V are
+    written after cache b's history and its query attends over them.  Commits; returns out."""
+    from hybrid.registry import lookup
+    from hybrid.step import StepBatch
+
+    batch = StepBatch.plan([(c, 1) for c in caches])
+    out = np.empty_like(q)
+    num_heads = q.shape[1] // caches[0].head_dim
+    lookup("attend_step", hybrid.Placement.parse("cpu"))(
+        batch, 0, q, k, v, num_heads, 1.0 / np.sqrt(caches[0].head_dim), out)
+    batch.wrote_layer(0)
+    batch.commit()
+    return out
+
+
+def _shared(kvh, d, dtype, lengths, rng):
+    """Caches over one pool (NaN in every unused slot), holding ``lengths`` committed tokens."""
+    pool = hybrid.KVBlockPool(1, kvh, d, BS, dtype, poison_unused=True)
+    caches = []
+    for length in lengths:
+        c = hybrid.PagedKVCache.on(pool)
+        if length:
+            _fill(c, rng, length)
+            c.commit(length)
+        caches.append(c)
+    return caches
+
+
 @pytest.mark.parametrize("dtype", ["float32", "float16"])
 @pytest.mark.parametrize("group", [1, 3, 8])
 def test_batched_decode(rng, dtype, group):
+    """One decode row for each of six sequences of awkward lengths in one ragged step, against
+    the float64 reference walking each sequence's blocks, and each row against the
+    single-sequence kernel on the same cache."""
     kvh, d = 2, 80
     h = kvh * group
     lengths = [1, BS, BS + 1, 3 * BS + 5, 200, 7]
-    caches = []
-    for length in lengths:
-        c = _cache(kvh, d, BS, dtype)
-        _fill(c, rng, length - 1)
-        c.commit(length - 1)
-        _fill(c, rng, 1)
-        caches.append(c)
-    q = rng.standard_normal((len(lengths), h * d), dtype=np.float32)
-    got = ops.paged_attention_batch(q, caches, 0)
+    caches = _shared(kvh, d, dtype, [n - 1 for n in lengths], rng)
+    q, k, v = _decode_rows(rng, caches, h)
+    got = _decode_step(caches, q, k, v)
     blocks = [c.blocks(0) for c in caches]
     expect = ref.paged_attention_batch(q, [b[0] for b in blocks], [b[1] for b in blocks],
                                        lengths, h, kvh, d)
     assert rel_err(got, expect) < TOL[dtype]
-    # each row equals the single-sequence kernel on that cache
-    for b, c in enumerate(caches):
-        one = ops.paged_attention(q[b:b + 1], c, 0)
-        assert rel_err(got[b:b + 1], one) < 1e-6
+    for b, c in enumerate(caches):  # the single-sequence kernel on the same cache
+        c.truncate(lengths[b] - 1)
+        c.append(0, k[b:b + 1], v[b:b + 1])
+        assert rel_err(got[b:b + 1], ops.paged_attention(q[b:b + 1], c, 0)) < 1e-6
 
 
 def test_batched_decode_long_and_short_mixed(rng):
     kvh, group, d = 1, 4, 128
-    caches = []
-    for length in (2500, 3):
-        c = _cache(kvh, d, BS, "float16")
-        _fill(c, rng, length - 1)
-        c.commit(length - 1)
-        _fill(c, rng, 1)
-        caches.append(c)
-    q = rng.standard_normal((2, kvh * group * d), dtype=np.float32)
-    got = ops.paged_attention_batch(q, caches, 0)
+    caches = _shared(kvh, d, "float16", [2499, 2], rng)
+    q, k, v = _decode_rows(rng, caches, kvh * group)
+    got = _decode_step(caches, q, k, v)
     blocks = [c.blocks(0) for c in caches]
     expect = ref.paged_attention_batch(q, [b[0] for b in blocks], [b[1] for b in blocks],
                                        [2500, 3], kvh * group, kvh, d)
@@ -250,27 +278,22 @@ def test_long_context_single_kv_head_is_split_across_threads():
 @pytest.mark.parametrize("dtype", ["float32", "float16"])
 @pytest.mark.parametrize("length", [1, 300, 700, 3001])
 def test_a_sequence_does_not_depend_on_the_others_in_its_batch(rng, dtype, length):
-    """A sequence's decode row is bit-identical alone and in a batch of 15 others on two
-    threads: how its key range is split across threads depends on its own length only.  Short
-    rows alone take paged_attention's one-thread shortcut (no task table), long ones the plan."""
+    """A sequence's decode row is bit-identical alone and in a step with 15 others on two
+    threads: how its key range is split across threads depends on its own length only."""
     kvh, group, d = 2, 4, 64
-    caches, rows = [], []
-    for n in [length] + [int(x) for x in rng.integers(5, 60, 15)]:
-        c = _cache(kvh, d, BS, dtype)
-        _fill(c, rng, n)
-        c.commit(n - 1)
-        caches.append(c)
-        rows.append(rng.standard_normal((1, kvh * group * d), dtype=np.float32))
-    q = np.concatenate(rows)
+    lengths = [length - 1] + [int(x) for x in rng.integers(5, 60, 15)]
+    seed = int(rng.integers(1 << 30))
     hybrid.set_num_threads(2)
     try:
-        alone = ops.paged_attention_batch(q[:1], caches[:1], 0)
-        crowd = ops.paged_attention_batch(q, caches, 0)
-        single = ops.paged_attention(q[:1], caches[0], 0)
+        outs = []
+        for n in (1, len(lengths)):  # the same data alone, then in the crowd
+            data = np.random.default_rng(seed)
+            caches = _shared(kvh, d, dtype, lengths, data)
+            q, k, v = _decode_rows(data, caches, kvh * group)
+            outs.append(_decode_step(caches[:n], q[:n], k[:n], v[:n]))
     finally:
         hybrid.set_num_threads(None)
-    np.testing.assert_array_equal(alone[0], crowd[0])
-    np.testing.assert_array_equal(single[0], crowd[0])
+    np.testing.assert_array_equal(outs[0][0], outs[1][0])
 
 
 def _ragged(rng, dtype, n, d=64, kvh=2, group=2):

@@ -39,33 +39,47 @@ def _assert_unchanged(c, snap):
     np.testing.assert_array_equal(v2, v)
 
 
-def _batch(layer, rng, lengths=(3, 17, 5), **kw):
-    caches = [_cache(layer, rng, n, **kw) for n in lengths]
-    x = rng.standard_normal((len(lengths), HIDDEN), dtype=np.float32)
-    return caches, x, [c.seq_len for c in caches]
+def _batch(layer, rng, lengths=(3, 17, 5), block_size=16, dtype="float16"):
+    """Caches over one pool with histories of ``lengths``, and one decode row each."""
+    pool = hybrid.KVBlockPool(1, 2, 32, block_size, dtype)
+    caches = []
+    for n in lengths:
+        c = hybrid.PagedKVCache.on(pool)
+        layer.forward(rng.standard_normal((n, HIDDEN), dtype=np.float32), np.arange(n), c)
+        c.commit(n)
+        caches.append(c)
+    return caches, rng.standard_normal((len(lengths), HIDDEN), dtype=np.float32)
 
 
-def _expect_batch_error(layer, x, pos, caches, exc, match):
-    snaps = [_snapshot(c) if c is not None else None for c in caches]
+def _step(layer, x, caches):
+    """A one-layer step as Model runs it: plan, the layer, commit; roll back on error."""
+    batch = hybrid.StepBatch.plan([(c, 1) for c in caches])
+    try:
+        out = layer.forward_step(x, batch)
+    except BaseException:
+        batch.rollback()
+        raise
+    batch.commit()
+    return out
+
+
+def _expect_step_error(layer, x, caches, exc, match):
+    snaps = [_snapshot(c) if isinstance(c, hybrid.PagedKVCache) else None for c in caches]
     keep = x.copy()
     with pytest.raises(exc, match=match):
-        layer.forward_batch(x, pos, caches)
+        _step(layer, x, caches)
     for c, s in zip(caches, snaps):
-        if c is not None:
+        if s is not None:
             _assert_unchanged(c, s)
     np.testing.assert_array_equal(x, keep)
 
 
-def test_caches_length_differs_from_batch(layer, rng):
-    caches, x, pos = _batch(layer, rng)
-    _expect_batch_error(layer, x[:2], pos[:2], caches, ValueError,
-                        r"caches has 3 entries for a batch of 2 tokens")
+def test_rows_differ_from_the_step(layer, rng):
+    caches, x = _batch(layer, rng)
+    _expect_step_error(layer, x[:2], caches, ValueError, r"hidden has 2 rows, the step describes 3")
 
 
 def test_positions_length_differs_from_tokens(layer, rng):
-    caches, x, pos = _batch(layer, rng)
-    _expect_batch_error(layer, x, pos[:2], caches, ValueError,
-                        r"positions has 2 entries for 3 tokens")
     c = _cache(layer, rng, 4)
     snap = _snapshot(c)
     with pytest.raises(ValueError, match=r"positions has 3 entries for 2 tokens"):
@@ -73,30 +87,25 @@ def test_positions_length_differs_from_tokens(layer, rng):
     _assert_unchanged(c, snap)
 
 
-def test_none_cache_in_batch(layer, rng):
-    caches, x, pos = _batch(layer, rng)
+def test_none_cache_in_step(layer, rng):
+    caches, x = _batch(layer, rng)
     caches[1] = None
-    _expect_batch_error(layer, x, pos, caches, ValueError, r"caches\[1\] is None")
+    _expect_step_error(layer, x, caches, TypeError, r"expected PagedKVCache, got NoneType")
 
 
-def test_mixed_block_sizes(layer, rng):
-    caches, x, pos = _batch(layer, rng)
-    caches[2] = _cache(layer, rng, 5, block_size=8)
-    _expect_batch_error(layer, x, pos, caches, ValueError,
-                        r"mixed block sizes in batch: caches\[0\] has 16, caches\[2\] has 8")
-
-
-def test_mixed_kv_dtypes(layer, rng):
-    caches, x, pos = _batch(layer, rng)
-    caches[1] = _cache(layer, rng, 9, dtype="float32")
-    _expect_batch_error(layer, x, pos, caches, ValueError,
-                        r"mixed KV dtypes in batch: caches\[0\] is float16, caches\[1\] is float32")
+def test_caches_of_another_pool(layer, rng):
+    """Other block sizes or KV dtypes live in other pools: one step takes one pool."""
+    for kw in (dict(block_size=8), dict(dtype="float32")):
+        caches, x = _batch(layer, rng)
+        caches[2] = _batch(layer, rng, (5,), **kw)[0][0]
+        _expect_step_error(layer, x, caches, ValueError,
+                           "the sequences of one step must share one KV pool")
 
 
 def test_same_cache_twice(layer, rng):
-    caches, x, pos = _batch(layer, rng)
+    caches, x = _batch(layer, rng)
     caches[2] = caches[0]
-    _expect_batch_error(layer, x, pos, caches, ValueError, r"caches\[2\] appears twice")
+    _expect_step_error(layer, x, caches, ValueError, "a sequence appears twice in one step")
 
 
 def test_wrong_hidden_size(layer, rng):
@@ -105,8 +114,8 @@ def test_wrong_hidden_size(layer, rng):
     with pytest.raises(ValueError, match=r"hidden has 127 features; layer 0 expects hidden_size=128"):
         layer.forward(np.ones((1, 127), np.float32), [6], c)
     _assert_unchanged(c, snap)
-    caches, x, pos = _batch(layer, rng)
-    _expect_batch_error(layer, x[:, :100], pos, caches, ValueError, "hidden_size=128")
+    caches, x = _batch(layer, rng)
+    _expect_step_error(layer, x[:, :100], caches, ValueError, "hidden_size=128")
     with pytest.raises(ValueError, match="2-dimensional"):
         layer.forward(np.ones(HIDDEN, np.float32), [6], c)
     _assert_unchanged(c, snap)
@@ -151,15 +160,29 @@ def test_cache_shape_mismatch(layer, rng):
     assert c.layer_len(0) == 0
 
 
-def test_capacity_error_mid_batch_rolls_back_everything(layer, rng):
-    caches, x, pos = _batch(layer, rng)
-    full = hybrid.PagedKVCache(num_layers=1, num_kv_heads=2, head_dim=32, max_tokens=4)
+def test_capacity_error_mid_step_rolls_back_everything(layer, rng):
+    caches, x = _batch(layer, rng)
+    full = hybrid.PagedKVCache.on(caches[0].pool, max_tokens=4)
     layer.forward(rng.standard_normal((4, HIDDEN), dtype=np.float32), np.arange(4), full)
     full.commit(4)
     caches.append(full)
     x = np.vstack([x, x[:1]])
-    _expect_batch_error(layer, x, pos + [4], caches, hybrid.CacheCapacityError,
-                        "max_tokens=4")
+    _expect_step_error(layer, x, caches, hybrid.CacheCapacityError, "max_tokens=4")
+
+
+def test_failure_inside_a_step_rolls_back_every_cache(layer, rng, monkeypatch):
+    """A kernel failing in the middle of a step: every cache as before, blocks back."""
+    from hybrid._cpu import backend
+
+    caches, x = _batch(layer, rng)
+
+    def boom(*a, **k):
+        raise RuntimeError("injected kernel failure")
+
+    monkeypatch.setattr(backend, "_step_plan", boom)  # the ragged attention of the step
+    used = caches[0].pool.num_used
+    _expect_step_error(layer, x, caches, RuntimeError, "injected")
+    assert caches[0].pool.num_used == used
 
 
 def test_failure_inside_attention_rolls_back_the_append(layer, rng, monkeypatch):
@@ -182,12 +205,6 @@ def test_paged_attention_needs_appended_rows(rng):
         hybrid.ops.paged_attention(np.ones((3, 32), np.float32), c, 0)
     with pytest.raises(ValueError, match="num_heads\\*head_dim"):
         hybrid.ops.paged_attention(np.ones((2, 33), np.float32), c, 0)
-    c.commit(2)  # the decode token at position 2 is not appended yet
-    other = hybrid.PagedKVCache(num_layers=1, num_kv_heads=1, head_dim=32)
-    other.append(0, np.ones((1, 32)), np.ones((1, 32)))
-    with pytest.raises(ValueError, match="caches.0. layer 0 holds 2 tokens; the decode token at "
-                                         "position 2 must be appended first"):
-        hybrid.ops.paged_attention_batch(np.ones((2, 32), np.float32), [c, other], 0)
 
 
 def test_cache_append_errors_write_nothing():

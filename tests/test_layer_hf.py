@@ -112,20 +112,22 @@ def test_prefill_decode_and_batch_match_transformers(rng, family, kv_dtype):
     assert rel_err(got[:37], expect[:37]) < TOL[kv_dtype]
     assert rel_err(got[37:], expect[37:]) < TOL[kv_dtype]
 
-    # batched decode of 5 sequences of different lengths, 3 steps
+    # 5 sequences of different lengths over one pool, 3 decode steps of one row each
     lengths = [1, 16, 17, 29, 5]
     seqs = [rng.standard_normal((n + 3, cfg.hidden_size), dtype=np.float32) for n in lengths]
+    pool = hybrid.KVBlockPool(1, cfg.num_kv_heads, cfg.head_dim, 16, kv_dtype,
+                              poison_unused=True)
     caches = []
     for n, s in zip(lengths, seqs):
-        c = new_cache()
+        c = hybrid.PagedKVCache.on(pool)
         layer.forward(s[:n], np.arange(n), c)
         c.commit(n)
         caches.append(c)
     expects = [_hf_sequence(hf, rotary, s) for s in seqs]
     for step in range(3):
         rows = np.stack([s[n + step] for n, s in zip(lengths, seqs)])
-        out = layer.forward_batch(rows, [n + step for n in lengths], caches)
-        for c in caches:
-            c.commit(1)
+        batch = hybrid.StepBatch.plan([(c, 1) for c in caches])
+        out = layer.forward_step(rows, batch)
+        batch.commit()
         want = np.stack([e[n + step] for n, e in zip(lengths, expects)])
         assert rel_err(out, want) < TOL[kv_dtype], f"batched step {step}"

@@ -16,6 +16,8 @@ from hybrid import ops, registry
 from hybrid.testing import random_weights
 from hybrid.config import DecoderConfig
 from hybrid.kvcache import PagedKVCache
+from hybrid.kvpool import KVBlockPool
+from hybrid.step import StepBatch
 from hybrid.layer import DecoderLayer
 from hybrid.models.model import Model
 from hybrid.models.weights import ModelWeights
@@ -45,11 +47,14 @@ def _run(layer, cache_at, x, steps, batch, dtype="float32"):
     for s in steps:
         outs.append(np.asarray(layer.forward(s, [c.seq_len], c)))
         c.commit(1)
-    seqs = [_cache(cache_at, dtype) for _ in range(3)]
+    pool = KVBlockPool(1, CFG.num_kv_heads, CFG.head_dim, 16, dtype, cache_at, poison_unused=True)
+    seqs = [PagedKVCache.on(pool) for _ in range(3)]
     for n, sc in zip((1, 16, 17), seqs):
         layer.forward(x[:n], np.arange(n), sc)
         sc.commit(n)
-    outs.append(np.asarray(layer.forward_batch(batch, [sc.seq_len for sc in seqs], seqs)))
+    step = StepBatch.plan([(sc, 1) for sc in seqs])  # one decode row each, one step
+    outs.append(np.asarray(layer.forward_step(batch, step)))
+    step.commit()
     return outs
 
 
@@ -120,10 +125,10 @@ def test_placement_errors_change_nothing(emulated, rng):
     layer.forward(x, np.arange(3), c32)
     c32.commit(3)
     before = c32.dense(0)
-    with pytest.raises(ValueError, match="mixed KV dtypes"):
-        layer.forward_batch(x[:2], [3, 0], [c32, c16])
-    with pytest.raises(ValueError, match="caches.1. is None"):
-        layer.forward_batch(x[:2], [3, 0], [c32, None])
+    with pytest.raises(ValueError, match="must share one KV pool"):
+        StepBatch.plan([(c32, 1), (c16, 1)])
+    with pytest.raises(TypeError, match="expected PagedKVCache, got NoneType"):
+        StepBatch.plan([(c32, 1), (None, 1)])
     with pytest.raises(ValueError, match="positions must be the cache positions"):
         layer.forward(x[:1], [7], c32)  # fused RoPE rotates by cache position
     assert c32.layer_len(0) == 3 and c16.layer_len(0) == 0
@@ -171,8 +176,8 @@ def test_ops_refuse_arrays_on_different_devices(emulated, rng):
     c = _cache("cuda:0")
     c.append(0, np.zeros((1, 128), np.float32), np.zeros((1, 128), np.float32))
     c.commit(1)
-    with pytest.raises(ValueError, match="position 1 must be appended first"):
-        ops.paged_attention_batch(EmuArray(np.zeros((1, 384), np.float32), 0), [c], 0)
+    with pytest.raises(ValueError, match="need 2 tokens in layer 0, which holds 1"):
+        ops.paged_attention(EmuArray(np.zeros((1, 384), np.float32), 0), c, 0)
     with pytest.raises(ValueError, match="fused RoPE runs inside the CUDA"):
         c = _cache()
         c.append(0, np.zeros((1, 128), np.float32), np.zeros((1, 128), np.float32))
@@ -206,8 +211,6 @@ def test_model_with_gpu_layers_matches_the_cpu(emulated, rng, kw):
     if kw == dict(gpu_layers=4):  # one upload and one download per step, between the layers none
         assert emulated.STATS == {"h2d": 2, "d2h": 2}
     # one step of two sequences over one pool, as the engine runs it: a prompt and a decode row
-    from hybrid import KVBlockPool, PagedKVCache
-
     def shared(model):
         pool = KVBlockPool(len(model.layers), CFG.num_kv_heads, CFG.head_dim, 16, "float32",
                            model.cache_placements)

@@ -387,42 +387,6 @@ cdef int _decode_row_serial(const hy_attn_shape *sh, const float *q, int64_t pos
     return 0
 
 
-def paged_attention_batch(float[:, ::1] q,            # IN  [B, num_heads*head_dim] float32
-                          const int64_t[::1] kv_lens,  # IN  [B] keys of each sequence (>= 1)
-                          const int64_t[::1] indptr,   # IN  [B+1] sequence b's blocks are
-                                                       #     k_ptrs[indptr[b]:indptr[b+1]]
-                          const int64_t[::1] k_ptrs,   # IN  [total blocks] K block addresses
-                          const int64_t[::1] v_ptrs,   # IN  [total blocks] V block addresses
-                          int num_heads, int num_kv_heads, int head_dim, int block_size,
-                          long head_stride,            # elements between KV heads' rows
-                          bint kv_f16, float scale,
-                          float[:, ::1] out,           # OUT [B, num_heads*head_dim] float32
-                          int num_threads):
-    """Decode attention of B sequences: row b sees key positions 0 .. kv_lens[b]-1 of its blocks."""
-    _check_common(q, out, num_heads, num_kv_heads, head_dim, block_size, head_stride)
-    cdef long B = q.shape[0]
-    if kv_lens.shape[0] != B or indptr.shape[0] != B + 1:
-        raise ValueError(f"kv_lens ({kv_lens.shape[0]}) and indptr ({indptr.shape[0]}) must "
-                         f"have B={B} and B+1 entries")
-    if B == 0:
-        return
-    cdef long b
-    for b in range(B):
-        if kv_lens[b] < 1:
-            raise ValueError(f"sequence {b} has kv_len {kv_lens[b]}; at least 1 is needed")
-        if (indptr[b + 1] - indptr[b]) * block_size < kv_lens[b] or indptr[b + 1] > k_ptrs.shape[0]:
-            raise ValueError(f"sequence {b}: {indptr[b + 1] - indptr[b]} blocks cannot hold "
-                             f"{kv_lens[b]} keys")
-    if v_ptrs.shape[0] != k_ptrs.shape[0]:
-        raise ValueError("k_ptrs and v_ptrs differ in length")
-    row_pos = np.asarray(kv_lens, dtype=np.int64) - 1
-    seg_rows = np.arange(B + 1, dtype=np.int64)
-    seg_table = np.ascontiguousarray(np.asarray(indptr)[:B], dtype=np.int64)
-    _attend(q, row_pos, seg_rows, seg_table, k_ptrs, v_ptrs, num_heads, num_kv_heads, head_dim,
-            block_size, head_stride, kv_f16, scale, out, num_threads)
-
-
-
 def plan(long n_rows, long start_pos, int num_kv_heads, int group, int block_size,
          int num_threads):
     """The task table paged_attention would run for one sequence (introspection and tests).

@@ -211,13 +211,6 @@ def decode_stack(steps, batch, x, att, num_heads, scale):
                        int(batch.positions[0]), get_num_threads())
 
 
-def paged_attention_batch(q, kv_lens, indptr, k_ptrs, v_ptrs, num_heads, num_kv_heads, head_dim,
-                          block_size, head_stride, kv_f16, scale, out):
-    attention.paged_attention_batch(q, kv_lens, indptr, k_ptrs, v_ptrs, num_heads, num_kv_heads,
-                                    head_dim, block_size, head_stride, kv_f16, scale, out,
-                                    get_num_threads())
-
-
 def to_device(array, placement):
     if placement.is_cpu:
         return array
@@ -228,8 +221,7 @@ def to_device(array, placement):
 
 def register(registrar):
     for name in ("rmsnorm", "rope", "swiglu", "add", "linear", "bind_linear_many",
-                 "bind_decode_step", "paged_attention",
-                 "paged_attention_batch", "attend_step", "decode_stack",
+                 "bind_decode_step", "paged_attention", "attend_step", "decode_stack",
                  "to_device"):
         registrar.op(name, globals()[name])
     from ..quant.formats import FORMATS

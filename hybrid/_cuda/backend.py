@@ -45,7 +45,7 @@ def register(registrar) -> None:
 
     for name in ("rmsnorm", "rope", "swiglu", "add", "copy", "linear", "linear_split3",
                  "linear_swiglu", "linear_residual", "kv_append_batch", "paged_attention",
-                 "paged_attention_batch", "to_device"):
+                 "to_device"):
         registrar.op(name, getattr(launch, name))
     registrar.op("empty", launch.empty_array)
     registrar.op("kv_layer_storage", kv_layer_storage)

@@ -26,6 +26,7 @@ import numpy as np
 
 from .. import kernel_role
 from ..kvpool import KVBlockPool, default_kv_memory, parse_bytes
+from .kv_manager import KVCacheManager
 from .params import GenerationParams
 from .request import Request, RequestOutput
 from .scheduler import Scheduler, _TooLarge
@@ -63,8 +64,8 @@ class Engine:
                                 prefix_cache=prefix_cache, poison_unused=poison_unused)
         self.max_tokens = model.max_tokens or (1 << 30)
         salt = f"{id(model.weights)}:{model.kv_dtype}:{model.block_size}".encode()
-        self.scheduler = Scheduler(self.pool, max_batch, max_batched_tokens, self.max_tokens,
-                                   salt)
+        self.kv = KVCacheManager(self.pool, self.max_tokens, salt)
+        self.scheduler = Scheduler(self.kv, max_batch, max_batched_tokens)
         self._requests: dict = {}
         self._arrivals = itertools.count()
         self.prompt_tokens = 0  # counters for monitoring
@@ -150,6 +151,8 @@ class Engine:
             except _TooLarge as exc:  # cannot fit even alone: fail it, plan again
                 outputs.append(self._finish(exc.request, "error",
                                             "the request does not fit in the KV pool"))
+        for req, error in plan.failed:
+            outputs.append(self._finish(req, "error", error))
         if plan.empty:
             return outputs
         self.steps += 1
@@ -187,7 +190,7 @@ class Engine:
         for (r, n), row in results:
             r.computed += n
             if role == kernel_role.PROMPT:
-                self.scheduler.register_prompt_blocks(r)
+                self.kv.cache_prompt_blocks(r)
             if r.pending == 0:
                 ready.append((r, row))
         return ready

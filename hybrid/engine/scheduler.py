@@ -11,6 +11,9 @@ Each step:
    in the budget and blocks in the pool: their prompt's longest cached prefix of full blocks is
    taken from the prefix cache and only the rest is computed.
 
+Once the plan is settled the scheduler allocates every slot the step writes through the KV
+manager (hybrid/engine/kv_manager.py); the step's description (hybrid/step.py) only reads them.
+
 A chunk never mixes prompt tokens with generated ones (recomputed after a preemption): they take
 different kernels (hybrid/kernel_role.py), which keeps every request's result independent of
 how it was batched and chunked.
@@ -22,8 +25,7 @@ from collections import deque
 from dataclasses import dataclass, field
 
 from .. import kernel_role
-from ..kvcache import PagedKVCache
-from ..kvpool import KVBlockPool, prefix_hashes
+from .kv_manager import KVCacheManager
 from .request import Request
 
 
@@ -32,6 +34,7 @@ class StepPlan:
     prefills: list = field(default_factory=list)  # (request, n_tokens, role)
     decodes: list = field(default_factory=list)  # requests feeding their one pending token
     preempted: list = field(default_factory=list)
+    failed: list = field(default_factory=list)  # (request, error): its slots could not be taken
 
     @property
     def empty(self) -> bool:
@@ -39,13 +42,10 @@ class StepPlan:
 
 
 class Scheduler:
-    def __init__(self, pool: KVBlockPool, max_batch: int, max_batched_tokens: int,
-                 max_tokens: int, salt: bytes):
-        self.pool = pool
+    def __init__(self, kv: KVCacheManager, max_batch: int, max_batched_tokens: int):
+        self.kv = kv
         self.max_batch = max_batch
         self.max_batched_tokens = max_batched_tokens
-        self.max_tokens = max_tokens  # per sequence (the model's context)
-        self.salt = salt
         self.waiting: deque = deque()
         self.running: list = []  # admitted, in admission order
         self.preemptions = 0
@@ -63,16 +63,7 @@ class Scheduler:
         self._free(req)
 
     def _free(self, req: Request) -> None:
-        if req.cache is not None:
-            req.cache.close()
-            req.cache = None
-        req.computed = 0
-        req.registered = 0
-
-    def _blocks_for(self, req: Request, n: int) -> int:
-        """New blocks req needs to hold n more tokens."""
-        have = 0 if req.cache is None else len(req.cache.block_ids)
-        return max(0, -(-(req.computed + n) // self.pool.block_size) - have)
+        self.kv.free(req)
 
     def _preempt_newest(self, keep: Request) -> bool:
         """Preempt the newest running request other than ``keep``; False if none."""
@@ -93,9 +84,9 @@ class Scheduler:
 
     def _reserve(self, req: Request, n: int) -> bool:
         """Make sure the pool can give req blocks for n more tokens (preempting newer requests
-        if needed); the blocks themselves are taken when the step appends."""
-        need = self._blocks_for(req, n) + self._reserved
-        while not self.pool.can_allocate(need):
+        if needed); the blocks are taken once the plan is settled (``plan``)."""
+        need = self.kv.blocks_needed(req, n) + self._reserved
+        while not self.kv.can_allocate(need):
             if not self._preempt_newest(req):
                 return False
         self._reserved = need
@@ -135,7 +126,7 @@ class Scheduler:
         while self.waiting and budget > 0 and len(self.running) < self.max_batch:
             req = self.waiting[0]
             if req.cache is None:
-                self._admit(req)
+                self.kv.admit(req)
             n, role = self._chunk(req, budget)
             if not self._reserve(req, n):
                 self._free(req)  # its prefix blocks go back; it waits for room
@@ -146,32 +137,18 @@ class Scheduler:
             self.running.append(req)
             plan.prefills.append((req, n, role))
             budget -= n
+        # the plan is settled: take every slot it writes (reserved above, so they are there; a
+        # request whose allocation still fails leaves the plan and fails alone)
+        for item in [(r, 1, None) for r in plan.decodes] + list(plan.prefills):
+            try:
+                self.kv.allocate_slots(item[0], item[1])
+            except Exception as exc:  # noqa: BLE001 - this request's, not the step's
+                if item[2] is None:
+                    plan.decodes.remove(item[0])
+                else:
+                    plan.prefills.remove(item)
+                plan.failed.append((item[0], f"{type(exc).__name__}: {exc}"))
         return plan
-
-    def _admit(self, req: Request) -> None:
-        """Give req a cache over the pool, starting with its cached prompt prefix."""
-        cache = PagedKVCache.on(self.pool, max_tokens=self.max_tokens)
-        n_full = (len(req.prompt) - 1) // self.pool.block_size  # at least one token computed
-        hashes = prefix_hashes(req.prompt, self.pool.block_size, self.salt, n_full)
-        hit = self.pool.match_prefix(hashes)
-        if hit:
-            cache.adopt_prefix(hit)
-        req.cache = cache
-        req.computed = len(hit) * self.pool.block_size
-        req.registered = len(hit)
-        req.cached_tokens = req.computed
-
-    def register_prompt_blocks(self, req: Request) -> None:
-        """Register req's newly completed full prompt blocks in the prefix cache."""
-        bs = self.pool.block_size
-        full = min(req.computed, len(req.prompt)) // bs
-        if full <= req.registered:
-            return
-        hashes = prefix_hashes(req.prompt, bs, self.salt, full)
-        blocks = req.cache.block_ids
-        for i in range(req.registered, full):
-            self.pool.register(blocks[i], hashes[i])
-        req.registered = full
 
 
 class _TooLarge(Exception):
