@@ -82,6 +82,7 @@ class DecoderLayer:
         self.fused_rope = bool(fused_rope) and self._gpu and self._inv_freq is not None
         self._k = ops.bind(self.placement)  # kernels resolved once; arrays are checked on entry
         self._bufs = (None, None)  # (rows, activation buffers) of the last call
+        self.buffers_version = 0  # bumped whenever the buffers (and bound decode step) change
 
     # ------------------------------------------------------------------ validation
     def _enter(self, hidden, out):
@@ -185,9 +186,14 @@ class DecoderLayer:
 
     def forward_step(self, hidden, batch, *, out=None):
         """Run the layer on one ragged step: the rows of many sequences (prefill chunks, decode
-        rows, any mix) described once by ``batch`` (a hybrid.step.StepBatch over one pool).  hidden [T, hidden_size] in the batch's row order.  Writes each row's K/V into
-        its slot and attends over each sequence's blocks in one call; the caller commits the
-        batch after the last layer, or rolls it back on error.  Returns [T, hidden_size]."""
+        rows, any mix) described once by ``batch`` (a hybrid.step.StepBatch over one pool,
+        whose ``role`` picks the kernels).  hidden [T, hidden_size] in the batch's row order.
+        Writes each row's K/V into its slot and attends over each sequence's blocks in one call;
+        the caller commits the batch after the last layer, or rolls it back on error.
+        Returns [T, hidden_size]."""
+        if batch.role != kernel_role.current():  # the projections follow the step's role
+            with kernel_role.rows_are(batch.role):
+                return self.forward_step(hidden, batch, out=out)
         if not (self.placement.is_cpu and batch.pool.placements[self.index].is_cpu):
             return self._step_by_sequence(hidden, batch, out)
         x, host_out = self._enter(hidden, out)  # [T, hidden]
@@ -196,8 +202,7 @@ class DecoderLayer:
             raise ValueError(f"hidden has {T} rows, the step describes {batch.num_rows}")
         cfg, k_ = self.config, self._k
         step = self._buffers(T).get("decode_step") if T == 1 else None
-        if step is not None and not profiling_enabled() \
-                and kernel_role.current() != kernel_role.PROMPT:
+        if step is not None and not profiling_enabled() and batch.role != kernel_role.PROMPT:
             # one generated row of a quantized layer: the same steps as below in three calls
             q, k, v = step.prologue(x, int(batch.positions[0]))
             att = self._bufs[1]["att"]
@@ -308,8 +313,7 @@ class DecoderLayer:
         if n == 1 and self._bind_decode is not None:
             bufs["decode_step"] = self._bind_decode(cfg, self._w, bufs, self._inv_freq)
         self._bufs = (n, bufs)
-        global _rebinds
-        _rebinds += 1  # every stack's remembered decode steps (_stack_steps) are stale now
+        self.buffers_version += 1  # a stack's remembered decode steps (_stack_steps) are stale
         return bufs
 
     def _qkv(self, x, pos: np.ndarray, rotate: bool = True):
@@ -448,17 +452,15 @@ def _optional_op(op: str, placement: Placement):
         return None
 
 
-_rebinds = 0  # how many times any layer has rebuilt its buffers (and rebound its decode step)
-
-
 def _stack_steps(layers, memo: dict):
     """The layers' bound decode steps, or None where some layer has none; remembered in
-    ``memo`` until some layer rebuilds its buffers or profiling is switched, so that a decode
-    step costs no Python per layer."""
-    if memo.get("key") != (_rebinds, profiling_enabled(), len(layers)):
+    ``memo`` until one of these layers rebuilds its buffers or profiling is switched, so that
+    a decode step costs little Python per layer."""
+    key = (profiling_enabled(), tuple([layer.buffers_version for layer in layers]))
+    if memo.get("key") != key:
         steps = [layer.decode_step() for layer in layers]  # may rebuild buffers: key after
         memo["steps"] = None if any(s is None for s in steps) else steps
-        memo["key"] = (_rebinds, profiling_enabled(), len(layers))
+        memo["key"] = (profiling_enabled(), tuple([layer.buffers_version for layer in layers]))
     return memo["steps"]
 
 
@@ -467,7 +469,7 @@ def decode_stack(layers, batch, x, memo=None) -> bool:
     output) through ``layers`` in one native call when every one is a quantized CPU layer with a
     bound decode step: the same kernels in the same order as ``forward_step`` layer by layer.
     Returns False, having done nothing, where that does not apply."""
-    if batch.num_rows != 1 or kernel_role.current() == kernel_role.PROMPT \
+    if batch.num_rows != 1 or batch.role == kernel_role.PROMPT \
             or type(x) is not np.ndarray or x.dtype != np.float32 or not x.flags.c_contiguous:
         return False
     steps = _stack_steps(layers, {} if memo is None else memo)

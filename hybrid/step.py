@@ -21,12 +21,13 @@ from __future__ import annotations
 
 import numpy as np
 
+from . import kernel_role
 from .kvcache import PagedKVCache
 
 
 class StepBatch:
     def __init__(self, caches, counts, positions, seg_rows, seg_table, table_ids, row_block,
-                 row_slot, starts):
+                 row_slot, starts, role: str = kernel_role.AUTO):
         self.caches = caches  # [S] PagedKVCache
         self.counts = counts  # [S] new rows per sequence
         self.positions = positions  # [T] int64 position of each row
@@ -36,6 +37,9 @@ class StepBatch:
         self.row_block = row_block  # [T] int64 block id holding each row
         self.row_slot = row_slot  # [T] int64 slot of each row in its block
         self.starts = starts  # [S] each cache's seq_len before the step
+        # what the rows are ("prompt", "decode" or "auto"): picks the projection kernels and
+        # the fused decode path (hybrid/kernel_role.py; what keeps results batch-invariant)
+        self.role = role
         c0 = caches[0]
         self.pool = c0.pool
         self.num_kv_heads, self.head_dim, self.block_size = c0.num_kv_heads, c0.head_dim, c0.block_size
@@ -49,7 +53,7 @@ class StepBatch:
         return int(self.positions.shape[0])
 
     @classmethod
-    def plan(cls, items) -> "StepBatch":
+    def plan(cls, items, role: str = kernel_role.AUTO) -> "StepBatch":
         """items: [(cache, n_rows)] with distinct caches over one pool and n_rows >= 1.  Takes
         the blocks every row needs that are not allocated yet (all or nothing; the engine's
         scheduler has allocated them already), then describes the step.  Raises
@@ -64,7 +68,7 @@ class StepBatch:
             for c in done:  # the slots past the committed tokens go back
                 c.truncate(c.seq_len)
             raise
-        return cls.describe(items)
+        return cls.describe(items, role)
 
     @staticmethod
     def _check(items) -> None:
@@ -85,10 +89,12 @@ class StepBatch:
                                  "the next step")
 
     @classmethod
-    def describe(cls, items) -> "StepBatch":
+    def describe(cls, items, role: str = kernel_role.AUTO) -> "StepBatch":
         """The description of a step whose slots are all allocated already (the scheduler's
         ``allocate_slots``): reads the caches, takes nothing."""
         cls._check(items)
+        if role not in kernel_role.ROLES:
+            raise ValueError(f"row role must be one of {kernel_role.ROLES}, got {role!r}")
         caches = [c for c, _ in items]
         counts = [int(n) for _, n in items]
         starts = [c.seq_len for c in caches]
@@ -97,7 +103,7 @@ class StepBatch:
                 raise ValueError(f"a step of {n} rows after {s} tokens needs slots the cache "
                                  f"has not allocated (it holds {c.allocated_tokens()})")
         if len(caches) == 1:  # one sequence (a decode step, a prompt): the same arrays, cheaper
-            return cls._one(caches[0], counts[0], starts[0])
+            return cls._one(caches[0], counts[0], starts[0], role)
         bs = caches[0].block_size
         positions = np.concatenate([np.arange(s, s + n, dtype=np.int64)
                                     for s, n in zip(starts, counts)])
@@ -111,10 +117,10 @@ class StepBatch:
         seq_of_row = np.repeat(np.arange(len(caches)), counts)
         row_block = table_ids[seg_table[seq_of_row] + positions // bs]
         return cls(caches, counts, positions, seg_rows, seg_table, table_ids, row_block,
-                   positions % bs, starts)
+                   positions % bs, starts, role)
 
     @classmethod
-    def _one(cls, cache: PagedKVCache, n: int, start: int) -> "StepBatch":
+    def _one(cls, cache: PagedKVCache, n: int, start: int, role: str) -> "StepBatch":
         """plan's arrays for one sequence of n rows from position ``start`` (blocks taken)."""
         bs = cache.block_size
         table_ids = np.array(cache.block_ids[:-(-(start + n) // bs)], dtype=np.int64)
@@ -125,7 +131,7 @@ class StepBatch:
             positions = np.arange(start, start + n, dtype=np.int64)
             row_block, row_slot = table_ids[positions // bs], positions % bs
         return cls([cache], [n], positions, np.array([0, n], dtype=np.int64),
-                   np.zeros(1, dtype=np.int64), table_ids, row_block, row_slot, [start])
+                   np.zeros(1, dtype=np.int64), table_ids, row_block, row_slot, [start], role)
 
     def wrote_layer(self, layer: int) -> None:
         """Every sequence's ``layer`` now holds its new rows."""

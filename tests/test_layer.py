@@ -120,3 +120,28 @@ def test_profiler_regions(rng):
     table = prof.table()
     assert "Block/Attention" in table and "calls" in table
     assert not hybrid.profile.enabled()
+
+
+@pytest.mark.parametrize("rows", [1, 3])
+def test_the_step_role_picks_the_kernels(rng, rows):
+    """A step's role (StepBatch.role) decides which projection kernels its rows take, with no
+    thread-local set by the caller: "prompt" rows give the bits of the GEMM path, "decode" rows
+    those of the mat-vec path, each the same as the layer's own forward under that role."""
+    cfg, w = _setup(rng)
+    for name in ("wq", "wk", "wv", "wo", "w_gate", "w_up", "w_down"):
+        setattr(w, name, hybrid.quantize(getattr(w, name), "q8_0"))
+    layer = hybrid.DecoderLayer(cfg, w)
+    x = rng.standard_normal((rows, cfg.hidden_size), dtype=np.float32)
+    got = {}
+    for role in ("prompt", "decode"):
+        cache = hybrid.PagedKVCache(1, cfg.num_kv_heads, cfg.head_dim, dtype="float32")
+        batch = hybrid.StepBatch.plan([(cache, rows)], role)
+        got[role] = layer.forward_step(x, batch)
+        batch.commit()
+        alone = hybrid.PagedKVCache(1, cfg.num_kv_heads, cfg.head_dim, dtype="float32")
+        with hybrid.kernel_role.rows_are(role):
+            np.testing.assert_array_equal(got[role], layer.forward(x, np.arange(rows), alone))
+    assert not np.array_equal(got["prompt"], got["decode"])  # the two kernels round apart
+    with pytest.raises(ValueError, match="row role must be one of"):
+        hybrid.StepBatch.plan([(hybrid.PagedKVCache(1, cfg.num_kv_heads, cfg.head_dim), 1)],
+                              "prefill")

@@ -160,9 +160,8 @@ class Model:
         caches share one) run as one ragged step through every layer (hybrid/step.py); caches
         with pools of their own run as one step each.  On error every cache is left as it
         was."""
-        if role != kernel_role.AUTO:
-            with kernel_role.rows_are(role):
-                return self.forward_step(items)
+        if role not in kernel_role.ROLES:
+            raise ValueError(f"row role must be one of {kernel_role.ROLES}, got {role!r}")
         caches = [c for c, _ in items]
         ids = [self.check_ids(t) for _, t in items]
         if not caches:
@@ -177,12 +176,13 @@ class Model:
         for i, c in enumerate(caches):
             pools.setdefault(id(c.pool), []).append(i)
         if len(pools) == 1:
-            return self._run_step(caches, ids)
+            return self._run_step(caches, ids, role)
         logits = np.empty((len(caches), self.vocab_size), dtype=np.float32)
         starts, done = [c.seq_len for c in caches], []
         try:
             for group in pools.values():
-                logits[group] = self._run_step([caches[i] for i in group], [ids[i] for i in group])
+                logits[group] = self._run_step([caches[i] for i in group],
+                                               [ids[i] for i in group], role)
                 done.extend(group)
         except BaseException:
             for i in done:
@@ -190,15 +190,17 @@ class Model:
             raise
         return logits
 
-    def _run_step(self, caches, ids) -> np.ndarray:
-        """One ragged step over caches of one pool: plan, every layer, commit (or roll back)."""
-        batch = StepBatch.plan([(c, t.size) for c, t in zip(caches, ids)])
+    def _run_step(self, caches, ids, role: str) -> np.ndarray:
+        """One ragged step over caches of one pool: plan, every layer, commit (or roll back).
+        The projections take the kernels of the step's role (hybrid/kernel_role.py)."""
+        batch = StepBatch.plan([(c, t.size) for c, t in zip(caches, ids)], role)
         x = self._embed(np.concatenate(ids))  # [T, hidden]
         try:
-            if not (self._all_cpu and batch.pool.on_cpu
-                    and decode_stack(self.layers, batch, x, self._stack_memo)):
-                x = self._through_layers(x, lambda layer, h, out: layer.forward_step(h, batch,
-                                                                                     out=out))
+            with kernel_role.rows_are(batch.role):
+                if not (self._all_cpu and batch.pool.on_cpu
+                        and decode_stack(self.layers, batch, x, self._stack_memo)):
+                    x = self._through_layers(x, lambda layer, h, out: layer.forward_step(
+                        h, batch, out=out))
         except BaseException:
             batch.rollback()
             raise
