@@ -15,7 +15,7 @@ from ..quant.tensor import QuantizedTensor
 from ..threads import get_num_threads
 
 try:
-    from . import attention, elementwise, quant
+    from . import attention, decode_step, elementwise, quant
 except ImportError as exc:  # the extension was not built (source checkout without build_ext)
     from ..registry import BackendUnavailable
 
@@ -142,7 +142,7 @@ def bind_linear_many(triples):
 class DecodeStep:
     """A quantized CPU layer's decode row in two native calls around the attention (prologue:
     norm, Q/K/V, QK-norm, RoPE; epilogue: O, residual, norm, gate/up, SwiGLU, down, residual),
-    bound to the layer's weights and scratch buffers once (quant.DecodeLayer holds the
+    bound to the layer's weights and scratch buffers once (decode_step.DecodeLayer holds the
     pointers).  Same kernels and order as the op-by-op path."""
 
     def __init__(self, cfg, w, bufs, inv_freq):
@@ -152,7 +152,7 @@ class DecodeStep:
         mats = [arg(w.wq, w.bq, bufs["q"]), arg(w.wk, w.bk, bufs["k"]), arg(w.wv, w.bv, bufs["v"]),
                 arg(w.wo, None, bufs["o"]), arg(w.w_gate, None, bufs["gate"]),
                 arg(w.w_up, None, bufs["up"]), arg(w.w_down, None, bufs["o"])]
-        self.native = quant.DecodeLayer(mats, w.attn_norm, w.mlp_norm, w.q_norm, w.k_norm,
+        self.native = decode_step.DecodeLayer(mats, w.attn_norm, w.mlp_norm, w.q_norm, w.k_norm,
                                         inv_freq, bufs["h"], bufs["o"], bufs["x1"],
                                         cfg.rms_norm_eps, cfg.rope_style == "neox",
                                         cfg.num_heads, cfg.num_kv_heads, cfg.head_dim)
@@ -206,7 +206,7 @@ def decode_stack(steps, batch, x, att, num_heads, scale):
     """One decode row (a one-row batch) through layers 0..len(steps)-1, each a DecodeStep, in
     one native call: x [1, hidden] in, the last layer's output written over it."""
     n = len(steps)
-    quant.decode_stack([s.native for s in steps], _step_plan(batch, num_heads, scale),
+    decode_step.decode_stack([s.native for s in steps], _step_plan(batch, num_heads, scale),
                        batch.pool.k_addr[:n], batch.pool.v_addr[:n], x, att,
                        int(batch.positions[0]), get_num_threads())
 

@@ -8,9 +8,8 @@ kernels themselves).
 from cython.parallel cimport parallel, prange, threadid
 from libc.stdint cimport int8_t, int32_t, int64_t, uint8_t
 from libc.stdlib cimport free, malloc
-from libc.string cimport memcmp, memset
+from libc.string cimport memset
 
-from hybrid._cpu.attention cimport RaggedStep
 
 cdef extern from "quant.h" nogil:
     enum: HY_Q_F32
@@ -52,7 +51,7 @@ cdef enum:
     # Below this many weight bytes a mat-vec runs on the calling thread: waking a team costs
     # more than streaming the matrix.
     PARALLEL_MIN_BYTES = 49152
-    # A mat-vec thread claims its share of the chunks in this many pieces (_matvec_claimed)...
+    # A mat-vec thread claims its share of the chunks in this many pieces (matvec_claimed)...
     PIECES_PER_SHARE = 8
     # ... of at least this many weight bytes.
     MIN_PIECE_BYTES = 262144
@@ -69,7 +68,7 @@ INTEGER_FORMATS = frozenset([3, 4, 5, 6, 7, 8, 9, 10])  # quantized with 8-bit a
 GEMM_F32 = bool(hy_gemm_f32_available())
 
 
-cdef long _check(int qtype, const uint8_t[:, ::1] w, Py_ssize_t n_in) except -1:
+cdef long check_weight(int qtype, const uint8_t[:, ::1] w, Py_ssize_t n_in) except -1:
     cdef int bv = hy_q_block_values(qtype)
     if bv == 0:
         raise ValueError(f"unknown weight format code {qtype}")
@@ -93,7 +92,7 @@ def decode_rows(int qtype,
                 float[:, ::1] out,           # OUT [r1 - r0, n_in] float32
                 int num_threads):
     """out[i] = the values of row r0 + i (decoded exactly as gguf.quants does)."""
-    _check(qtype, w, n_in)
+    check_weight(qtype, w, n_in)
     if not (0 <= r0 <= r1 <= w.shape[0]):
         raise ValueError(f"row range {r0}:{r1} outside 0:{w.shape[0]}")
     if out.shape[0] != r1 - r0 or out.shape[1] != n_in:
@@ -110,7 +109,7 @@ def gather_rows(int qtype,
                 const int64_t[::1] ids,      # IN  [k] row indices (checked)
                 float[:, ::1] out):          # OUT [k, n_in]
     """out[i] = the values of row ids[i] (embedding lookup)."""
-    _check(qtype, w, n_in)
+    check_weight(qtype, w, n_in)
     cdef Py_ssize_t i, k = ids.shape[0]
     if out.shape[0] != k or out.shape[1] != n_in:
         raise ValueError(f"out has shape {tuple(out.shape)[:2]}, expected {(k, n_in)}")
@@ -171,7 +170,7 @@ def gemm(int qtype,
     """out = x @ W.T (+ bias) for many rows (prefill): 8-bit activations times panels of weight
     rows decoded to 8-bit integers with a factor and an offset per 16 values."""
     cdef Py_ssize_t n_in = x.shape[1], rows = x.shape[0], n_out = w.shape[0]
-    _check(qtype, w, n_in)
+    check_weight(qtype, w, n_in)
     if qtype not in INTEGER_FORMATS:
         raise ValueError(f"gemm serves the integer formats, not code {qtype}")
     if out.shape[0] != rows or out.shape[1] != n_out:
@@ -231,28 +230,19 @@ def gemm(int qtype,
         free(qa); free(da); free(sa); free(a16); free(scratch)
 
 
-cdef struct _Mat:
-    int code
-    const uint8_t *w
-    long row_bytes
-    long n_out
-    const float *bias
-    float *out      # [rows, n_out]
-
-
 cdef inline bint _integer(int code) noexcept nogil:
     """Formats quantized with 8-bit activations (INTEGER_FORMATS)."""
     return 3 <= code <= 10
 
 
-cdef void _matvec_group(const _Mat *mats, int count, const float *x, long n_in, int rows,
-                        int8_t *qa, float *da, float *sa, float *s16, uint8_t *prep,
-                        int num_threads) noexcept nogil:
+cdef void matvec_group(const QuantMat *mats, int count, const float *x, long n_in, int rows,
+                       int8_t *qa, float *da, float *sa, float *s16, uint8_t *prep,
+                       int num_threads) noexcept nogil:
     """out_i = x @ W_i.T (+ bias_i) for `count` (<= 4) matrices reading the same x [rows, n_in]:
     x quantized once into qa/da/sa/s16 (rows * n_in, rows * n_in/32, the same, twice that) and,
     for the formats the stream kernel serves, laid out for it in prep (rows *
     hy_q_stream_bytes(n_in)), then the chunks of MATVEC_CHUNK rows of every matrix shared by
-    the threads (_matvec_claimed), or all on this thread when the matrices are small.  Each
+    the threads (matvec_claimed), or all on this thread when the matrices are small.  Each
     output row takes the same operations however the rows are shared."""
     cdef long first_chunk[5]
     cdef long total = 0, nb = n_in // 32
@@ -279,11 +269,11 @@ cdef void _matvec_group(const _Mat *mats, int count, const float *x, long n_in, 
                     num_threads)
 
 
-cdef void _matvec_claimed(const _Mat *mats, int count, const long *first_chunk, long total,
+cdef void _matvec_claimed(const QuantMat *mats, int count, const long *first_chunk, long total,
                           long n_in, int rows, const int8_t *qa, const float *da,
                           const float *sa, const float *s16, const uint8_t *prep,
                           const float *x, int nt) noexcept nogil:
-    """The C = first_chunk[count] chunks of _matvec_group's matrices (total bytes) over nt
+    """The C = first_chunk[count] chunks of matvec_group's matrices (total bytes) over nt
     threads.  Thread t owns the chunks [C*t/nt, C*(t+1)/nt) and claims them front to back in
     pieces from a counter of its own, so that it reads one forward stream, as a static split
     would; when its share is done it claims the pieces left in the other threads' shares.  On a
@@ -339,14 +329,14 @@ def matvec_many(list mats,                    # [(code, w [out_i, row_bytes_i] u
     cdef int k, nm = len(mats)
     if nm < 1 or nm > 4:
         raise ValueError(f"matvec_many takes 1..4 matrices, got {nm}")
-    cdef _Mat ms[4]
+    cdef QuantMat ms[4]
     cdef const uint8_t[:, ::1] w
     cdef float[:, ::1] o
     cdef bint integer = False
     for k in range(nm):
         code, w, bias, o = mats[k]
         ms[k].code = code
-        ms[k].row_bytes = _check(code, w, n_in)
+        ms[k].row_bytes = check_weight(code, w, n_in)
         ms[k].n_out = w.shape[0]
         if o.shape[0] != rows or o.shape[1] != ms[k].n_out:
             raise ValueError(f"out {k} has shape {tuple(o.shape)[:2]}, expected "
@@ -374,21 +364,13 @@ def matvec_many(list mats,                    # [(code, w [out_i, row_bytes_i] u
             raise MemoryError()
     try:
         with nogil:
-            _matvec_group(ms, nm, &x[0, 0], n_in, <int> rows, qa, da, sa, s16, prep, num_threads)
+            matvec_group(ms, nm, &x[0, 0], n_in, <int> rows, qa, da, sa, s16, prep, num_threads)
     finally:
         free(qa); free(da); free(sa); free(s16); free(prep)
 
 
-# ------------------------------------------------------------------ a quantized layer's decode step
-cdef extern from "rowops.h" nogil:
-    void hy_rmsnorm_row(const float *x, const float *weight, float eps, float *out, long dim)
-    void hy_rope_angles(int64_t position, const double *inv_freq, int half, float *cs, float *sn)
-    void hy_rope_apply(float *x, int num_heads, int head_dim, int neox, const float *cs,
-                       const float *sn)
-
 cdef extern from "simd.h" nogil:
     void *hy_alloc64(size_t n)
-    void hy_silu_mul(const float *g, const float *u, float *out, long n)
     float hy_dot_stream(const float *a, const float *b, long n)
 
 
@@ -418,12 +400,12 @@ def matvec_f32(const float[:, ::1] w,   # IN  [out, in] float32 weight rows
                int num_threads):
     """out = x @ W.T (+ bias) for float32 weights, each weight row streamed from memory once
     (prefetched) for all rows of x, the rows shared by the threads as the quantized formats'
-    (_matvec_group); every row's sums in the same order whatever the row or thread count."""
+    (matvec_group); every row's sums in the same order whatever the row or thread count."""
     cdef Py_ssize_t n = x.shape[1], rows = x.shape[0]
     cdef const float *bp = _f32_args(w, x, bias, out, "matvec_f32")
     if rows == 0 or w.shape[0] == 0 or n == 0:
         return
-    cdef _Mat m
+    cdef QuantMat m
     m.code = HY_Q_F32
     m.w = <const uint8_t *> &w[0, 0]
     m.row_bytes = n * sizeof(float)
@@ -431,7 +413,7 @@ def matvec_f32(const float[:, ::1] w,   # IN  [out, in] float32 weight rows
     m.bias = bp
     m.out = &out[0, 0]
     with nogil:
-        _matvec_group(&m, 1, &x[0, 0], n, <int> rows, NULL, NULL, NULL, NULL, NULL, num_threads)
+        matvec_group(&m, 1, &x[0, 0], n, <int> rows, NULL, NULL, NULL, NULL, NULL, num_threads)
 
 
 def gemm_f32(const float[:, ::1] w,   # IN  [out, in] float32 weight rows
@@ -454,211 +436,3 @@ def gemm_f32(const float[:, ::1] w,   # IN  [out, in] float32 weight rows
     for c in prange(nchunks, nogil=True, num_threads=num_threads, schedule="dynamic"):
         hy_gemm_f32_range(&x[0, 0], rows, &w[0, 0], n, c * GEMM_F32_CHUNK,
                           min((c + 1) * GEMM_F32_CHUNK, n_out), bp, &out[0, 0], ldo)
-
-
-cdef const float *_fptr(a) except? NULL:
-    """Address of a C-contiguous float32 array (None: NULL)."""
-    cdef const float[::1] v
-    if a is None:
-        return NULL
-    v = a.reshape(-1)
-    return &v[0]
-
-
-cdef class DecodeLayer:
-    """A quantized CPU layer's decode row bound once to its weights and scratch: the attention
-    block's prologue (RMSNorm, Q/K/V in one parallel region, QK-norm, RoPE) and the rest of the
-    layer (O, residual, RMSNorm, gate/up in one parallel region, SwiGLU, down, residual) as two
-    calls that run in C from start to end: weight pointers, shapes and the 8-bit activation
-    buffers are set up here, not per call.  The same kernels in the same order as the op-by-op
-    path (matvec_many and the row kernels), so both give the same bits."""
-    cdef object _keep
-    cdef _Mat mats[7]          # Q, K, V | O | gate, up | down
-    cdef long dim, inter, max_in, max_nb
-    cdef int H, KVH, D, neox
-    cdef float eps
-    cdef const float *attn_norm
-    cdef const float *mlp_norm
-    cdef const float *q_norm
-    cdef const float *k_norm
-    cdef const double *inv_freq
-    cdef float *h
-    cdef float *q
-    cdef float *k
-    cdef float *o
-    cdef float *x1
-    cdef float *gate
-    cdef float *up
-    cdef int8_t *qa
-    cdef float *da
-    cdef float *sa
-    cdef float *s16
-    cdef uint8_t *prep
-
-    def __cinit__(self):
-        self.qa = NULL
-        self.da = NULL
-        self.sa = NULL
-        self.s16 = NULL
-        self.prep = NULL
-
-    def __init__(self, list mats,     # 7 x (code, w [out, row_bytes] uint8, bias or None, out [1, out])
-                 attn_norm, mlp_norm, q_norm, k_norm,   # [dim], [dim], [D] or None x 2
-                 inv_freq,            # [D/2] float64 or None
-                 h, o, x1,            # scratch [1, dim]
-                 float eps, bint neox, int num_heads, int num_kv_heads, int head_dim):
-        cdef int i
-        cdef const uint8_t[:, ::1] w
-        cdef float[:, ::1] ov
-        cdef const double[::1] f
-        if len(mats) != 7:
-            raise ValueError("DecodeLayer takes the 7 projections Q, K, V, O, gate, up, down")
-        self._keep = (mats, attn_norm, mlp_norm, q_norm, k_norm, inv_freq, h, o, x1)
-        self.H, self.KVH, self.D, self.neox, self.eps = num_heads, num_kv_heads, head_dim, neox, eps
-        self.dim = attn_norm.shape[0]
-        self.inter = mats[4][1].shape[0]
-        ins = [self.dim, self.dim, self.dim, num_heads * head_dim, self.dim, self.dim, self.inter]
-        for i in range(7):
-            code, w, bias, out = mats[i]
-            self.mats[i].code = code
-            self.mats[i].row_bytes = _check(code, w, ins[i])
-            self.mats[i].n_out = w.shape[0]
-            self.mats[i].w = &w[0, 0]
-            ov = out  # float32, C-contiguous, or a TypeError / ValueError
-            if ov.shape[0] != 1 or ov.shape[1] != w.shape[0]:
-                raise ValueError(f"projection {i}: out must be [1, {w.shape[0]}]")
-            self.mats[i].out = &ov[0, 0]
-            if bias is not None and bias.shape != (w.shape[0],):
-                raise ValueError(f"projection {i}: bias must have {w.shape[0]} entries")
-            self.mats[i].bias = _fptr(bias)
-        if self.mats[0].n_out != num_heads * head_dim or self.mats[1].n_out != num_kv_heads * head_dim \
-                or self.mats[2].n_out != num_kv_heads * head_dim or self.mats[3].n_out != self.dim \
-                or self.mats[5].n_out != self.inter or self.mats[6].n_out != self.dim:
-            raise ValueError("DecodeLayer: projection shapes do not match the heads and widths")
-        if head_dim > 1024:
-            raise ValueError("DecodeLayer: head_dim <= 1024")
-        self.attn_norm, self.mlp_norm = _fptr(attn_norm), _fptr(mlp_norm)
-        self.q_norm, self.k_norm = _fptr(q_norm), _fptr(k_norm)
-        self.inv_freq = NULL
-        if inv_freq is not None:
-            f = inv_freq
-            self.inv_freq = &f[0]
-        self.h, self.o, self.x1 = <float *> _fptr(h), <float *> _fptr(o), <float *> _fptr(x1)
-        self.q, self.k = self.mats[0].out, self.mats[1].out
-        self.gate, self.up = self.mats[4].out, self.mats[5].out
-        self.max_in = max(ins)
-        self.max_nb = self.max_in // 32 + 1
-        self.qa = <int8_t *> hy_alloc64(self.max_in)
-        self.da = <float *> hy_alloc64(sizeof(float) * self.max_nb)
-        self.sa = <float *> hy_alloc64(sizeof(float) * self.max_nb)
-        self.s16 = <float *> hy_alloc64(sizeof(float) * 2 * self.max_nb)
-        self.prep = <uint8_t *> hy_alloc64(hy_q_stream_bytes(self.max_in) + 1)
-        if self.qa == NULL or self.da == NULL or self.sa == NULL or self.s16 == NULL \
-                or self.prep == NULL:
-            raise MemoryError()
-
-    def __dealloc__(self):
-        free(self.qa); free(self.da); free(self.sa); free(self.s16); free(self.prep)
-
-    cdef void _project(self, int first, int count, const float *x, long n_in,
-                       int num_threads) noexcept nogil:
-        """out_i = x @ W_i.T (+ bias_i) for mats [first, first+count): matvec_many for one row."""
-        _matvec_group(&self.mats[first], count, x, n_in, 1, self.qa, self.da, self.sa, self.s16,
-                      self.prep, num_threads)
-
-    def prologue(self, const float[:, ::1] x,   # IN  [1, hidden] the layer's input
-                 int64_t position, int num_threads):
-        """RMSNorm, Q/K/V, QK-norm, RoPE into the bound q, k, v buffers."""
-        if x.shape[0] != 1 or x.shape[1] != self.dim:
-            raise ValueError(f"decode prologue: x must be [1, {self.dim}], got {tuple(x.shape)[:2]}")
-        cdef float cs[512]
-        cdef float sn[512]
-        with nogil:
-            if self.inv_freq != NULL:
-                hy_rope_angles(position, self.inv_freq, self.D // 2, cs, sn)
-            self.prologue_c(&x[0, 0], cs, sn, num_threads)
-
-    cdef void prologue_c(self, const float *x, const float *cs, const float *sn,
-                         int num_threads) noexcept nogil:
-        """cs, sn [D/2]: the RoPE angles' cos/sin of the row's position (hy_rope_angles)."""
-        cdef int i, D = self.D
-        hy_rmsnorm_row(x, self.attn_norm, self.eps, self.h, self.dim)
-        self._project(0, 3, self.h, self.dim, num_threads)
-        if self.q_norm != NULL:
-            for i in range(self.H):
-                hy_rmsnorm_row(self.q + i * D, self.q_norm, self.eps, self.q + i * D, D)
-            for i in range(self.KVH):
-                hy_rmsnorm_row(self.k + i * D, self.k_norm, self.eps, self.k + i * D, D)
-        if self.inv_freq != NULL:
-            hy_rope_apply(self.q, self.H, D, self.neox, cs, sn)
-            hy_rope_apply(self.k, self.KVH, D, self.neox, cs, sn)
-
-    def epilogue(self, const float[:, ::1] att,   # IN  [1, H*D] attention output
-                 const float[:, ::1] x,           # IN  [1, hidden] the layer's input
-                 float[:, ::1] out,               # OUT [1, hidden] (may be x)
-                 int num_threads):
-        """O, residual, RMSNorm, gate/up, SwiGLU, down, residual into out."""
-        if att.shape[0] != 1 or att.shape[1] != self.H * self.D or x.shape[0] != 1 \
-                or x.shape[1] != self.dim or out.shape[0] != 1 or out.shape[1] != self.dim:
-            raise ValueError("decode epilogue: att [1, H*D], x and out [1, hidden]")
-        with nogil:
-            self.epilogue_c(&att[0, 0], &x[0, 0], &out[0, 0], num_threads)
-
-    cdef void epilogue_c(self, const float *att, const float *x, float *out,
-                         int num_threads) noexcept nogil:
-        cdef Py_ssize_t d, dim = self.dim
-        self._project(3, 1, att, self.H * self.D, num_threads)
-        for d in range(dim):
-            self.x1[d] = x[d] + self.o[d]
-        hy_rmsnorm_row(self.x1, self.mlp_norm, self.eps, self.h, dim)
-        self._project(4, 2, self.h, dim, num_threads)
-        hy_silu_mul(self.gate, self.up, self.gate, self.inter)
-        self._project(6, 1, self.gate, self.inter, num_threads)
-        for d in range(dim):
-            out[d] = self.x1[d] + self.o[d]
-
-
-def decode_stack(list layers,            # [L] DecodeLayer, in order
-                 RaggedStep plan,        # the step's attention (one decode row)
-                 list k_addrs, list v_addrs,   # [L] each layer's K / V block address tables
-                 float[:, ::1] x,        # IN/OUT [1, hidden]: the step's input, then its output
-                 float[:, ::1] att,      # scratch [1, H*D]
-                 int64_t position, int num_threads):
-    """One decode row through every layer of a quantized CPU stack without returning to Python:
-    per layer the prologue, the K/V write and attention of the planned step, the epilogue (the
-    same calls DecoderLayer.forward_step makes one by one, so the same bits).  The GIL is
-    released around each layer's work."""
-    cdef Py_ssize_t i, n = len(layers)
-    cdef DecodeLayer L
-    cdef const int64_t[::1] ka
-    cdef const int64_t[::1] va
-    cdef int failed = 0
-    if len(k_addrs) != n or len(v_addrs) != n:
-        raise ValueError("decode_stack: one K and one V address table per layer")
-    for i in range(n):  # every check before any layer runs: a bad argument changes nothing
-        L = layers[i]
-        if x.shape[0] != 1 or x.shape[1] != L.dim or att.shape[0] != 1 \
-                or att.shape[1] != L.H * L.D or plan.T != 1:
-            raise ValueError("decode_stack: x [1, hidden], att [1, H*D] and a one-row plan")
-        plan.check_tables(len(k_addrs[i]), len(v_addrs[i]))
-    # the RoPE angles once for the step: layers with the same frequencies share them
-    cdef float cs[512]
-    cdef float sn[512]
-    cdef const double *freq = NULL
-    cdef int half = 0
-    for i in range(n):
-        L = layers[i]
-        ka = k_addrs[i]
-        va = v_addrs[i]
-        with nogil:
-            if L.inv_freq != NULL and (freq == NULL or half != L.D // 2
-                                       or memcmp(freq, L.inv_freq, sizeof(double) * half) != 0):
-                freq, half = L.inv_freq, L.D // 2
-                hy_rope_angles(position, freq, half, cs, sn)
-            L.prologue_c(&x[0, 0], cs, sn, num_threads)
-            failed = plan.run(L.q, L.k, L.mats[2].out, &ka[0], &va[0], &att[0, 0])
-            if not failed:
-                L.epilogue_c(&att[0, 0], &x[0, 0], &x[0, 0], num_threads)
-        if failed:
-            raise MemoryError("paged attention: could not allocate per-thread scratch")
-

@@ -1,0 +1,15 @@
+# Shared with decode_step.pyx, whose layer decode step runs the same mat-vec groups from C.
+from libc.stdint cimport int8_t, uint8_t
+
+cdef struct QuantMat:
+    int code            # the format's kernel code (quant.h's HY_Q_*)
+    const uint8_t *w    # [n_out, row_bytes] encoded weight rows
+    long row_bytes
+    long n_out
+    const float *bias   # [n_out] or NULL
+    float *out          # [rows, n_out]
+
+cdef long check_weight(int qtype, const uint8_t[:, ::1] w, Py_ssize_t n_in) except -1
+cdef void matvec_group(const QuantMat *mats, int count, const float *x, long n_in, int rows,
+                       int8_t *qa, float *da, float *sa, float *s16, uint8_t *prep,
+                       int num_threads) noexcept nogil

@@ -1,0 +1,234 @@
+/* Build configuration of the quantized kernels (which ISA paths), format codes, block layouts,
+ * and row decoding exactly as gguf.quants decodes (the oracle).
+ * Part of quant.h, which includes the parts in order. */
+#ifndef HYBRID_QUANT_FORMATS_H
+#define HYBRID_QUANT_FORMATS_H
+
+#include <math.h>
+#include <stdint.h>
+#include <string.h>
+
+#include "simd.h"
+
+/* 8-bit dot products in one instruction (vpdpbusd) where the build targets AVX-512 VNNI (with VL)
+ * or AVX-VNNI: u8 x s8 products summed in 4s into int32, exactly what maddubs + madd give for our
+ * value ranges (no int16 saturation can occur), so results are identical to the AVX2 path.
+ * HYBRID_NO_VNNI=1 builds without it (CI tests both). */
+#if defined(HY_AVX2) && defined(__AVX512VNNI__) && defined(__AVX512VL__)
+#define HY_VNNI 1
+#define HY_DPBUSD(acc, u, s) _mm256_dpbusd_epi32((acc), (u), (s))
+#elif defined(HY_AVX2) && defined(__AVXVNNI__)
+#define HY_VNNI 1
+#define HY_DPBUSD(acc, u, s) _mm256_dpbusd_avx_epi32((acc), (u), (s))
+#endif
+
+/* The prefill GEMM runs panels of 32 weight rows, two 512-bit vectors of 16, where the build
+ * targets AVX-512 (F, BW) with VNNI, else 8 per 256-bit vector. */
+#if defined(HY_VNNI) && defined(__AVX512VNNI__) && defined(__AVX512F__) && defined(__AVX512BW__)
+#define HY_Q512 1
+#define HY_GEMM_P 32
+#else
+#define HY_GEMM_P 8
+#endif
+
+/* the instruction set the quantized kernels were built for (+vbmi: the streaming Q4_0/Q4_1/Q5_0/
+ * Q5_1 decode kernel, hy_q45_matvec_stream) */
+static inline const char *hy_q_simd(void) {
+#if defined(HY_Q512) && defined(__AVX512VBMI__)
+    return "avx512+vnni+vbmi";
+#elif defined(HY_Q512)
+    return "avx512+vnni";
+#elif defined(HY_VNNI)
+    return "avx2+vnni";
+#elif defined(HY_AVX2)
+    return "avx2";
+#else
+    return "portable";
+#endif
+}
+
+enum {
+    HY_Q_F16 = 1, HY_Q_BF16 = 2, HY_Q_Q8_0 = 3, HY_Q_Q4_0 = 4, HY_Q_Q4_1 = 5, HY_Q_Q5_0 = 6,
+    HY_Q_Q5_1 = 7, HY_Q_Q4_K = 8, HY_Q_Q5_K = 9, HY_Q_Q6_K = 10,
+    /* float32 rows: only for the mat-vec's own use (quant.pyx's matvec_f32), not a stored
+     * format (hy_q_block_values says 0: no weight array is accepted with this code) */
+    HY_Q_F32 = 11
+};
+
+static inline float hy_f16(const uint8_t *p) {
+    uint16_t h;
+    memcpy(&h, p, 2);
+#ifdef HY_F16C
+    return _cvtsh_ss(h);
+#else
+    return hy_half_to_float(h);
+#endif
+}
+
+static inline uint32_t hy_u32(const uint8_t *p) {
+    uint32_t v;
+    memcpy(&v, p, 4);
+    return v;
+}
+
+/* the 6-bit scale and min of sub-block j of a Q4_K/Q5_K super-block */
+static inline void hy_k4_scale_min(int j, const uint8_t *s, uint8_t *sc, uint8_t *m) {
+    if (j < 4) {
+        *sc = s[j] & 63;
+        *m = s[j + 4] & 63;
+    } else {
+        *sc = (s[j + 4] & 0x0F) | ((s[j - 4] >> 6) << 4);
+        *m = (s[j + 4] >> 4) | ((s[j] >> 6) << 4);
+    }
+}
+
+/* ================================================================== decoding (the oracle twins) */
+
+static inline void hy_decode_q8_0(const uint8_t *b, float *y) {
+    float d = hy_f16(b);
+    const int8_t *q = (const int8_t *)(b + 2);
+    for (int j = 0; j < 32; j++) y[j] = (float)q[j] * d;
+}
+
+static inline void hy_decode_q4_0(const uint8_t *b, float *y) {
+    float d = hy_f16(b);
+    const uint8_t *q = b + 2;
+    for (int j = 0; j < 16; j++) {
+        y[j] = d * (float)((q[j] & 0x0F) - 8);
+        y[j + 16] = d * (float)((q[j] >> 4) - 8);
+    }
+}
+
+static inline void hy_decode_q4_1(const uint8_t *b, float *y) {
+    float d = hy_f16(b), m = hy_f16(b + 2);
+    const uint8_t *q = b + 4;
+    for (int j = 0; j < 16; j++) {
+        y[j] = d * (float)(q[j] & 0x0F) + m;
+        y[j + 16] = d * (float)(q[j] >> 4) + m;
+    }
+}
+
+static inline void hy_decode_q5_0(const uint8_t *b, float *y) {
+    float d = hy_f16(b);
+    uint32_t qh = hy_u32(b + 2);
+    const uint8_t *q = b + 6;
+    for (int j = 0; j < 16; j++) {
+        int lo = (q[j] & 0x0F) | (((qh >> j) & 1) << 4);
+        int hi = (q[j] >> 4) | (((qh >> (j + 16)) & 1) << 4);
+        y[j] = d * (float)(lo - 16);
+        y[j + 16] = d * (float)(hi - 16);
+    }
+}
+
+static inline void hy_decode_q5_1(const uint8_t *b, float *y) {
+    float d = hy_f16(b), m = hy_f16(b + 2);
+    uint32_t qh = hy_u32(b + 4);
+    const uint8_t *q = b + 8;
+    for (int j = 0; j < 16; j++) {
+        int lo = (q[j] & 0x0F) | (((qh >> j) & 1) << 4);
+        int hi = (q[j] >> 4) | (((qh >> (j + 16)) & 1) << 4);
+        y[j] = d * (float)lo + m;
+        y[j + 16] = d * (float)hi + m;
+    }
+}
+
+static inline void hy_decode_q45_k(const uint8_t *b, float *y, int five) {
+    float d = hy_f16(b), dmin = hy_f16(b + 2);
+    const uint8_t *scales = b + 4;
+    const uint8_t *qh = b + 16;
+    const uint8_t *q = five ? b + 48 : b + 16;
+    for (int g = 0; g < 4; g++) {
+        for (int half = 0; half < 2; half++) {
+            int j = 2 * g + half;
+            uint8_t sc, mn;
+            hy_k4_scale_min(j, scales, &sc, &mn);
+            float ds = d * (float)sc, dm = dmin * (float)mn;
+            for (int l = 0; l < 32; l++) {
+                int n = half ? (q[32 * g + l] >> 4) : (q[32 * g + l] & 0x0F);
+                if (five) n |= ((qh[l] >> j) & 1) << 4;
+                y[32 * j + l] = ds * (float)n - dm;
+            }
+        }
+    }
+}
+
+static inline void hy_decode_q6_k(const uint8_t *b, float *y) {
+    const uint8_t *ql = b, *qh = b + 128;
+    const int8_t *sc = (const int8_t *)(b + 192);
+    float d = hy_f16(b + 208);
+    for (int n = 0; n < 2; n++) {
+        for (int l = 0; l < 32; l++) {
+            int q1 = ((ql[l] & 0x0F) | (((qh[l] >> 0) & 3) << 4)) - 32;
+            int q2 = ((ql[l + 32] & 0x0F) | (((qh[l] >> 2) & 3) << 4)) - 32;
+            int q3 = ((ql[l] >> 4) | (((qh[l] >> 4) & 3) << 4)) - 32;
+            int q4 = ((ql[l + 32] >> 4) | (((qh[l] >> 6) & 3) << 4)) - 32;
+            int is = l / 16;
+            y[l] = (d * (float)sc[is + 0]) * (float)q1;
+            y[l + 32] = (d * (float)sc[is + 2]) * (float)q2;
+            y[l + 64] = (d * (float)sc[is + 4]) * (float)q3;
+            y[l + 96] = (d * (float)sc[is + 6]) * (float)q4;
+        }
+        y += 128;
+        ql += 64;
+        qh += 32;
+        sc += 8;
+    }
+}
+
+/* Values per block and bytes per block of a format (0 for an unknown code). */
+static inline int hy_q_block_values(int type) {
+    switch (type) {
+    case HY_Q_F16: case HY_Q_BF16: return 1;
+    case HY_Q_Q8_0: case HY_Q_Q4_0: case HY_Q_Q4_1: case HY_Q_Q5_0: case HY_Q_Q5_1: return 32;
+    case HY_Q_Q4_K: case HY_Q_Q5_K: case HY_Q_Q6_K: return 256;
+    }
+    return 0;
+}
+
+static inline int hy_q_block_bytes(int type) {
+    switch (type) {
+    case HY_Q_F16: case HY_Q_BF16: return 2;
+    case HY_Q_Q8_0: return 34;
+    case HY_Q_Q4_0: return 18;
+    case HY_Q_Q4_1: return 20;
+    case HY_Q_Q5_0: return 22;
+    case HY_Q_Q5_1: return 24;
+    case HY_Q_Q4_K: return 144;
+    case HY_Q_Q5_K: return 176;
+    case HY_Q_Q6_K: return 210;
+    }
+    return 0;
+}
+
+/* y[0..n) = the n values of a row (n a multiple of the block size) */
+static inline void hy_q_decode_row(int type, const uint8_t *row, float *y, long n) {
+    long nb = n / hy_q_block_values(type);
+    int bb = hy_q_block_bytes(type);
+    long i;
+    switch (type) {
+    case HY_Q_F16:
+        hy_f16_to_f32((const uint16_t *)row, y, n);
+        return;
+    case HY_Q_BF16:
+        for (i = 0; i < n; i++) {
+            uint32_t bits = (uint32_t)((const uint16_t *)row)[i] << 16;
+            memcpy(y + i, &bits, 4);
+        }
+        return;
+    }
+    for (i = 0; i < nb; i++) {
+        const uint8_t *b = row + i * bb;
+        switch (type) {
+        case HY_Q_Q8_0: hy_decode_q8_0(b, y + 32 * i); break;
+        case HY_Q_Q4_0: hy_decode_q4_0(b, y + 32 * i); break;
+        case HY_Q_Q4_1: hy_decode_q4_1(b, y + 32 * i); break;
+        case HY_Q_Q5_0: hy_decode_q5_0(b, y + 32 * i); break;
+        case HY_Q_Q5_1: hy_decode_q5_1(b, y + 32 * i); break;
+        case HY_Q_Q4_K: hy_decode_q45_k(b, y + 256 * i, 0); break;
+        case HY_Q_Q5_K: hy_decode_q45_k(b, y + 256 * i, 1); break;
+        case HY_Q_Q6_K: hy_decode_q6_k(b, y + 256 * i); break;
+        }
+    }
+}
+
+#endif

@@ -1,0 +1,236 @@
+/* The mat-vec dispatcher: which kernel serves a range of weight rows for R activation rows,
+ * chosen by format and build.
+ * Part of quant.h, which includes the parts in order. */
+#ifndef HYBRID_QUANT_MATVEC_H
+#define HYBRID_QUANT_MATVEC_H
+
+/* One weight row of `n` values times one activation row: qa/da/sa for the integer formats,
+ * x (float32) for F16/BF16. */
+static inline float hy_q_dot(int type, const uint8_t *w, long n, const int8_t *qa, const float *da,
+                             const float *sa, const float *s16, const float *x) {
+    switch (type) {
+    case HY_Q_F16: return hy_dot_half(w, n, x, 0);
+    case HY_Q_BF16: return hy_dot_half(w, n, x, 1);
+    case HY_Q_Q8_0: return hy_dot_q8_0(w, n / 32, qa, da);
+    case HY_Q_Q4_0: return hy_dot_q4q5(w, n / 32, qa, da, sa, 0, 0);
+    case HY_Q_Q4_1: return hy_dot_q4q5(w, n / 32, qa, da, sa, 0, 1);
+    case HY_Q_Q5_0: return hy_dot_q4q5(w, n / 32, qa, da, sa, 1, 0);
+    case HY_Q_Q5_1: return hy_dot_q4q5(w, n / 32, qa, da, sa, 1, 1);
+    case HY_Q_Q4_K: return hy_dot_q45_k(w, n / 256, qa, da, sa, 0);
+    case HY_Q_Q5_K: return hy_dot_q45_k(w, n / 256, qa, da, sa, 1);
+    case HY_Q_Q6_K: return hy_dot_q6_k(w, n / 256, qa, da, s16);
+    case HY_Q_F32: return hy_dot_stream((const float *)w, x, n);
+    }
+    return NAN;
+}
+
+/* The stream kernel's activations (hy_q45_prep), for the formats it serves: bytes per activation
+ * row of n values (0 where the build has no stream kernel), whether `type` reads them, and the
+ * preparation of one row. */
+static inline long hy_q_stream_bytes(long n) {
+#if defined(HY_Q45_STREAM)
+    return hy_q45_prep_bytes(n);
+#else
+    (void)n;
+    return 0;
+#endif
+}
+
+static inline int hy_q_uses_stream(int type) {
+#if defined(HY_Q45_STREAM)
+    return hy_q45_rows16(type);  /* its rows past whole groups of 16, for several activation rows */
+#else
+    (void)type;
+    return 0;
+#endif
+}
+
+static inline void hy_q_stream_acts(const int8_t *qa, const float *da, const float *sa, long n,
+                                    uint8_t *prep) {
+#if defined(HY_Q45_STREAM)
+    hy_q45_prep(qa, da, sa, n / 32, prep);
+#else
+    (void)qa, (void)da, (void)sa, (void)n, (void)prep;
+#endif
+}
+
+/* out[r*ldo + o] = row o of w . activation row r (+ bias[o]) for o in [o0, o1), r < rows.
+ * Each weight row is read from memory once and used for every activation row. */
+static inline void hy_q_matvec_range(int type, const uint8_t *w, long row_bytes, long n, long o0,
+                                     long o1, int rows, const int8_t *qa, const float *da,
+                                     const float *sa, const float *s16, const uint8_t *prep,
+                                     const float *x, const float *bias, float *out, long ldo) {
+    const long nb = n / 32;
+    const int multi = type == HY_Q_Q8_0 || type == HY_Q_Q4_0 || type == HY_Q_Q4_1 ||
+                      type == HY_Q_Q5_0 || type == HY_Q_Q5_1;
+    long o = o0;
+#if defined(HY_Q512)
+    const int five = type == HY_Q_Q5_0 || type == HY_Q_Q5_1;
+    const int rows16 = hy_q45_rows16(type);
+    /* Q8_0 takes the 16-row kernel only where 16 rows are a short span (12 KiB: up to 704
+     * values per row), read as one stream; on wider rows it read memory slower than one row at
+     * a time (2 threads, from memory: 37-41 against 49-57 GB/s at 1536 and 2048 wide, while at
+     * 576 wide it was 47-53 against 33-44), and one row's cheap integer work is no bottleneck.
+     * The choice depends on the matrix only, never on the number of activation rows. */
+    const int q8_rows16 = type == HY_Q_Q8_0 && 16 * row_bytes <= 12288;
+#if defined(HY_Q45_STREAM)
+    const int stream = hy_q_uses_stream(type);
+    if (stream && prep != NULL) {
+        hy_q45_plan pl;
+        hy_q45_plan_init(&pl, five, type == HY_Q_Q4_1 || type == HY_Q_Q5_1);
+        const long pstride = hy_q45_prep_bytes(n);
+        if (rows <= 4) {
+            /* four weight rows per pass, one from each quarter of the range: each quarter is one
+             * forward stream through consecutive rows (prefetches running past a row's end fetch
+             * the next row read); then the rows past the quarters.  Up to four activation rows
+             * this kernel is the faster (2 threads, 4096x4096 Q4_0 in cache, 2/3/4 rows:
+             * 142/190/236 us against the 16-row kernel's 207/248/286); at 8 rows the 16-row
+             * kernel is 10-20% faster. */
+            const long q = (o1 - o) / 4;
+            for (long k = 0; k < q + (o1 - o - 4 * q); k++) {
+                const int W = k < q ? 4 : 1;
+                const long i = k < q ? o + k : o + 3 * q + k;  /* its first weight row */
+                const long wstep = k < q ? q * row_bytes : 0, ostep = k < q ? q : 0;
+#define HY_RS(R) case R: \
+                if (W == 4) hy_q45_matvec_stream(&pl, w + i * row_bytes, wstep, 4, nb, R, prep, pstride, out + i, ostep, ldo); \
+                else hy_q45_matvec_stream(&pl, w + i * row_bytes, 0, 1, nb, R, prep, pstride, out + i, 0, ldo); \
+                break;
+                switch (rows) { HY_RS(1) HY_RS(2) HY_RS(3) HY_RS(4) }
+#undef HY_RS
+            }
+            if (bias)
+                for (int r = 0; r < rows; r++)
+                    for (long i = o; i < o1; i++) out[r * ldo + i] += bias[i];
+            return;
+        }
+        /* more activation rows: the 16-row kernel below (the same bits) takes the whole groups
+         * of 16 rows, reading the activations once per group; this one the rows past them */
+        const long end = o + (o1 - o) / 16 * 16;
+        for (long i = end; i < o1; i++) {
+            for (int r = 0; r < rows; r += HY_MR) {
+                const int left = rows - r < HY_MR ? rows - r : HY_MR;
+#define HY_RS(R) case R: hy_q45_matvec_stream(&pl, w + i * row_bytes, 0, 1, nb, R, prep + r * pstride, pstride, out + r * ldo + i, 0, ldo); break;
+                switch (left) { HY_R_CASES(HY_RS) }
+#undef HY_RS
+            }
+            if (bias)
+                for (int r = 0; r < rows; r++) out[r * ldo + i] += bias[i];
+        }
+        o1 = end;
+    }
+#endif
+    if ((rows16 || q8_rows16) && qa != NULL) {  /* 16 weight rows per pass */
+        const int mn = type == HY_Q_Q4_1 || type == HY_Q_Q5_1;
+        for (; o + 16 <= o1; o += 16) {
+            int r = 0;
+            /* activation rows HY_MR at a time, then the rest in one pass (R a constant in each
+             * case, so the sums stay in registers) */
+            while (r < rows) {
+                const int left = rows - r < HY_MR ? rows - r : HY_MR;
+                const uint8_t *wo = w + o * row_bytes;
+                const int8_t *q = qa + r * n;
+                const float *d = da + r * nb, *sb = sa + r * nb;
+                float *y = out + r * ldo + o;
+#define HY_R16(R) case R: \
+                    if (type == HY_Q_Q8_0) hy_q8_matvec16(wo, row_bytes, nb, R, q, d, sb, y, ldo); \
+                    else hy_q45_matvec16(wo, row_bytes, nb, R, q, d, sb, five, mn, y, ldo); \
+                    break;
+                switch (left) { HY_R_CASES(HY_R16) }
+#undef HY_R16
+                r += left;
+            }
+            if (bias)
+                for (r = 0; r < rows; r++)
+                    for (int i = 0; i < 16; i++) out[r * ldo + o + i] += bias[o + i];
+        }
+    }
+    /* Q4_K / Q5_K / Q6_K: two weight rows per pass share the activations' loads and
+     * arrangement; each row takes the operations of a single row (the same bits), and the
+     * odd row left over takes the one-row path.  In L2, one core (Zen 4), 512x2048 and
+     * 128x8192: Q4_K 12.7-16.4 -> 16.8-21.2 GB/s, Q6_K 14.4-16.1 -> 17.0-21.7 (with the vector
+     * activation quantization); four rows per pass measured the same as two. */
+    if ((type == HY_Q_Q4_K || type == HY_Q_Q5_K || type == HY_Q_Q6_K) && qa != NULL) {
+        const int pf_l2 = hy_q_kquant_pf_l2(n);
+        for (; o + 2 <= o1; o += 2)
+            for (int r = 0; r < rows; r++) {
+                float v[2];
+                if (type == HY_Q_Q6_K)
+                    hy_dot_q6_k_512_rows(w + o * row_bytes, row_bytes, 2, n / 256, qa + r * n,
+                                         da + r * nb, s16 + 2 * r * nb, v);
+                else if (type == HY_Q_Q5_K)  /* (five a constant in each call) */
+                    hy_dot_q45_k_512_rows(w + o * row_bytes, row_bytes, 2, n / 256, qa + r * n,
+                                          da + r * nb, sa + r * nb, 1, pf_l2, v);
+                else
+                    hy_dot_q45_k_512_rows(w + o * row_bytes, row_bytes, 2, n / 256, qa + r * n,
+                                          da + r * nb, sa + r * nb, 0, pf_l2, v);
+                for (int i = 0; i < 2; i++) out[r * ldo + o + i] = v[i] + (bias ? bias[o + i] : 0.0f);
+            }
+    }
+#endif
+#if defined(HY_HALF512)
+    /* F16 / BF16: four weight rows per pass share the loads of x (hy_half_rows) */
+    if ((type == HY_Q_F16 || type == HY_Q_BF16) && x != NULL) {
+        for (; o + 4 <= o1; o += 4)
+            for (int r = 0; r < rows; r++) {
+                float v[4];
+                if (type == HY_Q_BF16) hy_half_rows(w + o * row_bytes, row_bytes, 4, n, x + r * n, 1, v);
+                else hy_half_rows(w + o * row_bytes, row_bytes, 4, n, x + r * n, 0, v);
+                for (int i = 0; i < 4; i++) out[r * ldo + o + i] = v[i] + (bias ? bias[o + i] : 0.0f);
+            }
+    }
+#endif
+#if defined(HY_AVX2) && !defined(HY_Q512)
+    /* Q4_0 / Q4_1 / Q5_0 / Q5_1: 8 weight rows per pass, every row (hy_q45_matvec8) */
+    if ((type == HY_Q_Q4_0 || type == HY_Q_Q4_1 || type == HY_Q_Q5_0 || type == HY_Q_Q5_1)
+        && qa != NULL) {
+        const int mn = type == HY_Q_Q4_1 || type == HY_Q_Q5_1;
+        const int five = type == HY_Q_Q5_0 || type == HY_Q_Q5_1;
+        for (; o < o1; o += 8) {
+            const int W = o1 - o < 8 ? (int)(o1 - o) : 8;
+            for (int r = 0; r < rows; r += HY_MR) {
+                const int left = rows - r < HY_MR ? rows - r : HY_MR;
+#define HY_R8(R) case R:  /* (five a constant in each call) */ \
+                    if (five) hy_q45_matvec8(w + o * row_bytes, row_bytes, W, nb, R, qa + r * n, \
+                                             da + r * nb, sa + r * nb, 1, mn, out + r * ldo + o, ldo); \
+                    else hy_q45_matvec8(w + o * row_bytes, row_bytes, W, nb, R, qa + r * n, \
+                                        da + r * nb, sa + r * nb, 0, mn, out + r * ldo + o, ldo); \
+                    break;
+                switch (left) { HY_R_CASES(HY_R8) }
+#undef HY_R8
+            }
+            if (bias)
+                for (int r = 0; r < rows; r++)
+                    for (int i = 0; i < W; i++) out[r * ldo + o + i] += bias[o + i];
+        }
+        return;
+    }
+#endif
+    for (; o < o1; o++) {
+        const uint8_t *wr = w + o * row_bytes;
+        float bo = bias ? bias[o] : 0.0f;
+        int r = 0;
+        if (multi) {  /* HY_MR activation rows per pass over the weight row */
+            for (; r + HY_MR <= rows; r += HY_MR) {
+                float v[HY_MR];
+                const int8_t *q = qa + r * n;
+                const float *d = da + r * nb, *sb = sa + r * nb;
+                switch (type) {
+                case HY_Q_Q8_0: hy_dot_q8_0_rows(wr, nb, HY_MR, q, d, v); break;
+                case HY_Q_Q4_0: hy_dot_q4q5_rows(wr, nb, HY_MR, q, d, sb, 0, 0, v); break;
+                case HY_Q_Q4_1: hy_dot_q4q5_rows(wr, nb, HY_MR, q, d, sb, 0, 1, v); break;
+                case HY_Q_Q5_0: hy_dot_q4q5_rows(wr, nb, HY_MR, q, d, sb, 1, 0, v); break;
+                default: hy_dot_q4q5_rows(wr, nb, HY_MR, q, d, sb, 1, 1, v); break;
+                }
+                for (int i = 0; i < HY_MR; i++) out[(r + i) * ldo + o] = v[i] + bo;
+            }
+        }
+        for (; r < rows; r++) {
+            float v = hy_q_dot(type, wr, n, qa ? qa + r * n : NULL, da ? da + r * nb : NULL,
+                               sa ? sa + r * nb : NULL, s16 ? s16 + 2 * r * nb : NULL,
+                               x ? x + r * n : NULL);
+            out[r * ldo + o] = v + bo;
+        }
+    }
+}
+
+#endif
