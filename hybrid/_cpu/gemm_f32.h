@@ -10,8 +10,8 @@
  * however many rows of x there are (rows and weights left over at the edges run narrower tiles of
  * the same instructions), so a row's result does not depend on the batch.
  *
- * Why: the NumPy wheels' OpenBLAS runs its Haswell (AVX2) kernel on AVX-512 machines; measured on
- * a Zen 5-class core, 2 threads, SmolLM2's 256 x 576 x 1536: 225-243 GFLOP/s for OpenBLAS.
+ * Why: the NumPy wheels' OpenBLAS runs its Haswell (AVX2) kernel on AVX-512 machines, and this
+ * GEMM is faster there (bench_layer.py and bench_generate.py measure both).
  * Where the build has no AVX-512, hy_gemm_f32_available() is 0 and BLAS keeps the job.
  */
 #ifndef HYBRID_GEMM_F32_H

@@ -32,8 +32,8 @@ static inline void hy_q_act(const float *x, long n, int8_t *qa, float *da, float
     /* The vector paths take the same steps as the scalar loop below and give the same bytes:
      * vmaxps(|x|, m) keeps m where x is NaN, as fmaxf does; rounding to nearest even under the
      * default mode is nearbyintf; a NaN or out-of-range product converts to INT_MIN, as the
-     * scalar cast does here, and is clamped alike.  (The scalar loop called libm's fmaxf for
-     * every value: 2.5 ns per value, as long as some matrices' whole mat-vec.) */
+     * scalar cast does here, and is clamped alike.  (The scalar loop calls libm's fmaxf for
+     * every value, which costs as much as a small matrix's whole mat-vec.) */
 #if defined(__AVX512F__) && defined(__AVX512BW__)
     for (; b < n / 32; b++) {
         const __m512 x0 = _mm512_loadu_ps(x + 32 * b), x1 = _mm512_loadu_ps(x + 32 * b + 16);

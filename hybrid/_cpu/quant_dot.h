@@ -39,13 +39,13 @@ static inline __m256i hy_bit4_from_bits(uint32_t bits) {
 }
 
 /* software prefetch this far ahead of a weight stream: bandwidth x latency of one core's share
- * (one Q8_0 stream from memory, single core: 32 GB/s at 768 bytes ahead, 47 at 6 KiB, 55 at
- * 12 KiB; prefetches past a matrix's end are harmless) */
+ * (shorter distances leave one stream below the memory's rate; prefetches past a matrix's end
+ * are harmless) */
 #define HY_PREFETCH_AHEAD 12288
 #define HY_PREFETCH(p) _mm_prefetch((const char *)(p) + HY_PREFETCH_AHEAD, _MM_HINT_T0)
-/* the same into L2 only: the 512-bit Q6_K kernel reads memory faster so (Zen 4, 2 threads, from
- * memory, three alternating runs: 2048x2048 22-27 -> 27-28 GB/s, 2048x8192 25-28 -> 31, 49152x2048
- * 28 -> 29-29.5); Q8_0 read 20-40% slower so, the other formats the same */
+/* the same into L2 only, for kernels whose working set leaves L1 too little room for the
+ * prefetched lines (the 512-bit Q6_K and K-quant kernels; Q8_0's single-row kernel is slower
+ * so) */
 #define HY_PREFETCH_L2(p) _mm_prefetch((const char *)(p) + HY_PREFETCH_AHEAD, _MM_HINT_T1)
 #define HY_LOADA(i) _mm256_loadu_si256((const __m256i *)(qa + 32 * (i)))
 #endif
@@ -153,7 +153,7 @@ hy_dot_q4q5_rows(const uint8_t *w, long nb, const int R, const int8_t *qa, const
     long b = 0;
     float sum[HY_MR], msum[HY_MR];
     for (int r = 0; r < HY_MR; r++) sum[r] = msum[r] = 0.0f;
-#ifdef HY_AVX2  /* (a 512-bit two-block version measured 9% slower here) */
+#ifdef HY_AVX2  /* 256-bit: a 512-bit two-block version is slower */
     /* two blocks per step: even blocks into acc0 and msum, odd ones into acc1 and msum1, so no
      * sum waits on the one before it (one block per step, with a branch choosing the
      * accumulator and one chain of offsets, ran 11 cycles per block on a Zen 4 core) */
@@ -260,8 +260,8 @@ hy_q45_matvec8(const uint8_t *w, long row_bytes, int W, long nb, const int R, co
     for (int i = 0; i < 8; i++) row[i] = w + (i < W ? i : W - 1) * row_bytes;
     __m256 acc[HY_MR], off[HY_MR];
     for (int r = 0; r < R; r++) acc[r] = off[r] = _mm256_setzero_ps();
-    /* two groups ahead, front to back, into L2 (as hy_q45_matvec16): from memory, 2 threads,
-     * the 1B-shaped Q4_0 model's weights in turn read 20-23 GB/s so, 13-18 prefetched into L1 */
+    /* two groups ahead, front to back, into L2 (as hy_q45_matvec16): eight rows' streams
+     * prefetched into L1 would evict lines before they are read */
     const uint8_t *pf = w + 16 * row_bytes;
     const int pf_lines = (int)((8 * row_bytes / 64 + nb - 1) / nb);
     for (long b = 0; b < nb; b++) {
@@ -363,10 +363,8 @@ static inline __m256 hy_k4_factors(const uint8_t *blk, const float *da, const fl
 #if defined(HY_Q512)
 /* Whether the Q4_K / Q5_K two-row kernel prefetches into L2 rather than L1, for rows of n
  * values: where one activation row (n bytes and two floats per 32) and the 12 KiB prefetch
- * window pass 3/4 of the L1D, lines prefetched into L1 were evicted before their use.  Zen 4
- * (32 KiB L1D), 2 threads, from memory, three alternating runs: Q4_K 4096x14336 (Llama-3-8B's
- * down projection) 21-23 -> 30-33 GB/s, Q5_K 23-26 -> 29-35; 4096- and 8192-wide rows stay in
- * L1 (the same or slightly faster so). */
+ * window pass 3/4 of the L1D, lines prefetched into L1 would be evicted before their use
+ * (a 32 KiB L1D with wide rows such as a down projection's); narrower rows keep L1. */
 static inline int hy_q_kquant_pf_l2(long n) {
     return n + n / 4 + HY_PREFETCH_AHEAD > hy_l1d_bytes() * 3 / 4;
 }
@@ -393,8 +391,7 @@ hy_dot_q45_k_512_rows(const uint8_t *w, long wstep, const int W, long nsb, const
         for (int i = 0; i < W; i++) {
             const uint8_t *blk = w + i * wstep + bb * s;
             /* the W rows' bytes are one span: prefetch it front to back, W blocks per step, so
-             * memory sees one forward stream (prefetching each row ahead of its own cursor read
-             * 25-35% slower from memory, 2 threads) */
+             * memory sees one forward stream (not W streams, one ahead of each row's cursor) */
             const uint8_t *pf = w + bb * (W * s + i);
             if (pf_l2) {  /* (see hy_q_kquant_pf_l2) */
                 HY_PREFETCH_L2(pf);
@@ -517,8 +514,7 @@ static float hy_dot_q45_k(const uint8_t *w, long nsb, const int8_t *qa, const fl
 /* Q6_K with 512-bit vectors: the two 128-value halves of a super-block side by side (half n in
  * 256-bit lane n), so each step serves 64 values.  Unlike the AVX2 scheme below, the integer
  * sums (vpdpbusd, 4 values per lane) carry no scale: each lane's factor d * scale * da is one
- * float product (d * scale exact), which took one core in cache from 22.5 to 25.4 GB/s (Zen 4,
- * 1024x4096, alternating builds; 2 threads 43 -> 45-47) against maddubs + scale shuffle + madd.
+ * float product (d * scale exact), cheaper than maddubs + scale shuffle + madd.
  * W (<= 2) weight rows share a pass as in hy_dot_q45_k_512_rows. */
 static inline __attribute__((always_inline)) void
 hy_dot_q6_k_512_rows(const uint8_t *w, long wstep, const int W, long nsb, const int8_t *qa,

@@ -330,9 +330,7 @@ static inline __attribute__((always_inline)) void hy_q_gemm_tile(const int RB, c
 /* hy_q_gemm_tile with the format's constants as compile-time constants.  Both are always
  * inlined: left to the compiler's inlining heuristics, the tile was emitted out of line in a few
  * generic copies where RB and the format flags were run-time values (register arrays on the
- * stack); always inlined, every (rows, format) case is its own specialised loop (2 threads,
- * 256-token prefill, alternating runs: 1B-shaped Q4_0 740-985 -> 1129-1404 tok/s, SmolLM2
- * Q4_0 934-1195 -> 1462-1840, SmolLM2 Q8_0 1057-1376 -> 1469-2019). */
+ * stack); always inlined, every (rows, format) case is its own specialised loop. */
 static inline __attribute__((always_inline)) void hy_q_gemm_rows(const int RB, int type, long nb, const int8_t *qa,
                                   const float *da, const float *sa, const int32_t *a16,
                                   const uint8_t *vi, const float *cT, const float *mT, float *out,

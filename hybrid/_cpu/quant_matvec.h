@@ -68,10 +68,9 @@ static inline void hy_q_matvec_range(int type, const uint8_t *w, long row_bytes,
     const int five = type == HY_Q_Q5_0 || type == HY_Q_Q5_1;
     const int rows16 = hy_q45_rows16(type);
     /* Q8_0 takes the 16-row kernel only where 16 rows are a short span (12 KiB: up to 704
-     * values per row), read as one stream; on wider rows it read memory slower than one row at
-     * a time (2 threads, from memory: 37-41 against 49-57 GB/s at 1536 and 2048 wide, while at
-     * 576 wide it was 47-53 against 33-44), and one row's cheap integer work is no bottleneck.
-     * The choice depends on the matrix only, never on the number of activation rows. */
+     * values per row), read as one stream; on wider rows one row at a time reads memory
+     * faster, and one row's cheap integer work is no bottleneck.  The choice depends on the
+     * matrix only, never on the number of activation rows. */
     const int q8_rows16 = type == HY_Q_Q8_0 && 16 * row_bytes <= 12288;
 #if defined(HY_Q45_STREAM)
     const int stream = hy_q_uses_stream(type);
@@ -83,9 +82,7 @@ static inline void hy_q_matvec_range(int type, const uint8_t *w, long row_bytes,
             /* four weight rows per pass, one from each quarter of the range: each quarter is one
              * forward stream through consecutive rows (prefetches running past a row's end fetch
              * the next row read); then the rows past the quarters.  Up to four activation rows
-             * this kernel is the faster (2 threads, 4096x4096 Q4_0 in cache, 2/3/4 rows:
-             * 142/190/236 us against the 16-row kernel's 207/248/286); at 8 rows the 16-row
-             * kernel is 10-20% faster. */
+             * this kernel is the faster one; with more, the 16-row kernel. */
             const long q = (o1 - o) / 4;
             for (long k = 0; k < q + (o1 - o - 4 * q); k++) {
                 const int W = k < q ? 4 : 1;
@@ -146,9 +143,7 @@ static inline void hy_q_matvec_range(int type, const uint8_t *w, long row_bytes,
     }
     /* Q4_K / Q5_K / Q6_K: two weight rows per pass share the activations' loads and
      * arrangement; each row takes the operations of a single row (the same bits), and the
-     * odd row left over takes the one-row path.  In L2, one core (Zen 4), 512x2048 and
-     * 128x8192: Q4_K 12.7-16.4 -> 16.8-21.2 GB/s, Q6_K 14.4-16.1 -> 17.0-21.7 (with the vector
-     * activation quantization); four rows per pass measured the same as two. */
+     * odd row left over takes the one-row path (four rows per pass gain nothing over two). */
     if ((type == HY_Q_Q4_K || type == HY_Q_Q5_K || type == HY_Q_Q6_K) && qa != NULL) {
         const int pf_l2 = hy_q_kquant_pf_l2(n);
         for (; o + 2 <= o1; o += 2)

@@ -7,16 +7,14 @@
 #if defined(HY_Q512)
 /* The 16-row mat-vecs prefetch the group after the next into L2, not L1: that group, the next
  * and the one being read are three times 16 rows (30 KB at 576 values per Q8_0 row), more than
- * fits beside everything else in a 32 KB L1 (Zen 4; the Zen 5-class core's is 48 KB), so
- * prefetched lines were evicted before they were read.  Zen 4, 2 threads, from memory, one
- * activation row, Q8_0: 49152x576 (SmolLM2's LM head) 18 -> 38-40 GB/s, 1536x576 15 -> 22;
- * the same bits. */
+ * fits beside everything else in a 32 KB L1, so lines prefetched there would be evicted before
+ * they are read. */
 #define HY_ROWS16_PF_HINT _MM_HINT_T1
 
 /* Shared by the 16-row mat-vecs: the first 16 bytes of the 16 rows' blocks (row i at
  * blk + i*row_bytes), four rows per register, then dwords 0 and 1 of every row as lanes:
  * dw0 lane i = dword 0 of row i, dw1 the same for dword 1 (NULL: not wanted).  128-bit loads and
- * permutes measured faster than gathers. */
+ * permutes rather than gathers, which are slower. */
 static inline __attribute__((always_inline)) __m512i hy16_header(const uint8_t *blk, long row_bytes,
                                                                  __m512i *dw1) {
     const __m512i pick01 = _mm512_set_epi32(29, 25, 21, 17, 13, 9, 5, 1, 28, 24, 20, 16, 12, 8, 4, 0);
@@ -77,9 +75,8 @@ static inline int hy_q45_rows16(int type) {
  * the block's float work (scale, offset) is one vector operation for the 16 rows instead of
  * scalar work per row.  Q5's fifth bits come from the 16 rows' 32-bit high-bit words: one
  * vpshufbitqmb (AVX512_BITALG) per register picks each byte's bit, and a masked add puts 16 in.
- * The block headers come in with 128-bit loads and the same permutes (gathers measured slower:
- * 0.56 -> 0.50 ns per block and row for Q4_0, single core, in cache).  Per activation row the
- * operations do not depend on R. */
+ * The block headers come in with 128-bit loads and the same permutes (not gathers, which are
+ * slower).  Per activation row the operations do not depend on R. */
 static inline __attribute__((always_inline)) void
 hy_q45_matvec16(const uint8_t *w, long row_bytes, long nb, const int R, const int8_t *qa,
                 const float *da, const float *sa, const int five, const int with_min, float *out,
@@ -112,8 +109,7 @@ hy_q45_matvec16(const uint8_t *w, long row_bytes, long nb, const int R, const in
     for (long b = 0; b < nb; b++) {
         const uint8_t *blk = w + bb * b;
         /* the 16 rows after the next, front to back, spread over this group's blocks: one
-         * forward stream for the prefetchers instead of 16 interleaved ones (from memory,
-         * single core: 19 GB/s for per-row prefetches, 33-35 GB/s this way) */
+         * forward stream for the prefetchers instead of 16 interleaved ones */
         for (int l = 0; l < pf_lines; l++, pf += 64) _mm_prefetch((const char *)pf, HY_ROWS16_PF_HINT);
         /* 16 rows' 16 nibble bytes: four rows per 512-bit register */
         __m512i z[4];
@@ -239,10 +235,10 @@ hy_q8_matvec16(const uint8_t *w, long row_bytes, long nb, const int R, const int
  * nibble bytes, one their scales (and mins), and for Q5 one their high-bit words.  Four weight
  * rows, one from each quarter of a thread's rows, share a pass, so each quarter is one forward
  * stream.  hy_q45_matvec16 above transposes 16 rows instead, which reads the activations once per
- * 16 rows (the better trade for several activation rows) but interleaves 16 streams: from memory,
- * 2 threads, 4096x4096 Q4_0, it streamed 41-43 GB/s where this kernel streams 50-54.  Both give
- * the same bits (see hy_q45_matvec_stream).
- * HY_Q45_PF: the software prefetch distance in bytes (1024 and 2048 measured alike, 512 slower). */
+ * 16 rows (the better trade for several activation rows) but interleaves 16 streams, which
+ * memory serves slower than this kernel's one.  Both give the same bits (see
+ * hy_q45_matvec_stream).
+ * HY_Q45_PF: the software prefetch distance in bytes. */
 #ifndef HY_Q45_PF
 #define HY_Q45_PF 2048
 #endif
@@ -327,8 +323,7 @@ static inline __m128 hy_q45_sets_sum(__m512 x) {
  * (one more FMA the offsets), and the four sums of a row are added up at the end,
  * (s0 + s1) + (s2 + s3).  hy_q45_matvec16 adds its blocks in the same order with the same
  * roundings, so both kernels give the same bits and either may serve a row.  (Adding the blocks
- * one after another, as before, took eight 128-bit FMAs and twelve extracts per step: in cache,
- * 2 threads, 4096x4096 Q4_0 68 GB/s against 88 now.) */
+ * one after another would take eight 128-bit FMAs and twelve extracts per step.) */
 static inline __attribute__((always_inline)) void
 hy_q45_matvec_stream(const hy_q45_plan *pl, const uint8_t *w, long wstep, const int W, long nb,
                      const int R, const uint8_t *prep, long pstride, float *out, long ostep,
