@@ -166,6 +166,51 @@ def test_a_failure_inside_a_step_fails_only_its_request(tiny_q8, rng, monkeypatc
     assert engine.pool.num_used == 0
 
 
+def test_the_scheduler_allocates_every_slot_it_plans(tiny_q8, rng):
+    """Blocks belong to the scheduler: once a step is planned, every row it feeds has its slot,
+    so the step's description only reads them."""
+    engine = Engine(tiny_q8, num_blocks=100, max_batched_tokens=24)
+    for p in _prompts(rng, 5):
+        engine.add_request(p, GenerationParams(max_new_tokens=4, stop_tokens=[]))
+    for _ in range(6):
+        plan = engine.scheduler.plan()
+        rows = [(r, 1) for r in plan.decodes] + [(r, n) for r, n, _ in plan.prefills]
+        assert rows
+        for r, n in rows:
+            assert r.cache.allocated_tokens() >= r.computed + n
+        hybrid.StepBatch.describe([(r.cache, n) for r, n in rows[:1]])  # takes nothing
+        for r in list(engine.scheduler.running):  # give everything back for the next round
+            engine.abort(r.request_id)
+        for p in _prompts(rng, 5):
+            engine.add_request(p, GenerationParams(max_new_tokens=4, stop_tokens=[]))
+
+
+def test_a_request_whose_slots_cannot_be_taken_fails_alone(tiny_q8, rng, monkeypatch):
+    prompts = _prompts(rng, 3)
+    alone = [tiny_q8.generate(p, 5, stop_tokens=[]) for p in prompts]
+    engine = Engine(tiny_q8, num_blocks=100)
+    ids = [engine.add_request(p, GenerationParams(max_new_tokens=5, stop_tokens=[]))
+           for p in prompts]
+    real = engine.kv.allocate_slots
+
+    def refuse_one(req, n):
+        if req.request_id == ids[1] and req.generated:
+            raise hybrid.PoolExhaustedError("injected: no block")
+        return real(req, n)
+    monkeypatch.setattr(engine.kv, "allocate_slots", refuse_one)
+    results = {}
+    for _ in range(100):  # bounded: a request left without its slots must not stall the rest
+        for o in engine.step():
+            if o.finished:
+                results[o.request_id] = o
+        if not engine.has_unfinished():
+            break
+    assert not engine.has_unfinished()
+    assert results[ids[1]].finish_reason == "error" and "injected" in results[ids[1]].error
+    assert [results[ids[i]].tokens for i in (0, 2)] == [alone[0], alone[2]]
+    assert engine.pool.num_used == 0
+
+
 def test_extreme_sampling_parameters_sample_and_leave_the_others_alone(tiny_q8, rng):
     """A penalty or temperature so small that logits overflow to inf (valid values: > 0) still
     samples a token; a request whose sampler fails anyway finishes alone with an error."""

@@ -39,8 +39,9 @@ def _assert_unchanged(c, snap):
     np.testing.assert_array_equal(v2, v)
 
 
-def _batch(layer, rng, lengths=(3, 17, 5), block_size=16, dtype="float16"):
-    """Caches over one pool with histories of ``lengths``, and one decode row each."""
+def _batch(layer, rng, lengths=(16, 17, 32), block_size=16, dtype="float16"):
+    """Caches over one pool with histories of ``lengths``, and one decode row each (rows at
+    16 and 32 need new blocks: a failed step must give them back)."""
     pool = hybrid.KVBlockPool(1, 2, 32, block_size, dtype)
     caches = []
     for n in lengths:
@@ -65,12 +66,16 @@ def _step(layer, x, caches):
 
 def _expect_step_error(layer, x, caches, exc, match):
     snaps = [_snapshot(c) if isinstance(c, hybrid.PagedKVCache) else None for c in caches]
+    pools = {id(c.pool): (c.pool, c.pool.num_used) for c in caches
+             if isinstance(c, hybrid.PagedKVCache)}
     keep = x.copy()
     with pytest.raises(exc, match=match):
         _step(layer, x, caches)
     for c, s in zip(caches, snaps):
         if s is not None:
             _assert_unchanged(c, s)
+    for pool, used in pools.values():  # every block the step took is back
+        assert pool.num_used == used
     np.testing.assert_array_equal(x, keep)
 
 

@@ -67,10 +67,12 @@ def test_incremental_text_of_a_real_tokenizer_equals_a_full_decode():
         assert out.text == tok.decode([t for t in ids if t not in tok.eos_ids])
 
 
-def test_end_of_sequence_adds_no_text():
+def test_stop_tokens_add_no_text():
+    """A request's stop tokens (end-of-sequence, or ordinary tokens given as stop_tokens) are
+    kept in its ids but add nothing to its text."""
     tok = ByteTokenizer()
-    out = TextOutput(tok, skip=[256])
-    assert _stream(out, tok.encode("ab") + [256]) == "ab"
+    out = TextOutput(tok, skip=[ord("!")])
+    assert _stream(out, tok.encode("ab!")) == "ab" and out.text == "ab"
 
 
 def test_stop_strings_cut_where_a_full_search_cuts(rng):
