@@ -58,7 +58,7 @@ class StepBatch:
         the blocks every row needs that are not allocated yet (all or nothing; the engine's
         scheduler has allocated them already), then describes the step.  Raises
         (PoolExhaustedError, CacheCapacityError, ValueError) with nothing taken."""
-        cls._check(items)
+        cls._check(items, role)
         done = []
         try:
             for c, n in items:
@@ -68,10 +68,12 @@ class StepBatch:
             for c in done:  # the slots past the committed tokens go back
                 c.truncate(c.seq_len)
             raise
-        return cls.describe(items, role)
+        return cls._describe(items, role)
 
     @staticmethod
-    def _check(items) -> None:
+    def _check(items, role: str) -> None:
+        if role not in kernel_role.ROLES:
+            raise ValueError(f"row role must be one of {kernel_role.ROLES}, got {role!r}")
         caches = [c for c, _ in items]
         if not caches:
             raise ValueError("a step needs at least one sequence")
@@ -92,9 +94,12 @@ class StepBatch:
     def describe(cls, items, role: str = kernel_role.AUTO) -> "StepBatch":
         """The description of a step whose slots are all allocated already (the scheduler's
         ``allocate_slots``): reads the caches, takes nothing."""
-        cls._check(items)
-        if role not in kernel_role.ROLES:
-            raise ValueError(f"row role must be one of {kernel_role.ROLES}, got {role!r}")
+        cls._check(items, role)
+        return cls._describe(items, role)
+
+    @classmethod
+    def _describe(cls, items, role: str) -> "StepBatch":
+        """describe for items already checked (plan checks them before it allocates)."""
         caches = [c for c, _ in items]
         counts = [int(n) for _, n in items]
         starts = [c.seq_len for c in caches]

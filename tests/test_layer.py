@@ -145,3 +145,10 @@ def test_the_step_role_picks_the_kernels(rng, rows):
     with pytest.raises(ValueError, match="row role must be one of"):
         hybrid.StepBatch.plan([(hybrid.PagedKVCache(1, cfg.num_kv_heads, cfg.head_dim), 1)],
                               "prefill")
+
+
+def test_a_bad_role_takes_no_block():
+    cache = hybrid.PagedKVCache(1, 2, 64, dtype="float32")
+    with pytest.raises(ValueError, match="row role must be one of"):
+        hybrid.StepBatch.plan([(cache, 20)], "prefill")
+    assert cache.allocated_tokens() == 0 and cache.pool.num_used == 0
