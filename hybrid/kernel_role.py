@@ -2,13 +2,14 @@
 
 A quantized projection has two CPU kernels: the mat-vec (each row's dot products on their own)
 and the int8 GEMM (panels of weight rows against many activation rows).  Each gives every row a
-result that does not depend on the other rows, but the two round differently.  By default the row
-count picks one (``auto``: up to 16 rows mat-vec, more GEMM), so a prompt prefilled in one piece
-and the same prompt prefilled in chunks, or a decode row alone and in a batch of 40, could differ
-in the last bits.  The serving engine says what the rows are instead:
+result that does not depend on the other rows, but the two round differently.  With role
+``auto`` the row count picks one (up to 16 rows mat-vec, more GEMM), so a prompt prefilled in one
+piece and the same prompt prefilled in chunks, or a decode row alone and in a batch of 40, could
+differ in the last bits.  A step therefore says what its rows are (``StepBatch.role``), and every
+projection of the step receives that role as an argument:
 
-    with kernel_role.rows_are("prompt"):   # prompt tokens: always the GEMM
-    with kernel_role.rows_are("decode"):   # generated tokens, the LM head: always the mat-vec
+    "prompt"   prompt tokens: always the GEMM
+    "decode"   generated tokens, the LM head: always the mat-vec
 
 so a request's tokens are the same alone or in any batch, however its prompt is chunked (batch
 invariance).  Attention already reduces each row in a fixed order.  Float32 weights: decode rows
@@ -19,27 +20,12 @@ float32 prompts are not covered.
 
 from __future__ import annotations
 
-import threading
-from contextlib import contextmanager
-
 AUTO, PROMPT, DECODE = "auto", "prompt", "decode"
 ROLES = (AUTO, PROMPT, DECODE)
-_state = threading.local()
 
 
-def current() -> str:
-    """The role of the rows now being computed on this thread."""
-    return getattr(_state, "role", AUTO)
-
-
-@contextmanager
-def rows_are(role: str):
-    """Within the block, projections on this thread treat their rows as ``role``."""
+def check(role: str) -> str:
+    """``role`` if it is one of ROLES, else ValueError naming the choices."""
     if role not in ROLES:
         raise ValueError(f"row role must be one of {ROLES}, got {role!r}")
-    previous = current()
-    _state.role = role
-    try:
-        yield
-    finally:
-        _state.role = previous
+    return role

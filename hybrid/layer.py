@@ -66,9 +66,9 @@ class DecoderLayer:
         self._w, self._stacked = self.weights, None
         if self._gpu:
             self._w, self._stacked = _weights_on(self.weights, self.placement)
-            self._split3 = _optional_op("linear_split3", self.placement)
-            self._linear_swiglu = _optional_op("linear_swiglu", self.placement)
-            self._linear_residual = _optional_op("linear_residual", self.placement)
+            self._split3 = registry.optional("linear_split3", self.placement)
+            self._linear_swiglu = registry.optional("linear_swiglu", self.placement)
+            self._linear_residual = registry.optional("linear_residual", self.placement)
             if None in (self._split3, self._linear_swiglu, self._linear_residual):
                 self._stacked = None  # a backend without the fused projections
         # CPU layers with quantized projections: Q/K/V and gate/up each in one kernel call that
@@ -76,9 +76,9 @@ class DecoderLayer:
         self._many = self._bind_decode = None
         if not self._gpu and any(isinstance(getattr(self.weights, n), QuantizedTensor)
                                  for n in ("wq", "wk", "wv", "w_gate", "w_up")):
-            self._many = _optional_op("bind_linear_many", self.placement)
+            self._many = registry.optional("bind_linear_many", self.placement)
             # a decode row in two native calls around the attention (when not profiling)
-            self._bind_decode = _optional_op("bind_decode_step", self.placement)
+            self._bind_decode = registry.optional("bind_decode_step", self.placement)
         self.fused_rope = bool(fused_rope) and self._gpu and self._inv_freq is not None
         self._k = ops.bind(self.placement)  # kernels resolved once; arrays are checked on entry
         self._bufs = (None, None)  # (rows, activation buffers) of the last call
@@ -142,15 +142,19 @@ class DecoderLayer:
                              f"truncate before the next step")
 
     # ------------------------------------------------------------------ forward
-    def forward(self, hidden, positions, cache: "PagedKVCache | None" = None, *, out=None):
+    def forward(self, hidden, positions, cache: "PagedKVCache | None" = None, *, out=None,
+                role: str = kernel_role.AUTO):
         """Run the layer on one sequence (prefill or decode).
 
         hidden [n_tokens, hidden_size] float32 (other float dtypes are converted); positions
         [n_tokens] RoPE positions; cache: the sequence's PagedKVCache (the new K/V are appended
         to layer ``index``; the caller commits), or None for attention over these tokens alone.
+        ``role`` says what the rows are and picks the projection kernels (hybrid/kernel_role.py).
         Returns [n_tokens, hidden_size] float32 (``out`` if given; it may be ``hidden``).
         On error the cache and ``hidden`` are left exactly as they were.
         """
+        kernel_role.check(role)
+        native = role != kernel_role.PROMPT and not profiling_enabled()
         x, host_out = self._enter(hidden, out)  # [n, hidden] on this layer's device
         n = x.shape[0]
         pos = ops.positions_array(positions, n)  # [n] int64
@@ -163,7 +167,7 @@ class DecoderLayer:
         start, where = cache.layer_len(layer), cache.placement(layer)
         fused = not private and self._use_fused_rope(
             where, pos, lambda: np.arange(start, start + n, dtype=np.int64))
-        q, k, v = self._qkv(x, pos, rotate=not fused)  # [n, H*D], [n, KVH*D], [n, KVH*D]
+        q, k, v = self._qkv(x, pos, role, native, rotate=not fused)  # [n, H*D], [n, KVH*D] x 2
 
         def append(kk, vv):  # the new K, V rows after what the layer holds
             cache.append(layer, kk, vv)
@@ -179,7 +183,8 @@ class DecoderLayer:
                 cache.rollback_layer(layer, start)
                 raise
         try:
-            return self._leave(self._finish(x, att, self._result(x, out, host_out)), host_out)
+            return self._leave(self._finish(x, att, self._result(x, out, host_out), role, native),
+                               host_out)
         except BaseException:
             cache.rollback_layer(layer, start)
             raise
@@ -191,30 +196,21 @@ class DecoderLayer:
         Writes each row's K/V into its slot and attends over each sequence's blocks in one call;
         the caller commits the batch after the last layer, or rolls it back on error.
         Returns [T, hidden_size]."""
-        if batch.role != kernel_role.current():  # the projections follow the step's role
-            with kernel_role.rows_are(batch.role):
-                return self.forward_step(hidden, batch, out=out)
         if not (self.placement.is_cpu and batch.pool.placements[self.index].is_cpu):
             return self._step_by_sequence(hidden, batch, out)
         x, host_out = self._enter(hidden, out)  # [T, hidden]
         T = x.shape[0]
         if T != batch.num_rows:
             raise ValueError(f"hidden has {T} rows, the step describes {batch.num_rows}")
-        cfg, k_ = self.config, self._k
-        step = self._buffers(T).get("decode_step") if T == 1 else None
-        if step is not None and not profiling_enabled() and batch.role != kernel_role.PROMPT:
-            # one generated row of a quantized layer: the same steps as below in three calls
-            q, k, v = step.prologue(x, int(batch.positions[0]))
-            att = self._bufs[1]["att"]
-            k_.attend_step(batch, self.index, q, k, v, cfg.num_heads, self._scale, att)
-            batch.wrote_layer(self.index)
-            return self._leave(step.epilogue(att, x, self._result(x, out, host_out)), host_out)
-        q, k, v = self._qkv(x, batch.positions)  # [T, H*D], [T, KVH*D] x 2, rotated
+        role, native = batch.role, batch.role != kernel_role.PROMPT and not batch.profiled
+        q, k, v = self._qkv(x, batch.positions, role, native)  # [T, H*D], [T, KVH*D] x 2
         with region("Block/Attention"):  # K/V rows into their slots, then attention
             att = self._buffers(T)["att"]  # [T, H*D]
-            k_.attend_step(batch, self.index, q, k, v, cfg.num_heads, self._scale, att)
+            self._k.attend_step(batch, self.index, q, k, v, self.config.num_heads, self._scale,
+                                att)
             batch.wrote_layer(self.index)
-        return self._leave(self._finish(x, att, self._result(x, out, host_out)), host_out)
+        return self._leave(self._finish(x, att, self._result(x, out, host_out), role, native),
+                           host_out)
 
     def _step_by_sequence(self, hidden, batch, out):
         """A step on a GPU layer, or with the cache layer off the CPU: each sequence's rows
@@ -227,16 +223,22 @@ class DecoderLayer:
         rows = batch.seg_rows
         for s, cache in enumerate(batch.caches):
             lo, hi = int(rows[s]), int(rows[s + 1])
-            self.forward(x[lo:hi], batch.positions[lo:hi], cache, out=result[lo:hi])
+            self.forward(x[lo:hi], batch.positions[lo:hi], cache, out=result[lo:hi],
+                         role=batch.role)
         batch.wrote_layer(self.index)
         return self._leave(result, host_out)
 
     def decode_step(self):
         """The bound native decode step of one generated row (a CPU layer whose projections are
-        all quantized), or None: what Model runs a whole stack through in one call."""
-        if not self.placement.is_cpu or profiling_enabled():
+        all quantized), or None: what the CPU backend runs a whole stack through in one call.
+        Bound to this layer's buffers until ``buffers_version`` changes."""
+        if not self.placement.is_cpu:
             return None
         return self._buffers(1).get("decode_step")
+
+    def decode_attention_out(self) -> np.ndarray:
+        """The [1, H*D] buffer a bound decode step reads the attention output from."""
+        return self._buffers(1)["att"]
 
     __call__ = forward
 
@@ -313,16 +315,16 @@ class DecoderLayer:
         if n == 1 and self._bind_decode is not None:
             bufs["decode_step"] = self._bind_decode(cfg, self._w, bufs, self._inv_freq)
         self._bufs = (n, bufs)
-        self.buffers_version += 1  # a stack's remembered decode steps (_stack_steps) are stale
+        self.buffers_version += 1  # a stack's remembered decode steps are stale
         return bufs
 
-    def _qkv(self, x, pos: np.ndarray, rotate: bool = True):
+    def _qkv(self, x, pos: np.ndarray, role: str, native: bool, rotate: bool = True):
         """Attention-block prologue: norm, projections, QK-norm, RoPE unless fused into
-        attention (into scratch buffers on the layer's device)."""
+        attention (into scratch buffers on the layer's device).  ``role`` picks the projection
+        kernels; ``native``: a bound decode step may run the whole prologue in one call."""
         cfg, w, k_, b = self.config, self._w, self._k, self._buffers(x.shape[0])
         step = b.get("decode_step")
-        if step is not None and rotate and not profiling_enabled() \
-                and kernel_role.current() != kernel_role.PROMPT:
+        if step is not None and rotate and native:
             return step.prologue(x, int(pos[0]))  # the steps below in one native call
         n, H, KVH, D, eps = x.shape[0], cfg.num_heads, cfg.num_kv_heads, cfg.head_dim, cfg.rms_norm_eps
         with region("Block/AttnNorm"):
@@ -334,14 +336,14 @@ class DecoderLayer:
         elif self._many is not None:  # CPU, quantized: one call for the three projections
             q, k, v = b["q"], b["k"], b["v"]
             with region("Block/QKVProj"):
-                b["qkv_proj"](h)
+                b["qkv_proj"](h, role)
         else:
             with region("Block/QProj"):
-                q = k_.linear(h, w.wq, w.bq, b["q"])  # [n, H*D]
+                q = k_.linear(h, w.wq, w.bq, b["q"], role)  # [n, H*D]
             with region("Block/KProj"):
-                k = k_.linear(h, w.wk, w.bk, b["k"])  # [n, KVH*D]
+                k = k_.linear(h, w.wk, w.bk, b["k"], role)  # [n, KVH*D]
             with region("Block/VProj"):
-                v = k_.linear(h, w.wv, w.bv, b["v"])  # [n, KVH*D]
+                v = k_.linear(h, w.wv, w.bv, b["v"], role)  # [n, KVH*D]
         if w.q_norm is not None:
             with region("Block/QNorm"):  # per head, over head_dim
                 k_.rmsnorm(q.reshape(n * H, D), w.q_norm, eps, q.reshape(n * H, D))
@@ -356,12 +358,12 @@ class DecoderLayer:
                 k_.rope(k, pos, self._inv_freq, KVH, D, neox)
         return q, k, v
 
-    def _finish(self, x, att, result):
-        """O projection and residual, then the MLP block and its residual (into ``result``)."""
+    def _finish(self, x, att, result, role: str, native: bool):
+        """O projection and residual, then the MLP block and its residual (into ``result``);
+        ``role`` and ``native`` as for ``_qkv``."""
         cfg, w, k_, b = self.config, self._w, self._k, self._buffers(x.shape[0])
         step = b.get("decode_step")
-        if step is not None and not profiling_enabled() \
-                and kernel_role.current() != kernel_role.PROMPT:
+        if step is not None and native:
             return step.epilogue(att, x, result)  # the steps below in one native call
         fused = self._stacked is not None  # GPU: residual adds inside the projections
         with region("Block/OProj"):
@@ -369,7 +371,7 @@ class DecoderLayer:
                 x1 = b["x1"]
                 self._linear_residual(att, w.wo, None, x, x1)  # x + att @ wo.T
             else:
-                o = k_.linear(att, w.wo, None, b["o"])  # [n, hidden]
+                o = k_.linear(att, w.wo, None, b["o"], role)  # [n, hidden]
                 x1 = k_.add(x, o, b["x1"])  # residual 1
         with region("Block/MlpNorm"):
             h2 = k_.rmsnorm(x1, w.mlp_norm, cfg.rms_norm_eps, b["h"])
@@ -379,21 +381,21 @@ class DecoderLayer:
                 self._linear_swiglu(h2, self._stacked.w_gate_up, act, b["up"])
         elif self._many is not None:  # CPU, quantized: gate and up in one call
             with region("Block/GateUpProj"):
-                b["gate_up_proj"](h2)
+                b["gate_up_proj"](h2, role)
             with region("Block/SwiGLU"):
                 act = k_.swiglu(b["gate"], b["up"], b["gate"])  # in place
         else:
             with region("Block/GateProj"):
-                gate = k_.linear(h2, w.w_gate, None, b["gate"])  # [n, intermediate]
+                gate = k_.linear(h2, w.w_gate, None, b["gate"], role)  # [n, intermediate]
             with region("Block/UpProj"):
-                up = k_.linear(h2, w.w_up, None, b["up"])
+                up = k_.linear(h2, w.w_up, None, b["up"], role)
             with region("Block/SwiGLU"):
                 act = k_.swiglu(gate, up, gate)  # in place
         with region("Block/DownProj"):
             if fused:
                 self._linear_residual(act, w.w_down, None, x1, result)  # residual 2 in the pass
                 return result
-            d = k_.linear(act, w.w_down, None, b["o"])  # [n, hidden]
+            d = k_.linear(act, w.w_down, None, b["o"], role)  # [n, hidden]
         return k_.add(x1, d, result)  # residual 2
 
     def _private_cache(self) -> PagedKVCache:
@@ -444,40 +446,10 @@ def _weights_on(weights: LayerWeights, placement: Placement):
     return dataclasses.replace(w, **moved), _Stacked(w_qkv, b_qkv, w_gate_up)
 
 
-def _optional_op(op: str, placement: Placement):
-    """The backend's implementation of ``op``, or None when it has none."""
-    try:
-        return registry.lookup(op, placement)
-    except registry.NoBackendError:
-        return None
-
-
-def _stack_steps(layers, memo: dict):
-    """The layers' bound decode steps, or None where some layer has none; remembered in
-    ``memo`` until one of these layers rebuilds its buffers or profiling is switched, so that
-    a decode step costs little Python per layer."""
-    key = (profiling_enabled(), tuple([layer.buffers_version for layer in layers]))
-    if memo.get("key") != key:
-        steps = [layer.decode_step() for layer in layers]  # may rebuild buffers: key after
-        memo["steps"] = None if any(s is None for s in steps) else steps
-        memo["key"] = (profiling_enabled(), tuple([layer.buffers_version for layer in layers]))
-    return memo["steps"]
-
-
-def decode_stack(layers, batch, x, memo=None) -> bool:
-    """Run one generated row (``batch`` of one row, x [1, hidden] float32, overwritten with the
-    output) through ``layers`` in one native call when every one is a quantized CPU layer with a
-    bound decode step: the same kernels in the same order as ``forward_step`` layer by layer.
-    Returns False, having done nothing, where that does not apply."""
-    if batch.num_rows != 1 or batch.role == kernel_role.PROMPT \
-            or type(x) is not np.ndarray or x.dtype != np.float32 or not x.flags.c_contiguous:
-        return False
-    steps = _stack_steps(layers, {} if memo is None else memo)
-    if steps is None:
-        return False
-    first = layers[0]
-    first._k.decode_stack(steps, batch, x, first._bufs[1]["att"], first.config.num_heads,
-                          first._scale)
-    batch.wrote_layers(len(layers))
-    return True
-
+def forward_layers(layers, batch, x):
+    """Run one step (``batch``) through consecutive layers of one placement, layer by layer:
+    what a backend without a whole-stack call does.  A GPU layer writes its output over its
+    input."""
+    for layer in layers:
+        x = layer.forward_step(x, batch, out=x if is_device_array(x) else None)
+    return x

@@ -14,7 +14,7 @@ import math
 
 import numpy as np
 
-from . import registry
+from . import kernel_role, registry
 from .kvcache import PagedKVCache
 from .placement import CPU, Placement, copy_between, is_device_array, placement_of
 from .quant.tensor import QuantizedTensor
@@ -155,11 +155,13 @@ def add(a, b, *, out=None, device=None) -> np.ndarray:
     return o
 
 
-def linear(x, weight, bias=None, *, out=None, device=None) -> np.ndarray:
+def linear(x, weight, bias=None, *, out=None, device=None, role: str = "auto") -> np.ndarray:
     """x [rows, in] @ weight[out, in].T (+ bias [out]) -> [rows, out].
 
     ``weight`` is a float array or a ``QuantizedTensor``, multiplied in its encoding by the
-    backend's ``linear.<format>`` kernel (a backend without one says so)."""
+    backend's ``linear.<format>`` kernel (a backend without one says so).  ``role`` says what
+    the rows are ("prompt", "decode" or "auto"), which picks the kernel (hybrid/kernel_role.py)."""
+    kernel_role.check(role)
     x = as_f32("x", x, 2)
     quantized = isinstance(weight, QuantizedTensor)
     w = weight if quantized else as_f32("weight", weight, 2)
@@ -176,7 +178,7 @@ def linear(x, weight, bias=None, *, out=None, device=None) -> np.ndarray:
     where = _where("linear", device, x=x, bias=b, **({} if quantized else {"weight": w}))
     o = _out("linear", out, (x.shape[0], w.shape[0]), where)
     op = f"linear.{w.format.name}" if quantized else "linear"
-    registry.lookup(op, where)(x, w, b, o)
+    registry.lookup(op, where)(x, w, b, o, role)
     return o
 
 
@@ -246,7 +248,7 @@ class BoundOps:
 
     def __getattr__(self, name):
         """Kernels only some devices have (the ragged step's), resolved on first use."""
-        if name in ("attend_step", "decode_stack"):
+        if name == "attend_step":
             fn = registry.lookup(name, self.device)
             setattr(self, name, fn)
             return fn
@@ -268,15 +270,15 @@ class BoundOps:
         self._add(a.reshape(-1), b.reshape(-1), out.reshape(-1))
         return out
 
-    def linear(self, x, weight, bias, out):  # [rows, in] @ [out, in].T (+ bias) -> out
+    def linear(self, x, weight, bias, out, role):  # [rows, in] @ [out, in].T (+ bias) -> out
         if type(weight) is QuantizedTensor:
             fn = self._quantized.get(weight.format.name)
             if fn is None:
                 fn = self._quantized[weight.format.name] = registry.lookup(
                     f"linear.{weight.format.name}", self.device)
-            fn(x, weight, bias, out)
+            fn(x, weight, bias, out, role)
             return out
-        self._linear(x, weight, bias, out)
+        self._linear(x, weight, bias, out, role)
         return out
 
 

@@ -98,6 +98,14 @@ def lookup(op: str, placement: "str | Placement"):
     raise NoBackendError(_explain(op, kind, status))
 
 
+def optional(op: str, placement: "str | Placement"):
+    """The implementation of ``op`` for ``placement``, or None where its backend has none."""
+    try:
+        return lookup(op, placement)
+    except NoBackendError:
+        return None
+
+
 def require(placement: "str | Placement") -> BackendStatus:
     """Ensure the backend for ``placement`` is usable, else raise NoBackendError with its reason."""
     kind = Placement.parse(placement).kind

@@ -23,6 +23,7 @@ import numpy as np
 
 from . import kernel_role
 from .kvcache import PagedKVCache
+from .profile import enabled as profiling_enabled
 
 
 class StepBatch:
@@ -40,6 +41,9 @@ class StepBatch:
         # what the rows are ("prompt", "decode" or "auto"): picks the projection kernels and
         # the fused decode path (hybrid/kernel_role.py; what keeps results batch-invariant)
         self.role = role
+        # the profiler was on when the step was described: run op by op, so that every
+        # Block/... region is timed (the fused native calls have no regions inside)
+        self.profiled = profiling_enabled()
         c0 = caches[0]
         self.pool = c0.pool
         self.num_kv_heads, self.head_dim, self.block_size = c0.num_kv_heads, c0.head_dim, c0.block_size
@@ -72,8 +76,7 @@ class StepBatch:
 
     @staticmethod
     def _check(items, role: str) -> None:
-        if role not in kernel_role.ROLES:
-            raise ValueError(f"row role must be one of {kernel_role.ROLES}, got {role!r}")
+        kernel_role.check(role)
         caches = [c for c, _ in items]
         if not caches:
             raise ValueError("a step needs at least one sequence")
@@ -143,10 +146,10 @@ class StepBatch:
         for c, n in zip(self.caches, self.counts):
             c.mark_written(n, (layer,))
 
-    def wrote_layers(self, num_layers: int) -> None:
-        """Layers 0..num_layers-1 of every sequence now hold their new rows."""
+    def wrote_layers(self, layers: range) -> None:
+        """These layers of every sequence now hold their new rows."""
         for c, n in zip(self.caches, self.counts):
-            c.mark_written(n, range(num_layers))
+            c.mark_written(n, layers)
 
     def commit(self) -> None:
         for c, n in zip(self.caches, self.counts):

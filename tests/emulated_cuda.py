@@ -102,8 +102,8 @@ def copy(a, out):
     np.copyto(dst, src)
 
 
-def linear(x, w, b, out):
-    cpu.linear(*_dev(x, w, b, out))
+def linear(x, w, b, out, role="auto"):
+    cpu.linear(*_dev(x, w, b, out), role)
 
 
 class EmuLayerStorage(HostLayerStorage):

@@ -139,8 +139,8 @@ def test_the_step_role_picks_the_kernels(rng, rows):
         got[role] = layer.forward_step(x, batch)
         batch.commit()
         alone = hybrid.PagedKVCache(1, cfg.num_kv_heads, cfg.head_dim, dtype="float32")
-        with hybrid.kernel_role.rows_are(role):
-            np.testing.assert_array_equal(got[role], layer.forward(x, np.arange(rows), alone))
+        np.testing.assert_array_equal(got[role], layer.forward(x, np.arange(rows), alone,
+                                                              role=role))
     assert not np.array_equal(got["prompt"], got["decode"])  # the two kernels round apart
     with pytest.raises(ValueError, match="row role must be one of"):
         hybrid.StepBatch.plan([(hybrid.PagedKVCache(1, cfg.num_kv_heads, cfg.head_dim), 1)],

@@ -57,12 +57,12 @@ def add(a, b, out):
     elementwise.add(a, b, out, get_num_threads())
 
 
-def linear(x, weight, bias, out):
-    """x [rows, in] @ W.T (+ bias) for float32 W [out, in]: decode rows (few, or the role says
-    so) through our mat-vec (each weight row streamed once, prefetched; the same sums for a row
+def linear(x, weight, bias, out, role=kernel_role.AUTO):
+    """x [rows, in] @ W.T (+ bias) for float32 W [out, in]: decode rows (the role says so, or
+    few rows under "auto") through our mat-vec (each weight row streamed once, prefetched; the same sums for a row
     whatever the batch), prompt rows through our AVX-512 GEMM where the build has it (also the
     same sums whatever the batch), else BLAS sgemm."""
-    if _matvec_rows(x.shape[0]) and weight.flags.c_contiguous:
+    if _matvec_rows(x.shape[0], role) and weight.flags.c_contiguous:
         quant.matvec_f32(weight, x, bias, out, get_num_threads())
         return
     _gemm_f32(x, weight, bias, out)
@@ -89,10 +89,9 @@ PANEL_FLOATS = 1 << 22
 _panels = threading.local()
 
 
-def _matvec_rows(rows: int) -> bool:
-    """Whether quantized rows take the mat-vec kernel: by their role when one is set
-    (hybrid/kernel_role.py), else by their count."""
-    role = kernel_role.current()
+def _matvec_rows(rows: int, role: str) -> bool:
+    """Whether rows take the mat-vec kernel: by their role (hybrid/kernel_role.py), or by their
+    count under "auto"."""
     return role == kernel_role.DECODE or (role == kernel_role.AUTO and rows <= MATVEC_MAX_ROWS)
 
 
@@ -103,10 +102,11 @@ def _panel(rows: int, cols: int) -> np.ndarray:
     return buf[:rows * cols].reshape(rows, cols)
 
 
-def linear_quantized(x, weight, bias, out):
-    """x [rows, in] @ W.T (+ bias) for a QuantizedTensor W, read in its encoding."""
+def linear_quantized(x, weight, bias, out, role=kernel_role.AUTO):
+    """x [rows, in] @ W.T (+ bias) for a QuantizedTensor W, read in its encoding; ``role``
+    picks the kernel (hybrid/kernel_role.py)."""
     code, n_out, n_in = weight.format.kernel_code, weight.shape[0], weight.shape[1]
-    if _matvec_rows(x.shape[0]):
+    if _matvec_rows(x.shape[0], role):
         quant.matvec(code, weight.data, x, bias, out, get_num_threads())
         return
     if weight.format.integer and INT8_GEMM:  # our int8 GEMM
@@ -124,18 +124,18 @@ def linear_quantized(x, weight, bias, out):
 
 def bind_linear_many(triples):
     """Several projections of the same x (Q/K/V, gate/up) for fixed (weight, bias, out) triples,
-    as a function of x.  Quantized weights at decode share one quantization of x and one parallel
+    as a function of (x, role).  Quantized weights at decode share one quantization of x and one parallel
     region, with the kernel arguments built here once (a layer binds them per row count)."""
     args = None
     if all(type(w) is QuantizedTensor for w, _, _ in triples):
         args = [(w.format.kernel_code, w.data, b, o) for w, b, o in triples]
 
-    def run(x):
-        if args is not None and _matvec_rows(x.shape[0]):
+    def run(x, role):
+        if args is not None and _matvec_rows(x.shape[0], role):
             quant.matvec_many(args, x, get_num_threads())
             return
         for w, b, o in triples:
-            (linear_quantized if type(w) is QuantizedTensor else linear)(x, w, b, o)
+            (linear_quantized if type(w) is QuantizedTensor else linear)(x, w, b, o, role)
     return run
 
 
@@ -202,13 +202,43 @@ def attend_step(batch, layer, q, k, v, num_heads, scale, out):
                                               batch.pool.v_addr[layer], out)
 
 
-def decode_stack(steps, batch, x, att, num_heads, scale):
-    """One decode row (a one-row batch) through layers 0..len(steps)-1, each a DecodeStep, in
-    one native call: x [1, hidden] in, the last layer's output written over it."""
-    n = len(steps)
-    decode_step.decode_stack([s.native for s in steps], _step_plan(batch, num_heads, scale),
-                       batch.pool.k_addr[:n], batch.pool.v_addr[:n], x, att,
-                       int(batch.positions[0]), get_num_threads())
+def step_layers(layers, batch, x, memo):
+    """Run one step (a StepBatch) through consecutive CPU layers; returns their output.  A
+    generated row of one sequence (a decode step, not profiled) whose layers all hold a bound
+    native decode step runs the whole stack in one native call (decode_step.decode_stack, x
+    overwritten): the same kernels in the same order as layer by layer.  Any other step runs
+    layer by layer.  ``memo``: the caller's dict, where the layers' bound steps are kept until
+    one of the layers rebuilds its buffers."""
+    if batch.num_rows == 1 and batch.role != kernel_role.PROMPT and not batch.profiled \
+            and type(x) is np.ndarray and x.dtype == np.float32 and x.flags.c_contiguous:
+        steps = _bound_steps(layers, memo)
+        if steps is not None and (batch.pool.on_cpu or all(
+                batch.pool.placements[layer.index].is_cpu for layer in layers)):
+            first = layers[0]
+            lo, n = first.index, len(layers)
+            decode_step.decode_stack(
+                steps, _step_plan(batch, first.config.num_heads, first.config.softmax_scale),
+                batch.pool.k_addr[lo:lo + n], batch.pool.v_addr[lo:lo + n], x,
+                first.decode_attention_out(), int(batch.positions[0]), get_num_threads())
+            batch.wrote_layers(range(lo, lo + n))
+            return x
+    from ..layer import forward_layers
+
+    return forward_layers(layers, batch, x)
+
+
+def _bound_steps(layers, memo):
+    """The layers' native decode steps (decode_step.DecodeLayer) when every layer has one and
+    the layers are consecutive; else None."""
+    key = tuple([layer.buffers_version for layer in layers])
+    if memo.get("key") != key:
+        lo = layers[0].index
+        steps = [layer.decode_step() for layer in layers]  # may rebuild buffers: key after
+        ok = all(s is not None for s in steps) \
+            and [layer.index for layer in layers] == list(range(lo, lo + len(layers)))
+        memo["steps"] = [s.native for s in steps] if ok else None
+        memo["key"] = tuple([layer.buffers_version for layer in layers])
+    return memo["steps"]
 
 
 def to_device(array, placement):
@@ -221,7 +251,7 @@ def to_device(array, placement):
 
 def register(registrar):
     for name in ("rmsnorm", "rope", "swiglu", "add", "linear", "bind_linear_many",
-                 "bind_decode_step", "paged_attention", "attend_step", "decode_stack",
+                 "bind_decode_step", "paged_attention", "attend_step", "step_layers",
                  "to_device"):
         registrar.op(name, globals()[name])
     from ..quant.formats import FORMATS

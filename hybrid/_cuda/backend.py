@@ -37,13 +37,22 @@ def check_attention(head_dim: int, group: int) -> None:
     variants.paged_attention(head_dim, group, False, False)
 
 
+def linear(x, weight, bias, out, role="auto") -> None:
+    """x @ weight.T (+ bias): one kernel serves prompt and decode rows alike, so the row role
+    (hybrid/kernel_role.py) picks nothing here."""
+    from . import launch
+
+    launch.linear(x, weight, bias, out)
+
+
 def register(registrar) -> None:
     ok, reason = availability()
     if not ok:
         raise BackendUnavailable(reason)
     from . import launch
 
-    for name in ("rmsnorm", "rope", "swiglu", "add", "copy", "linear", "linear_split3",
+    registrar.op("linear", linear)
+    for name in ("rmsnorm", "rope", "swiglu", "add", "copy", "linear_split3",
                  "linear_swiglu", "linear_residual", "kv_append_batch", "paged_attention",
                  "to_device"):
         registrar.op(name, getattr(launch, name))

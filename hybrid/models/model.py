@@ -18,9 +18,9 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from .. import kernel_role, ops
+from .. import kernel_role, ops, registry
 from ..kvcache import PagedKVCache
-from ..layer import DecoderLayer, decode_stack
+from ..layer import DecoderLayer, forward_layers
 from ..placement import (CPU, Placement, copy_between, is_device_array, placement_of,
                          to_device)
 from ..quant import QuantizedTensor, dequantize
@@ -97,8 +97,14 @@ class Model:
             self._head_weights = (to_device(self.final_norm, self._head_at),
                                   to_device(dequantize(self.lm_head), self._head_at))
         self.last_stats = GenerationStats()
-        self._all_cpu = all(p.is_cpu for p in self.placements)
-        self._stack_memo: dict = {}  # the layers' bound decode steps (layer._stack_steps)
+        # runs of consecutive layers on one device, each executed by its backend's whole-stack
+        # call where it has one (the CPU backend's step_layers), else layer by layer
+        self._runs = []
+        for layer in self.layers:
+            if not self._runs or self._runs[-1][0] != layer.placement:
+                run = registry.optional("step_layers", layer.placement) or _layer_by_layer
+                self._runs.append((layer.placement, [], run, {}))
+            self._runs[-1][1].append(layer)
 
     @property
     def vocab_size(self) -> int:
@@ -138,8 +144,8 @@ class Model:
         takes the mat-vec kernel (one row per prompt, a few per decode step)."""
         norm, head = self._head_weights
         if self._head_at.is_cpu:
-            with kernel_role.rows_are(kernel_role.DECODE):
-                return ops.linear(ops.rmsnorm(h, norm, self.config.rms_norm_eps), head)
+            return ops.linear(ops.rmsnorm(h, norm, self.config.rms_norm_eps), head,
+                              role=kernel_role.DECODE)
         s, at, rows = self._scratch, self._head_at, h.shape[0]  # on the last layer's GPU
         hn = ops.rmsnorm(h, norm, self.config.rms_norm_eps,
                          out=s.get("head_norm", h.shape, placement=at))
@@ -160,8 +166,7 @@ class Model:
         caches share one) run as one ragged step through every layer (hybrid/step.py); caches
         with pools of their own run as one step each.  On error every cache is left as it
         was."""
-        if role not in kernel_role.ROLES:
-            raise ValueError(f"row role must be one of {kernel_role.ROLES}, got {role!r}")
+        kernel_role.check(role)
         caches = [c for c, _ in items]
         ids = [self.check_ids(t) for _, t in items]
         if not caches:
@@ -196,11 +201,7 @@ class Model:
         batch = StepBatch.plan([(c, t.size) for c, t in zip(caches, ids)], role)
         x = self._embed(np.concatenate(ids))  # [T, hidden]
         try:
-            with kernel_role.rows_are(batch.role):
-                if not (self._all_cpu and batch.pool.on_cpu
-                        and decode_stack(self.layers, batch, x, self._stack_memo)):
-                    x = self._through_layers(x, lambda layer, h, out: layer.forward_step(
-                        h, batch, out=out))
+            x = self._through_layers(x, batch)
         except BaseException:
             batch.rollback()
             raise
@@ -215,13 +216,14 @@ class Model:
             return self.embed.rows(ids)
         return self.embed[ids]
 
-    def _through_layers(self, x: np.ndarray, step) -> np.ndarray:
-        """Run x [n, hidden] through every layer.  Activations move only where the placement
-        changes (into reused buffers), and a GPU layer writes its output over its input."""
-        for layer in self.layers:
-            if placement_of(x) != layer.placement:
-                x = self._moved(x, layer.placement)
-            x = step(layer, x, x if is_device_array(x) else None)
+    def _through_layers(self, x: np.ndarray, batch: StepBatch) -> np.ndarray:
+        """Run x [T, hidden] through every layer, one run of same-device layers at a time by
+        that device's backend.  Activations move only where the placement changes (into reused
+        buffers)."""
+        for placement, layers, run, memo in self._runs:
+            if placement_of(x) != placement:
+                x = self._moved(x, placement)
+            x = run(layers, batch, x, memo)
         return self._moved(x, self._head_at) if placement_of(x) != self._head_at else x
 
     def _moved(self, x, placement: Placement):
@@ -321,3 +323,9 @@ class Model:
         return engine.generate(prompts, max_new_tokens, temperature=temperature, top_k=top_k,
                                top_p=top_p, repetition_penalty=repetition_penalty, seed=seed,
                                stop_tokens=stop_tokens, stop_strings=stop_strings)
+
+
+def _layer_by_layer(layers, batch, x, memo):
+    """A run of layers on a backend without a whole-stack call (``step_layers``)."""
+    return forward_layers(layers, batch, x)
+
