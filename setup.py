@@ -13,6 +13,7 @@ Environment switches (read at build time):
 """
 
 import os
+from pathlib import Path
 import shutil
 import subprocess
 import sys
@@ -25,11 +26,7 @@ from Cython.Build import cythonize
 from setuptools import Extension, setup
 
 CPU_MODULES = ["elementwise", "attention", "runtime", "quant", "decode_step"]
-HEADERS = ["hybrid/_cpu/simd.h", "hybrid/_cpu/attention_core.h", "hybrid/_cpu/omp_compat.h",
-           "hybrid/_cpu/quant.h", "hybrid/_cpu/quant_formats.h", "hybrid/_cpu/quant_activations.h",
-           "hybrid/_cpu/quant_dot.h", "hybrid/_cpu/quant_matvec16.h", "hybrid/_cpu/quant_matvec.h",
-           "hybrid/_cpu/quant_gemm.h", "hybrid/_cpu/rowops.h",
-           "hybrid/_cpu/attention_avx512.h"]
+HEADERS = sorted(str(p) for p in Path("hybrid/_cpu").glob("*.h"))  # a header change rebuilds
 # Row decoding must reproduce gguf.quants bit for bit: no fused multiply-adds from contraction
 # (the dot products use explicit FMA intrinsics and are unaffected).  The row kernels of
 # rowops.h are compiled the same way in every module that uses them, so a quantized layer's fused

@@ -1,9 +1,10 @@
 /* Weight formats of GGUF files, read in place: row decoding, dot products, mat-vec and GEMM.
  *
  * This header includes its parts in order: quant_formats.h (build configuration, format codes,
- * decoding), quant_activations.h, quant_dot.h (per-format dot products, every ISA),
- * quant_matvec16.h (AVX-512 multi-row kernels), quant_matvec.h (the dispatcher) and
- * quant_gemm.h (the prefill int8 GEMM).
+ * decoding), quant_activations.h, the dot products by ISA (quant_dot_portable.h,
+ * quant_dot_avx2.h, quant_dot_avx512.h) and quant_dot.h (each format's choice among them),
+ * the multi-row kernels (quant_matvec8.h for AVX2, quant_matvec16.h for AVX-512),
+ * quant_matvec.h (the dispatcher) and quant_gemm.h (the prefill int8 GEMM).
  *
  * A weight matrix [out, in] is stored row by row; a row is in/block_size blocks of the format's
  * GGUF layout (ggml's block structs, little-endian, packed):
@@ -48,7 +49,11 @@
 
 #include "quant_formats.h"
 #include "quant_activations.h"
+#include "quant_dot_portable.h"
+#include "quant_dot_avx2.h"
+#include "quant_dot_avx512.h"
 #include "quant_dot.h"
+#include "quant_matvec8.h"
 #include "quant_matvec16.h"
 #include "quant_matvec.h"
 #include "quant_gemm.h"

@@ -31,6 +31,19 @@
 #define HY_GEMM_P 8
 #endif
 
+
+/* Activation rows one weight row serves per pass in the multi-row dot products: the weights of a
+ * block are loaded (and unpacked) once for all of them. */
+#if defined(HY_AVX2) && defined(__AVX512VL__)  /* 32 vector registers hold 8 rows' sums */
+#define HY_MR 8
+#define HY_R_CASES(X) X(1) X(2) X(3) X(4) X(5) X(6) X(7) X(8)
+#else
+#define HY_MR 4
+#define HY_R_CASES(X) X(1) X(2) X(3) X(4)
+#endif
+/* (HY_R_CASES(X): X(R) for every R <= HY_MR, the cases of a switch that makes the number of
+ * activation rows a compile-time constant in each) */
+
 /* the instruction set the quantized kernels were built for (+vbmi: the streaming Q4_0/Q4_1/Q5_0/
  * Q5_1 decode kernel, hy_q45_matvec_stream) */
 static inline const char *hy_q_simd(void) {

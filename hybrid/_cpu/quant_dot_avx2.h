@@ -1,0 +1,275 @@
+/* The AVX2 dot products (256-bit; vpdpbusd where the build has AVX-512 VNNI or AVX-VNNI): the
+ * integer helpers, each format's vector loop, and the Q4_K / Q5_K factor helper the AVX-512
+ * kernels share.  quant_dot.h chooses per format and build.
+ * Part of quant.h, which includes the parts in order. */
+#ifndef HYBRID_QUANT_DOT_AVX2_H
+#define HYBRID_QUANT_DOT_AVX2_H
+
+#ifdef HY_AVX2
+/* 8 int32 partial sums of w[i]*a[i] for 32 unsigned w (0..63) and signed a */
+static inline __m256i hy_dot_u8s8(__m256i w, __m256i a) {
+#ifdef HY_VNNI
+    return HY_DPBUSD(_mm256_setzero_si256(), w, a);
+#else
+    return _mm256_madd_epi16(_mm256_maddubs_epi16(w, a), _mm256_set1_epi16(1));
+#endif
+}
+
+/* the same for signed w (-128..127): |w| times a with w's sign */
+static inline __m256i hy_dot_s8s8(__m256i w, __m256i a) {
+    return hy_dot_u8s8(_mm256_abs_epi8(w), _mm256_sign_epi8(a, w));
+}
+
+/* 32 nibbles of a 16-byte array: low nibbles in bytes 0..15, high nibbles in bytes 16..31 */
+static inline __m256i hy_nibbles16(const uint8_t *q) {
+    __m128i raw = _mm_loadu_si128((const __m128i *)q);
+    __m256i both = _mm256_set_m128i(_mm_srli_epi16(raw, 4), raw);
+    return _mm256_and_si256(both, _mm256_set1_epi8(0x0F));
+}
+
+/* byte j = 0x10 where bit j of the 32-bit word is set, else 0 */
+static inline __m256i hy_bit4_from_bits(uint32_t bits) {
+    const __m256i pick = _mm256_set_epi8(3, 3, 3, 3, 3, 3, 3, 3, 2, 2, 2, 2, 2, 2, 2, 2,
+                                         1, 1, 1, 1, 1, 1, 1, 1, 0, 0, 0, 0, 0, 0, 0, 0);
+    const __m256i mask = _mm256_set1_epi64x((long long)0x8040201008040201ULL);
+    __m256i v = _mm256_shuffle_epi8(_mm256_set1_epi32((int)bits), pick);
+    v = _mm256_cmpeq_epi8(_mm256_and_si256(v, mask), mask);
+    return _mm256_and_si256(v, _mm256_set1_epi8(0x10));
+}
+
+/* software prefetch this far ahead of a weight stream: bandwidth x latency of one core's share
+ * (shorter distances leave one stream below the memory's rate; prefetches past a matrix's end
+ * are harmless) */
+#define HY_PREFETCH_AHEAD 12288
+#define HY_PREFETCH(p) _mm_prefetch((const char *)(p) + HY_PREFETCH_AHEAD, _MM_HINT_T0)
+/* the same into L2 only, for kernels whose working set leaves L1 too little room for the
+ * prefetched lines (the 512-bit Q6_K and K-quant kernels; Q8_0's single-row kernel is slower
+ * so) */
+#define HY_PREFETCH_L2(p) _mm_prefetch((const char *)(p) + HY_PREFETCH_AHEAD, _MM_HINT_T1)
+#define HY_LOADA(i) _mm256_loadu_si256((const __m256i *)(qa + 32 * (i)))
+
+/* Q8_0: the whole pairs of blocks of R activation rows into sum[r] (assigned); returns the first
+ * block left for the portable tail */
+static inline __attribute__((always_inline)) long
+hy_q8_0_blocks_avx2(const uint8_t *w, long nb, const int R, const int8_t *qa, const float *da,
+                    float *sum) {
+    const long n = 32 * nb;
+    long b = 0;
+#define HY_QA(r, i) _mm256_loadu_si256((const __m256i *)(qa + (r) * n + 32 * (i)))
+    __m256 acc0[HY_MR], acc1[HY_MR];
+    for (int r = 0; r < R; r++) acc0[r] = acc1[r] = _mm256_setzero_ps();
+    for (; b + 2 <= nb; b += 2) {
+        const uint8_t *b0 = w + 34 * b, *b1 = b0 + 34;
+        HY_PREFETCH(b0);
+        const __m256i w0 = _mm256_loadu_si256((const __m256i *)(b0 + 2));
+        const __m256i w1 = _mm256_loadu_si256((const __m256i *)(b1 + 2));
+        const __m256i a0 = _mm256_abs_epi8(w0), a1 = _mm256_abs_epi8(w1);
+        const float d0 = hy_f16(b0), d1 = hy_f16(b1);
+        for (int r = 0; r < R; r++) {
+            __m256i p0 = hy_dot_u8s8(a0, _mm256_sign_epi8(HY_QA(r, b), w0));
+            __m256i p1 = hy_dot_u8s8(a1, _mm256_sign_epi8(HY_QA(r, b + 1), w1));
+            acc0[r] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(p0), _mm256_set1_ps(d0 * da[r * nb + b]), acc0[r]);
+            acc1[r] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(p1), _mm256_set1_ps(d1 * da[r * nb + b + 1]), acc1[r]);
+        }
+    }
+    for (int r = 0; r < R; r++) sum[r] = hy_hsum256(_mm256_add_ps(acc0[r], acc1[r]));
+#undef HY_QA
+    return b;
+}
+
+/* Q4_0 / Q4_1 / Q5_0 / Q5_1: the whole pairs of blocks of R activation rows, the integer products
+ * into sum[r] (assigned) and the offsets added to msum[r]; returns the first block left.
+ * 256-bit in every SIMD build: a 512-bit two-block version is slower. */
+static inline __attribute__((always_inline)) long
+hy_q4q5_blocks_avx2(const uint8_t *w, long nb, const int R, const int8_t *qa, const float *da,
+                    const float *sa, int five, int with_min, float *sum, float *msum) {
+    const long n = 32 * nb;
+    const int hoff = with_min ? 4 : 2;                   /* qh (Q5) or qs (Q4) after d [, m] */
+    const int qoff = hoff + (five ? 4 : 0);
+    const int bb = qoff + 16;
+    const float centre = five ? 16.0f : 8.0f;
+    long b = 0;
+    /* two blocks per step: even blocks into acc0 and msum, odd ones into acc1 and msum1, so no
+     * sum waits on the one before it (one block per step, with a branch choosing the
+     * accumulator and one chain of offsets, ran 11 cycles per block on a Zen 4 core) */
+    __m256 acc0[HY_MR], acc1[HY_MR];
+    float msum1[HY_MR];
+    for (int r = 0; r < R; r++) acc0[r] = acc1[r] = _mm256_setzero_ps(), msum1[r] = 0.0f;
+    for (; b + 2 <= nb; b += 2) {
+        const uint8_t *blk0 = w + bb * b, *blk1 = blk0 + bb;
+        HY_PREFETCH(blk0);  /* (2 blocks are at most 48 bytes: every line is prefetched) */
+        const float d0 = hy_f16(blk0), d1 = hy_f16(blk1);
+        const float mb0 = with_min ? hy_f16(blk0 + 2) : -centre * d0;
+        const float mb1 = with_min ? hy_f16(blk1 + 2) : -centre * d1;
+        __m256i nv0 = hy_nibbles16(blk0 + qoff), nv1 = hy_nibbles16(blk1 + qoff);
+        if (five) {
+            nv0 = _mm256_or_si256(nv0, hy_bit4_from_bits(hy_u32(blk0 + hoff)));
+            nv1 = _mm256_or_si256(nv1, hy_bit4_from_bits(hy_u32(blk1 + hoff)));
+        }
+        for (int r = 0; r < R; r++) {
+            const int8_t *a = qa + r * n + 32 * b;
+            const __m256i p0 = hy_dot_u8s8(nv0, _mm256_loadu_si256((const __m256i *)a));
+            const __m256i p1 = hy_dot_u8s8(nv1, _mm256_loadu_si256((const __m256i *)(a + 32)));
+            msum[r] += mb0 * sa[r * nb + b];
+            msum1[r] += mb1 * sa[r * nb + b + 1];
+            acc0[r] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(p0), _mm256_set1_ps(d0 * da[r * nb + b]), acc0[r]);
+            acc1[r] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(p1), _mm256_set1_ps(d1 * da[r * nb + b + 1]), acc1[r]);
+        }
+    }
+    for (int r = 0; r < R; r++) {
+        sum[r] = hy_hsum256(_mm256_add_ps(acc0[r], acc1[r]));
+        msum[r] += msum1[r];
+    }
+    return b;
+}
+
+/* Q4_K / Q5_K: nsb super-blocks of 256; activation block 8*s+j is sub-block j of super-block s.
+ * The 6-bit scales and mins of the 8 sub-blocks are unpacked with 32-bit masks and widened to
+ * 8 floats, so each sub-block's factor d*sc_j*da_j is one lane of a vector product and the mins
+ * term dmin * sum_j m_j*sa_j is one FMA per super-block; two accumulators hide FMA latency. */
+static inline void hy_k4_scales_u32(const uint8_t *s, uint32_t *sc_lo, uint32_t *sc_hi,
+                                    uint32_t *mn_lo, uint32_t *mn_hi) {
+    uint32_t a = hy_u32(s), b = hy_u32(s + 4), c = hy_u32(s + 8);
+    *sc_lo = a & 0x3f3f3f3fu;
+    *mn_lo = b & 0x3f3f3f3fu;
+    *sc_hi = (c & 0x0f0f0f0fu) | (((a >> 6) & 0x03030303u) << 4);
+    *mn_hi = ((c >> 4) & 0x0f0f0f0fu) | (((b >> 6) & 0x03030303u) << 4);
+}
+
+/* Q4_K / Q5_K super-block factors: lane j = d * scale_j * da[j] for its 8 sub-blocks (returned),
+ * and the mins term dmin * sum_j min_j * sa[j] added to *accm (one FMA per super-block). */
+static inline __m256 hy_k4_factors(const uint8_t *blk, const float *da, const float *sa,
+                                   __m256 *accm) {
+    uint32_t sc_lo, sc_hi, mn_lo, mn_hi;
+    hy_k4_scales_u32(blk + 4, &sc_lo, &sc_hi, &mn_lo, &mn_hi);
+    const __m256 scf = _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_set_epi32(0, 0, (int)sc_hi, (int)sc_lo)));
+    const __m256 mnf = _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_set_epi32(0, 0, (int)mn_hi, (int)mn_lo)));
+    *accm = _mm256_fmadd_ps(_mm256_mul_ps(mnf, _mm256_loadu_ps(sa)), _mm256_set1_ps(hy_f16(blk + 2)), *accm);
+    return _mm256_mul_ps(_mm256_mul_ps(_mm256_set1_ps(hy_f16(blk)), scf), _mm256_loadu_ps(da));
+}
+
+/* Q4_K / Q5_K, one activation row */
+HY_UNUSED static float hy_dot_q45_k_avx2(const uint8_t *w, long nsb, const int8_t *qa,
+                                         const float *da, const float *sa, int five) {
+    const int bb = five ? 176 : 144;
+    __m256 acc0 = _mm256_setzero_ps(), acc1 = _mm256_setzero_ps(), accm = _mm256_setzero_ps();
+    const __m256i low4 = _mm256_set1_epi8(0x0F), one = _mm256_set1_epi8(1);
+    for (long s = 0; s < nsb; s++) {
+        const uint8_t *blk = w + bb * s;
+        const uint8_t *qh = blk + 16, *q = five ? blk + 48 : blk + 16;
+        const long a0 = 8 * s;
+        HY_PREFETCH(blk);
+        HY_PREFETCH(blk + 64);
+        HY_PREFETCH(blk + 128);
+        const __m256 coef = hy_k4_factors(blk, da + a0, sa + a0, &accm);
+        __m256i hbits = five ? _mm256_loadu_si256((const __m256i *)qh) : _mm256_setzero_si256();
+        for (int g = 0; g < 4; g++) {
+            __m256i raw = _mm256_loadu_si256((const __m256i *)(q + 32 * g));
+            __m256i lo = _mm256_and_si256(raw, low4);
+            __m256i hi = _mm256_and_si256(_mm256_srli_epi16(raw, 4), low4);
+            if (five) {
+                lo = _mm256_or_si256(lo, _mm256_slli_epi16(
+                    _mm256_and_si256(_mm256_srli_epi16(hbits, 2 * g), one), 4));
+                hi = _mm256_or_si256(hi, _mm256_slli_epi16(
+                    _mm256_and_si256(_mm256_srli_epi16(hbits, 2 * g + 1), one), 4));
+            }
+            __m256i p0 = hy_dot_u8s8(lo, HY_LOADA(a0 + 2 * g));
+            __m256i p1 = hy_dot_u8s8(hi, HY_LOADA(a0 + 2 * g + 1));
+            acc0 = _mm256_fmadd_ps(_mm256_cvtepi32_ps(p0),
+                                   _mm256_permutevar8x32_ps(coef, _mm256_set1_epi32(2 * g)), acc0);
+            acc1 = _mm256_fmadd_ps(_mm256_cvtepi32_ps(p1),
+                                   _mm256_permutevar8x32_ps(coef, _mm256_set1_epi32(2 * g + 1)), acc1);
+        }
+    }
+    return hy_hsum256(_mm256_add_ps(acc0, acc1)) - hy_hsum256(accm);
+}
+
+/* Q6_K, one activation row: s16 as hy_q_act gives it */
+HY_UNUSED static float hy_dot_q6_k_avx2(const uint8_t *w, long nsb, const int8_t *qa,
+                                        const float *da, const float *s16) {
+    float sum = 0.0f;
+    __m256 acc[4] = {_mm256_setzero_ps(), _mm256_setzero_ps(), _mm256_setzero_ps(), _mm256_setzero_ps()};
+    __m256 acco = _mm256_setzero_ps();
+    const __m256i low4 = _mm256_set1_epi8(0x0F);
+    /* int16 scale 2k of 8 in the low lane, 2k+1 in the high lane */
+    const __m256i pick[4] = {
+        _mm256_set_epi8(3, 2, 3, 2, 3, 2, 3, 2, 3, 2, 3, 2, 3, 2, 3, 2, 1, 0, 1, 0, 1, 0, 1, 0, 1, 0, 1, 0, 1, 0, 1, 0),
+        _mm256_set_epi8(7, 6, 7, 6, 7, 6, 7, 6, 7, 6, 7, 6, 7, 6, 7, 6, 5, 4, 5, 4, 5, 4, 5, 4, 5, 4, 5, 4, 5, 4, 5, 4),
+        _mm256_set_epi8(11, 10, 11, 10, 11, 10, 11, 10, 11, 10, 11, 10, 11, 10, 11, 10, 9, 8, 9, 8, 9, 8, 9, 8, 9, 8, 9, 8, 9, 8, 9, 8),
+        _mm256_set_epi8(15, 14, 15, 14, 15, 14, 15, 14, 15, 14, 15, 14, 15, 14, 15, 14, 13, 12, 13, 12, 13, 12, 13, 12, 13, 12, 13, 12, 13, 12, 13, 12)};
+    for (long s = 0; s < nsb; s++) {
+        const uint8_t *blk = w + 210 * s;
+        const int8_t *sc = (const int8_t *)(blk + 192);
+        const float d = hy_f16(blk + 208);
+        HY_PREFETCH(blk);
+        HY_PREFETCH(blk + 64);
+        HY_PREFETCH(blk + 128);
+        HY_PREFETCH(blk + 192);
+        __m128i sc8 = _mm_loadu_si128((const __m128i *)sc);
+        __m256 dv = _mm256_set1_ps(d);
+        acco = _mm256_fmadd_ps(_mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(sc8)), dv),
+                               _mm256_loadu_ps(s16 + 16 * s), acco);
+        acco = _mm256_fmadd_ps(_mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_srli_si128(sc8, 8))), dv),
+                               _mm256_loadu_ps(s16 + 16 * s + 8), acco);
+        __m256 cf = _mm256_mul_ps(dv, _mm256_loadu_ps(da + 8 * s)); /* d * da of the 8 blocks */
+        for (int n = 0; n < 2; n++) {
+            const uint8_t *ql = blk + 64 * n, *qh = blk + 128 + 32 * n;
+            const int8_t *scn = sc + 8 * n;
+            const long a0 = 8 * s + 4 * n;
+            __m256i l0 = _mm256_loadu_si256((const __m256i *)ql);
+            __m256i l1 = _mm256_loadu_si256((const __m256i *)(ql + 32));
+            __m256i h = _mm256_loadu_si256((const __m256i *)qh);
+            __m256i s16x = _mm256_broadcastsi128_si256(_mm_cvtepi8_epi16(_mm_loadl_epi64((const __m128i *)scn)));
+            __m256i v[4];
+            v[0] = _mm256_or_si256(_mm256_and_si256(l0, low4),
+                                   _mm256_slli_epi16(_mm256_and_si256(h, _mm256_set1_epi8(0x03)), 4));
+            v[1] = _mm256_or_si256(_mm256_and_si256(l1, low4),
+                                   _mm256_slli_epi16(_mm256_and_si256(h, _mm256_set1_epi8(0x0C)), 2));
+            v[2] = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(l0, 4), low4),
+                                   _mm256_and_si256(h, _mm256_set1_epi8(0x30)));
+            v[3] = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(l1, 4), low4),
+                                   _mm256_srli_epi16(_mm256_and_si256(h, _mm256_set1_epi8((char)0xC0)), 2));
+            for (int k = 0; k < 4; k++) {
+                __m256i p16 = _mm256_maddubs_epi16(v[k], HY_LOADA(a0 + k));
+                __m256i p32 = _mm256_madd_epi16(p16, _mm256_shuffle_epi8(s16x, pick[k]));
+                acc[k] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(p32),
+                                         _mm256_permutevar8x32_ps(cf, _mm256_set1_epi32(4 * n + k)), acc[k]);
+            }
+        }
+    }
+    sum = hy_hsum256(_mm256_add_ps(_mm256_add_ps(acc[0], acc[1]), _mm256_add_ps(acc[2], acc[3])))
+          - 32.0f * hy_hsum256(acco);
+    return sum;
+}
+
+/* F16 / BF16 rows times float32 x: 16 values per step (F16 where the build has F16C), the rest
+ * in the portable tail */
+HY_UNUSED static float hy_dot_half_avx2(const uint8_t *w, long n, const float *x, int bf16) {
+    const uint16_t *h = (const uint16_t *)w;
+    long i = 0;
+    float sum = 0.0f;
+    __m256 a0 = _mm256_setzero_ps(), a1 = _mm256_setzero_ps();
+    if (bf16) {
+        for (; i + 16 <= n; i += 16) {
+            HY_PREFETCH(h + i);
+            __m256i u0 = _mm256_cvtepu16_epi32(_mm_loadu_si128((const __m128i *)(h + i)));
+            __m256i u1 = _mm256_cvtepu16_epi32(_mm_loadu_si128((const __m128i *)(h + i + 8)));
+            a0 = _mm256_fmadd_ps(_mm256_castsi256_ps(_mm256_slli_epi32(u0, 16)), _mm256_loadu_ps(x + i), a0);
+            a1 = _mm256_fmadd_ps(_mm256_castsi256_ps(_mm256_slli_epi32(u1, 16)), _mm256_loadu_ps(x + i + 8), a1);
+        }
+    }
+#if defined(HY_F16C)
+    else {
+        for (; i + 16 <= n; i += 16) {
+            HY_PREFETCH(h + i);
+            a0 = _mm256_fmadd_ps(_mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(h + i))), _mm256_loadu_ps(x + i), a0);
+            a1 = _mm256_fmadd_ps(_mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(h + i + 8))), _mm256_loadu_ps(x + i + 8), a1);
+        }
+    }
+#endif
+    sum = hy_hsum256(_mm256_add_ps(a0, a1));
+    return hy_half_tail(h, i, n, x, bf16, sum);
+}
+#endif
+
+#endif

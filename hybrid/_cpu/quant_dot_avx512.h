@@ -1,0 +1,259 @@
+/* The AVX-512 dot products: Q8_0 two blocks per vector, Q4_K / Q5_K and Q6_K for one or two
+ * weight rows per pass (vpdpbusd), and F16 / BF16 for up to four weight rows per pass.
+ * quant_dot.h chooses per format and build.
+ * Part of quant.h, which includes the parts in order. */
+#ifndef HYBRID_QUANT_DOT_AVX512_H
+#define HYBRID_QUANT_DOT_AVX512_H
+
+#if defined(HY_Q512)
+/* Q8_0: all blocks of R activation rows into sum[r] (assigned); returns past the last block */
+static inline __attribute__((always_inline)) long
+hy_q8_0_blocks_512(const uint8_t *w, long nb, const int R, const int8_t *qa, const float *da,
+                   float *sum) {
+    const long n = 32 * nb;
+    long b = 0;
+    /* two blocks per 512-bit vector (an odd last block leaves the upper half zero); |w| times
+     * a with w's sign */
+    __m512 acc[HY_MR];
+    for (int r = 0; r < R; r++) acc[r] = _mm512_setzero_ps();
+    for (; b < nb; b += 2) {
+        const int two = b + 1 < nb;
+        const uint8_t *b0 = w + 34 * b, *b1 = b0 + 34;
+        HY_PREFETCH(b0);
+        const __m256i w0 = _mm256_loadu_si256((const __m256i *)(b0 + 2));
+        const __m256i w1 = two ? _mm256_loadu_si256((const __m256i *)(b1 + 2)) : _mm256_setzero_si256();
+        const __m512i wv = _mm512_inserti64x4(_mm512_castsi256_si512(w0), w1, 1);
+        const __m512i wa = _mm512_abs_epi8(wv);
+        const __mmask64 neg = _mm512_movepi8_mask(wv);
+        const __mmask64 am = two ? ~(__mmask64)0 : (__mmask64)0xFFFFFFFFu;
+        const float d0 = hy_f16(b0), d1 = two ? hy_f16(b1) : 0.0f;
+        for (int r = 0; r < R; r++) {
+            __m512i a = _mm512_maskz_loadu_epi8(am, qa + r * n + 32 * b);
+            a = _mm512_mask_sub_epi8(a, neg, _mm512_setzero_si512(), a);
+            const __m512i p = _mm512_dpbusd_epi32(_mm512_setzero_si512(), wa, a);
+            const float *dr = da + r * nb;
+            const __m512 sc = _mm512_mask_blend_ps((__mmask16)0xFF00, _mm512_set1_ps(d0 * dr[b]),
+                                                   _mm512_set1_ps(two ? d1 * dr[b + 1] : 0.0f));
+            acc[r] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(p), sc, acc[r]);
+        }
+    }
+    for (int r = 0; r < R; r++) sum[r] = _mm512_reduce_add_ps(acc[r]);
+    return b;
+}
+
+/* Whether the Q4_K / Q5_K two-row kernel prefetches into L2 rather than L1, for rows of n
+ * values: where one activation row (n bytes and two floats per 32) and the 12 KiB prefetch
+ * window pass 3/4 of the L1D, lines prefetched into L1 would be evicted before their use
+ * (a 32 KiB L1D with wide rows such as a down projection's); narrower rows keep L1. */
+static inline int hy_q_kquant_pf_l2(long n) {
+    return n + n / 4 + HY_PREFETCH_AHEAD > hy_l1d_bytes() * 3 / 4;
+}
+
+/* Q4_K / Q5_K with 512-bit vectors: 64 nibble bytes (sub-blocks 2g..2g+3) per load, sub-blocks
+ * 2g and 2g+2 (low nibbles) or 2g+1 and 2g+3 (high) side by side; otherwise as below.  W (<= 2)
+ * weight rows, row i at w + i*wstep, share a pass: the activations are loaded and arranged once
+ * for all of them, and each row takes exactly the operations of a single row (the same bits). */
+static inline __attribute__((always_inline)) void
+hy_dot_q45_k_512_rows(const uint8_t *w, long wstep, const int W, long nsb, const int8_t *qa,
+                      const float *da, const float *sa, int five, int pf_l2, float *out) {
+    const int bb = five ? 176 : 144;
+    __m512 acc0[2], acc1[2];
+    __m256 accm[2];
+    for (int i = 0; i < W; i++) acc0[i] = acc1[i] = _mm512_setzero_ps(), accm[i] = _mm256_setzero_ps();
+    const __m512i low4 = _mm512_set1_epi8(0x0F), one = _mm512_set1_epi8(1);
+    /* 2 in the upper 256 bits: as 32-bit lanes (factor index) and as 16-bit lanes (bit shift) */
+    const __m512i half = _mm512_mask_blend_epi32((__mmask16)0xFF00, _mm512_setzero_si512(), _mm512_set1_epi32(2));
+    const __m512i half16 = _mm512_mask_blend_epi32((__mmask16)0xFF00, _mm512_setzero_si512(), _mm512_set1_epi16(2));
+    for (long s = 0; s < nsb; s++) {
+        const long a0 = 8 * s;
+        __m512 coef[2];
+        __m512i hb[2];
+        for (int i = 0; i < W; i++) {
+            const uint8_t *blk = w + i * wstep + bb * s;
+            /* the W rows' bytes are one span: prefetch it front to back, W blocks per step, so
+             * memory sees one forward stream (not W streams, one ahead of each row's cursor) */
+            const uint8_t *pf = w + bb * (W * s + i);
+            if (pf_l2) {  /* (see hy_q_kquant_pf_l2) */
+                HY_PREFETCH_L2(pf);
+                HY_PREFETCH_L2(pf + 64);
+                HY_PREFETCH_L2(pf + 128);
+            } else {
+                HY_PREFETCH(pf);
+                HY_PREFETCH(pf + 64);
+                HY_PREFETCH(pf + 128);
+            }
+            coef[i] = _mm512_castps256_ps512(hy_k4_factors(blk, da + a0, sa + a0, &accm[i]));
+            hb[i] = five ? _mm512_broadcast_i64x4(_mm256_loadu_si256((const __m256i *)(blk + 16)))
+                         : _mm512_setzero_si512();
+        }
+        for (int g = 0; g < 4; g += 2) {
+            const __m512i alo = _mm512_inserti64x4(_mm512_castsi256_si512(HY_LOADA(a0 + 2 * g)),
+                                                   HY_LOADA(a0 + 2 * g + 2), 1);
+            const __m512i ahi = _mm512_inserti64x4(_mm512_castsi256_si512(HY_LOADA(a0 + 2 * g + 1)),
+                                                   HY_LOADA(a0 + 2 * g + 3), 1);
+            const __m512i l0 = _mm512_add_epi32(_mm512_set1_epi32(2 * g), half);
+            const __m512i l1 = _mm512_add_epi32(l0, _mm512_set1_epi32(1));
+            for (int i = 0; i < W; i++) {
+                const uint8_t *q = w + i * wstep + bb * s + (five ? 48 : 16);
+                const __m512i raw = _mm512_loadu_si512((const void *)(q + 32 * g));
+                __m512i lo = _mm512_and_si512(raw, low4);
+                __m512i hi = _mm512_and_si512(_mm512_srli_epi16(raw, 4), low4);
+                if (five) {  /* bits 2g / 2g+1 (low half), 2g+2 / 2g+3 (high half) */
+                    const __m512i cnt = _mm512_add_epi16(_mm512_set1_epi16((short)(2 * g)), half16);
+                    const __m512i hs = _mm512_srlv_epi16(hb[i], cnt);
+                    lo = _mm512_or_si512(lo, _mm512_slli_epi16(_mm512_and_si512(hs, one), 4));
+                    hi = _mm512_or_si512(hi, _mm512_slli_epi16(_mm512_and_si512(_mm512_srli_epi16(hs, 1), one), 4));
+                }
+                const __m512i p0 = _mm512_dpbusd_epi32(_mm512_setzero_si512(), lo, alo);
+                const __m512i p1 = _mm512_dpbusd_epi32(_mm512_setzero_si512(), hi, ahi);
+                acc0[i] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(p0), _mm512_permutexvar_ps(l0, coef[i]), acc0[i]);
+                acc1[i] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(p1), _mm512_permutexvar_ps(l1, coef[i]), acc1[i]);
+            }
+        }
+    }
+    for (int i = 0; i < W; i++)
+        out[i] = _mm512_reduce_add_ps(_mm512_add_ps(acc0[i], acc1[i])) - hy_hsum256(accm[i]);
+}
+
+HY_UNUSED static float hy_dot_q45_k_512(const uint8_t *w, long nsb, const int8_t *qa,
+                                        const float *da, const float *sa, int five) {
+    float out;
+    hy_dot_q45_k_512_rows(w, 0, 1, nsb, qa, da, sa, five, 0, &out);
+    return out;
+}
+
+/* Q6_K: values n (0..63) with a signed 8-bit scale per 16 and one float16 d per 256:
+ * sum = d * sum_g sc_g * (da_b * sum n*qa  -  32 * s16_g), where s16_g = da_b * (sum of qa over
+ * the 16 values of g).  The integer products use unsigned n (no sign trick) and the scales enter
+ * through _mm256_madd_epi16; the -32 offsets are one vector FMA per 8 groups. */
+/* Q6_K with 512-bit vectors: the two 128-value halves of a super-block side by side (half n in
+ * 256-bit lane n), so each step serves 64 values.  Unlike the AVX2 scheme below, the integer
+ * sums (vpdpbusd, 4 values per lane) carry no scale: each lane's factor d * scale * da is one
+ * float product (d * scale exact), cheaper than maddubs + scale shuffle + madd.
+ * W (<= 2) weight rows share a pass as in hy_dot_q45_k_512_rows. */
+static inline __attribute__((always_inline)) void
+hy_dot_q6_k_512_rows(const uint8_t *w, long wstep, const int W, long nsb, const int8_t *qa,
+                     const float *da, const float *s16, float *out) {
+    __m512 acc[2][4], acco[2];
+    for (int i = 0; i < W; i++) {
+        acco[i] = _mm512_setzero_ps();
+        for (int k = 0; k < 4; k++) acc[i][k] = _mm512_setzero_ps();
+    }
+    const __m512i low4 = _mm512_set1_epi8(0x0F);
+    /* step k's 16 int32 sums (vpdpbusd: 4 values each): lanes 0-3 / 4-7 are half 0's 16-value
+     * groups 2k / 2k+1, lanes 8-11 / 12-15 half 1's (scales 8+2k / 9+2k); lanes 0-7 take
+     * activation block 4*0+k, lanes 8-15 block 4+k */
+    __m512i grp[4], blk8[4];
+    for (int k = 0; k < 4; k++) {
+        grp[k] = _mm512_set_epi32(9 + 2 * k, 9 + 2 * k, 9 + 2 * k, 9 + 2 * k, 8 + 2 * k, 8 + 2 * k,
+                                  8 + 2 * k, 8 + 2 * k, 1 + 2 * k, 1 + 2 * k, 1 + 2 * k, 1 + 2 * k,
+                                  2 * k, 2 * k, 2 * k, 2 * k);
+        blk8[k] = _mm512_mask_blend_epi32((__mmask16)0xFF00, _mm512_set1_epi32(k), _mm512_set1_epi32(4 + k));
+    }
+    for (long s = 0; s < nsb; s++) {
+        const int8_t *a = qa + 256 * s;
+        const __m512 s16v = _mm512_loadu_ps(s16 + 16 * s);
+        const __m512 dav = _mm512_castps256_ps512(_mm256_loadu_ps(da + 8 * s));
+        __m512 dak[4];  /* step k's activation scale per lane (shared by the W rows) */
+        for (int k = 0; k < 4; k++) dak[k] = _mm512_permutexvar_ps(blk8[k], dav);
+        __m512 scf[2];
+        __m512i v[2][4];
+        for (int i = 0; i < W; i++) {
+            const uint8_t *blk = w + i * wstep + 210 * s;
+            const uint8_t *pf = w + 210 * (W * s + i);  /* one forward stream, as for Q4_K */
+            HY_PREFETCH_L2(pf);
+            HY_PREFETCH_L2(pf + 64);
+            HY_PREFETCH_L2(pf + 128);
+            HY_PREFETCH_L2(pf + 192);
+            /* d * scale of the 16 groups (exact: an 8-bit integer times a float16) */
+            scf[i] = _mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i *)(blk + 192)))),
+                                   _mm512_set1_ps(hy_f16(blk + 208)));
+            acco[i] = _mm512_fmadd_ps(scf[i], s16v, acco[i]);
+            /* half n: ql at 64n, qh at 128 + 32n */
+            const __m512i l0 = _mm512_inserti64x4(_mm512_castsi256_si512(_mm256_loadu_si256((const __m256i *)blk)),
+                                                  _mm256_loadu_si256((const __m256i *)(blk + 64)), 1);
+            const __m512i l1 = _mm512_inserti64x4(_mm512_castsi256_si512(_mm256_loadu_si256((const __m256i *)(blk + 32))),
+                                                  _mm256_loadu_si256((const __m256i *)(blk + 96)), 1);
+            const __m512i h = _mm512_loadu_si512((const void *)(blk + 128));
+            v[i][0] = _mm512_or_si512(_mm512_and_si512(l0, low4),
+                                      _mm512_slli_epi16(_mm512_and_si512(h, _mm512_set1_epi8(0x03)), 4));
+            v[i][1] = _mm512_or_si512(_mm512_and_si512(l1, low4),
+                                      _mm512_slli_epi16(_mm512_and_si512(h, _mm512_set1_epi8(0x0C)), 2));
+            v[i][2] = _mm512_or_si512(_mm512_and_si512(_mm512_srli_epi16(l0, 4), low4),
+                                      _mm512_and_si512(h, _mm512_set1_epi8(0x30)));
+            v[i][3] = _mm512_or_si512(_mm512_and_si512(_mm512_srli_epi16(l1, 4), low4),
+                                      _mm512_srli_epi16(_mm512_and_si512(h, _mm512_set1_epi8((char)0xC0)), 2));
+        }
+        for (int k = 0; k < 4; k++) {
+            const __m512i av = _mm512_inserti64x4(
+                _mm512_castsi256_si512(_mm256_loadu_si256((const __m256i *)(a + 32 * k))),
+                _mm256_loadu_si256((const __m256i *)(a + 128 + 32 * k)), 1);
+            for (int i = 0; i < W; i++) {
+                const __m512i p32 = _mm512_dpbusd_epi32(_mm512_setzero_si512(), v[i][k], av);
+                const __m512 f = _mm512_mul_ps(_mm512_permutexvar_ps(grp[k], scf[i]), dak[k]);
+                acc[i][k] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(p32), f, acc[i][k]);
+            }
+        }
+    }
+    for (int i = 0; i < W; i++)
+        out[i] = _mm512_reduce_add_ps(_mm512_add_ps(_mm512_add_ps(acc[i][0], acc[i][1]), _mm512_add_ps(acc[i][2], acc[i][3])))
+                 - 32.0f * _mm512_reduce_add_ps(acco[i]);
+}
+
+HY_UNUSED static float hy_dot_q6_k_512(const uint8_t *w, long nsb, const int8_t *qa,
+                                       const float *da, const float *s16) {
+    float out;
+    hy_dot_q6_k_512_rows(w, 0, 1, nsb, qa, da, s16, &out);
+    return out;
+}
+#endif
+
+#if defined(HY_AVX2) && defined(__AVX512F__)
+#define HY_HALF512 1
+/* W (1..4) F16 / BF16 weight rows (row i at w + i*row_bytes) times float32 x [n]: out[i].
+ * 32 values per step in two 512-bit halves, each row with two accumulators, so W = 4 keeps
+ * eight FMA chains going and loads x once for four rows; the last partial step reads masked
+ * (zeros past n).  A row takes exactly the same operations whatever W is (the same bits).
+ * Each row prefetches, into L2, the line at the same place in the row four rows on (the next
+ * pass's).  Zen 4, 2 threads, from memory, 4096-wide rows, alternating runs: the 256-bit
+ * one-row loop before (two FMA chains, a prefetch 12 KiB ahead into L1 per 32 bytes) 15-25
+ * GB/s; this kernel with that prefetch 20-28, with this one 28-31. */
+static inline __attribute__((always_inline)) __m512 hy_half16(const uint16_t *h, __mmask16 m,
+                                                               const int bf16) {
+    const __m256i u = _mm256_maskz_loadu_epi16(m, h);
+    if (bf16) return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(u), 16));
+    return _mm512_cvtph_ps(u);
+}
+
+static inline __attribute__((always_inline)) void
+hy_half_rows(const uint8_t *w, long row_bytes, const int W, long n, const float *x, const int bf16,
+             float *out) {
+    __m512 a0[4], a1[4];
+    for (int r = 0; r < W; r++) a0[r] = a1[r] = _mm512_setzero_ps();
+    for (long i = 0; i < n; i += 32) {
+        const long left = n - i;
+        const __mmask16 m0 = left >= 16 ? (__mmask16)0xFFFF : (__mmask16)((1u << left) - 1u);
+        const __mmask16 m1 = left >= 32 ? (__mmask16)0xFFFF
+                                        : (left <= 16 ? (__mmask16)0 : (__mmask16)((1u << (left - 16)) - 1u));
+        const __m512 x0 = _mm512_maskz_loadu_ps(m0, x + i), x1 = _mm512_maskz_loadu_ps(m1, x + i + 16);
+        for (int r = 0; r < W; r++) {
+            const uint16_t *h = (const uint16_t *)(w + r * row_bytes) + i;
+            _mm_prefetch((const char *)h + 4 * row_bytes, _MM_HINT_T1);  /* the next pass's line */
+            a0[r] = _mm512_fmadd_ps(hy_half16(h, m0, bf16), x0, a0[r]);
+            a1[r] = _mm512_fmadd_ps(hy_half16(h + 16, m1, bf16), x1, a1[r]);
+        }
+    }
+    for (int r = 0; r < W; r++) out[r] = _mm512_reduce_add_ps(_mm512_add_ps(a0[r], a1[r]));
+}
+#endif
+
+#if defined(HY_HALF512)
+HY_UNUSED static float hy_dot_half_512(const uint8_t *w, long n, const float *x, int bf16) {
+    float out;  /* (bf16 a constant in each call) */
+    if (bf16) hy_half_rows(w, 0, 1, n, x, 1, &out);
+    else hy_half_rows(w, 0, 1, n, x, 0, &out);
+    return out;
+}
+#endif
+
+#endif
