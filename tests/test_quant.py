@@ -415,3 +415,25 @@ def test_kernels_read_nothing_past_the_weights(name, rng):
             assert libc.mprotect(ctypes.addressof(anchor), pages * page, 3) == 0  # read | write
             del w, anchor
             buf.close()
+
+
+def test_the_kernel_traits_table_matches_the_formats():
+    """The C traits table (quant_traits.h) and hybrid/quant/formats.py describe every format
+    alike, and the weight rows per mat-vec pass are the ones this build's kernels read."""
+    table = kernels.kernel_traits()
+    assert sorted(t["name"] for t in table.values()) == sorted(FORMATS)
+    for code, t in table.items():
+        f = FORMATS[t["name"]]
+        assert (f.kernel_code, f.block_values, f.block_bytes, f.integer) == \
+            (code, t["block_values"], t["block_bytes"], t["integer"])
+    rows = {t["name"]: t["rows_per_pass"] for t in table.values()}
+    simd = kernels.simd()
+    q45 = ("q4_0", "q4_1", "q5_0", "q5_1")
+    if simd.startswith("avx512"):
+        assert {rows[n] for n in ("q4_0", "q4_1", "q8_0")} == {16}
+        assert {rows[n] for n in ("q4_k", "q5_k", "q6_k")} == {2}
+    elif simd.startswith("avx2"):
+        assert {rows[n] for n in q45} == {8}
+        assert {rows[n] for n in ("q8_0", "q4_k", "q5_k", "q6_k")} == {1}
+    else:
+        assert set(rows.values()) == {1}

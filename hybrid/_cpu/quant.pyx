@@ -12,7 +12,14 @@ from libc.string cimport memset
 
 
 cdef extern from "quant.h" nogil:
-    enum: HY_Q_F32
+    enum: HY_Q_F16, HY_Q_F32
+    ctypedef struct hy_q_traits:
+        const char *name
+        int block_values
+        int block_bytes
+        int integer
+        int rows_per_pass
+    const hy_q_traits *hy_q_traits_of(int type)
     const char *hy_q_simd()
     int hy_q_block_values(int type)
     int hy_q_block_bytes(int type)
@@ -62,7 +69,24 @@ cdef enum:
 # (16 with AVX-512, else 8).
 cdef int GEMM_PANEL = hy_q_gemm_panel_rows()
 
-INTEGER_FORMATS = frozenset([3, 4, 5, 6, 7, 8, 9, 10])  # quantized with 8-bit activations
+
+
+def kernel_traits():
+    """The C traits table (quant_traits.h) of every stored format, by kernel code: its name,
+    values and bytes per block, whether its dot products take 8-bit activations, and the weight
+    rows one pass of this build's mat-vec reads."""
+    cdef const hy_q_traits *t
+    table = {}
+    for code in range(HY_Q_F16, HY_Q_F32):
+        t = hy_q_traits_of(code)
+        table[code] = {"name": t.name.decode(), "block_values": t.block_values,
+                       "block_bytes": t.block_bytes, "integer": bool(t.integer),
+                       "rows_per_pass": t.rows_per_pass}
+    return table
+
+
+# the codes of the formats quantized with 8-bit activations
+INTEGER_FORMATS = frozenset(c for c, t in kernel_traits().items() if t["integer"])
 
 # Whether this build has its own float32 GEMM (AVX-512); without it BLAS multiplies float32 rows.
 GEMM_F32 = bool(hy_gemm_f32_available())

@@ -4,26 +4,6 @@
 #ifndef HYBRID_QUANT_MATVEC_H
 #define HYBRID_QUANT_MATVEC_H
 
-/* One weight row of `n` values times one activation row: qa/da/sa for the integer formats,
- * x (float32) for F16/BF16. */
-static inline float hy_q_dot(int type, const uint8_t *w, long n, const int8_t *qa, const float *da,
-                             const float *sa, const float *s16, const float *x) {
-    switch (type) {
-    case HY_Q_F16: return hy_dot_half(w, n, x, 0);
-    case HY_Q_BF16: return hy_dot_half(w, n, x, 1);
-    case HY_Q_Q8_0: return hy_dot_q8_0(w, n / 32, qa, da);
-    case HY_Q_Q4_0: return hy_dot_q4q5(w, n / 32, qa, da, sa, 0, 0);
-    case HY_Q_Q4_1: return hy_dot_q4q5(w, n / 32, qa, da, sa, 0, 1);
-    case HY_Q_Q5_0: return hy_dot_q4q5(w, n / 32, qa, da, sa, 1, 0);
-    case HY_Q_Q5_1: return hy_dot_q4q5(w, n / 32, qa, da, sa, 1, 1);
-    case HY_Q_Q4_K: return hy_dot_q45_k(w, n / 256, qa, da, sa, 0);
-    case HY_Q_Q5_K: return hy_dot_q45_k(w, n / 256, qa, da, sa, 1);
-    case HY_Q_Q6_K: return hy_dot_q6_k(w, n / 256, qa, da, s16);
-    case HY_Q_F32: return hy_dot_stream((const float *)w, x, n);
-    }
-    return NAN;
-}
-
 /* The stream kernel's activations (hy_q45_prep), for the formats it serves: bytes per activation
  * row of n values (0 where the build has no stream kernel), whether `type` reads them, and the
  * preparation of one row. */
@@ -63,15 +43,17 @@ static inline void hy_q_matvec_range(int type, const uint8_t *w, long row_bytes,
     const long nb = n / 32;
     const int multi = type == HY_Q_Q8_0 || type == HY_Q_Q4_0 || type == HY_Q_Q4_1 ||
                       type == HY_Q_Q5_0 || type == HY_Q_Q5_1;
+    const int per_pass = hy_q_table[type].rows_per_pass;  /* weight rows (quant_traits.h) */
     long o = o0;
+    (void)per_pass;  /* (a portable build has no multi-row kernel) */
 #if defined(HY_Q512)
     const int five = type == HY_Q_Q5_0 || type == HY_Q_Q5_1;
-    const int rows16 = hy_q45_rows16(type);
-    /* Q8_0 takes the 16-row kernel only where 16 rows are a short span (12 KiB: up to 704
-     * values per row), read as one stream; on wider rows one row at a time reads memory
-     * faster, and one row's cheap integer work is no bottleneck.  The choice depends on the
-     * matrix only, never on the number of activation rows. */
-    const int q8_rows16 = type == HY_Q_Q8_0 && 16 * row_bytes <= 12288;
+    /* Q8_0 takes the 16-row kernel only where 16 rows are a short span (up to 704 values per
+     * row), read as one stream; on wider rows one row at a time reads memory faster, and one
+     * row's cheap integer work is no bottleneck.  The choice depends on the matrix only, never
+     * on the number of activation rows. */
+    const int rows16 = per_pass == 16
+                       && (type != HY_Q_Q8_0 || 16 * row_bytes <= HY_Q8_ROWS16_SPAN);
 #if defined(HY_Q45_STREAM)
     const int stream = hy_q_uses_stream(type);
     if (stream && prep != NULL) {
@@ -116,7 +98,7 @@ static inline void hy_q_matvec_range(int type, const uint8_t *w, long row_bytes,
         o1 = end;
     }
 #endif
-    if ((rows16 || q8_rows16) && qa != NULL) {  /* 16 weight rows per pass */
+    if (rows16 && qa != NULL) {  /* 16 weight rows per pass */
         const int mn = type == HY_Q_Q4_1 || type == HY_Q_Q5_1;
         for (; o + 16 <= o1; o += 16) {
             int r = 0;
@@ -144,7 +126,7 @@ static inline void hy_q_matvec_range(int type, const uint8_t *w, long row_bytes,
     /* Q4_K / Q5_K / Q6_K: two weight rows per pass share the activations' loads and
      * arrangement; each row takes the operations of a single row (the same bits), and the
      * odd row left over takes the one-row path (four rows per pass gain nothing over two). */
-    if ((type == HY_Q_Q4_K || type == HY_Q_Q5_K || type == HY_Q_Q6_K) && qa != NULL) {
+    if (per_pass == 2 && qa != NULL) {
         const int pf_l2 = hy_q_kquant_pf_l2(n);
         for (; o + 2 <= o1; o += 2)
             for (int r = 0; r < rows; r++) {
@@ -164,7 +146,7 @@ static inline void hy_q_matvec_range(int type, const uint8_t *w, long row_bytes,
 #endif
 #if defined(HY_HALF512)
     /* F16 / BF16: four weight rows per pass share the loads of x (hy_half_rows) */
-    if ((type == HY_Q_F16 || type == HY_Q_BF16) && x != NULL) {
+    if (per_pass == 4 && x != NULL) {
         for (; o + 4 <= o1; o += 4)
             for (int r = 0; r < rows; r++) {
                 float v[4];
@@ -176,8 +158,7 @@ static inline void hy_q_matvec_range(int type, const uint8_t *w, long row_bytes,
 #endif
 #if defined(HY_AVX2) && !defined(HY_Q512)
     /* Q4_0 / Q4_1 / Q5_0 / Q5_1: 8 weight rows per pass, every row (hy_q45_matvec8) */
-    if ((type == HY_Q_Q4_0 || type == HY_Q_Q4_1 || type == HY_Q_Q5_0 || type == HY_Q_Q5_1)
-        && qa != NULL) {
+    if (per_pass == 8 && qa != NULL) {
         const int mn = type == HY_Q_Q4_1 || type == HY_Q_Q5_1;
         const int five = type == HY_Q_Q5_0 || type == HY_Q_Q5_1;
         for (; o < o1; o += 8) {
@@ -200,6 +181,7 @@ static inline void hy_q_matvec_range(int type, const uint8_t *w, long row_bytes,
         return;
     }
 #endif
+    const hy_q_dot_fn dot = hy_q_table[type].dot;
     for (; o < o1; o++) {
         const uint8_t *wr = w + o * row_bytes;
         float bo = bias ? bias[o] : 0.0f;
@@ -220,9 +202,9 @@ static inline void hy_q_matvec_range(int type, const uint8_t *w, long row_bytes,
             }
         }
         for (; r < rows; r++) {
-            float v = hy_q_dot(type, wr, n, qa ? qa + r * n : NULL, da ? da + r * nb : NULL,
-                               sa ? sa + r * nb : NULL, s16 ? s16 + 2 * r * nb : NULL,
-                               x ? x + r * n : NULL);
+            float v = dot(wr, n, qa ? qa + r * n : NULL, da ? da + r * nb : NULL,
+                          sa ? sa + r * nb : NULL, s16 ? s16 + 2 * r * nb : NULL,
+                          x ? x + r * n : NULL);
             out[r * ldo + o] = v + bo;
         }
     }

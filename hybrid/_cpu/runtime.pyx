@@ -44,7 +44,7 @@ def kernel_paths():
     elementwise = {3: "avx512", 2: "avx2+fma", 1: "avx2+fma", 0: "portable C"}[level]
     return {"attention": attention,
             "elementwise (rmsnorm, swiglu, exp)": elementwise,
-            "quantized weights": quant.simd(),
+            "quantized weights": f"{quant.simd()} ({_rows_per_pass(quant.kernel_traits())})",
             "float32 weights, prompt rows": "avx512 GEMM" if quant.GEMM_F32 else "BLAS sgemm"}
 
 
@@ -68,3 +68,12 @@ def read_sum(const float[::1] x,  # IN [n] float32, ideally far larger than the 
         lo = c * chunk
         total += hy_stream_sum(&x[lo], min(chunk, n - lo))
     return total
+
+
+def _rows_per_pass(traits) -> str:
+    """"weight rows per mat-vec pass: 8 q4_0 q4_1 ..., 1 others" from the traits table."""
+    groups = {}
+    for t in traits.values():
+        groups.setdefault(t["rows_per_pass"], []).append(t["name"])
+    parts = [f"{r} {' '.join(names)}" for r, names in sorted(groups.items(), reverse=True)]
+    return "weight rows per mat-vec pass: " + "; ".join(parts)
