@@ -413,45 +413,47 @@ class PagedKVCache:
                 f"head_dim={self.head_dim}, block_size={self.block_size}, dtype={self.dtype.name}, "
                 f"seq_len={self._seq_len})")
 
+    @staticmethod
+    def append_batch(caches, layer: int, k, v) -> None:
+        """Append row b of k, v [B, kv_dim] to ``caches[b]`` (one decode token per sequence).
 
-def append_batch(caches, layer: int, k, v) -> None:
-    """Append row b of k, v [B, kv_dim] to ``caches[b]`` (one decode token per sequence).
+        The caches' layer must share one placement, as a batch does.  Rows already on that GPU are
+        written by one kernel launch; otherwise each cache appends its row.  On any error nothing is
+        written to any cache.
+        """
+        if not caches:
+            return
+        c0 = caches[0]
+        where = c0.placement(layer)
+        batched = None
+        if not where.is_cpu and is_device_array(k) and k.placement == where:
+            from . import registry
 
-    The caches' layer must share one placement, as a batch does.  Rows already on that GPU are
-    written by one kernel launch; otherwise each cache appends its row.  On any error nothing is
-    written to any cache.
-    """
-    if not caches:
-        return
-    c0 = caches[0]
-    where = c0.placement(layer)
-    batched = None
-    if not where.is_cpu and is_device_array(k) and k.placement == where:
-        from . import registry
-
+            try:
+                batched = registry.lookup("kv_append_batch", where)
+            except registry.NoBackendError:
+                pass
+        starts = [c.layer_len(layer) for c in caches]
         try:
-            batched = registry.lookup("kv_append_batch", where)
-        except registry.NoBackendError:
-            pass
-    starts = [c.layer_len(layer) for c in caches]
-    try:
-        if batched is None:
-            for b, c in enumerate(caches):
-                c.append(layer, k[b:b + 1], v[b:b + 1])
-        else:
-            k, v = c0._as_rows("k", k, layer), c0._as_rows("v", v, layer)
-            for c in caches:
-                c._reserve(layer, 1)
-            batched(k, v, [c._tables[layer] for c in caches], np.asarray(starts, dtype=np.int64),
-                    c0.num_kv_heads, c0.head_dim, c0.block_size, c0.head_stride,
-                    c0.dtype == np.float16)
+            if batched is None:
+                for b, c in enumerate(caches):
+                    c.append(layer, k[b:b + 1], v[b:b + 1])
+            else:
+                k, v = c0._as_rows("k", k, layer), c0._as_rows("v", v, layer)
+                for c in caches:
+                    c._reserve(layer, 1)
+                batched(k, v, [c._tables[layer] for c in caches], np.asarray(starts, dtype=np.int64),
+                        c0.num_kv_heads, c0.head_dim, c0.block_size, c0.head_stride,
+                        c0.dtype == np.float16)
+                for c, start in zip(caches, starts):
+                    c._tables[layer].length = start + 1
+        except BaseException:
             for c, start in zip(caches, starts):
-                c._tables[layer].length = start + 1
-    except BaseException:
-        for c, start in zip(caches, starts):
-            c.rollback_layer(layer, start)  # blocks taken and rows appended go back
-        raise
+                c.rollback_layer(layer, start)  # blocks taken and rows appended go back
+            raise
 
+
+append_batch = PagedKVCache.append_batch
 
 __all__ = ["PagedKVCache", "AppendResult", "CacheCapacityError", "PoolExhaustedError",
            "KVBlockPool", "KV_DTYPES", "append_batch"]

@@ -115,7 +115,7 @@ class DecoderLayer:
         if n_expected is not None and x.shape[0] != n_expected:
             raise ValueError(f"hidden has {x.shape[0]} rows for {n_expected} sequences")
         if out is not None:
-            ops._out("forward", out, x.shape)
+            ops.out_array("forward", out, x.shape)
         return x
 
     def _check_cache(self, cache: PagedKVCache, name: str = "cache") -> None:
@@ -284,7 +284,7 @@ class DecoderLayer:
             return self.scratch.get("y", x.shape, placement=self.placement)
         if out is not None:
             return out
-        return ops._out("forward", None, x.shape, self.placement)
+        return ops.out_array("forward", None, x.shape, self.placement)
 
     @staticmethod
     def _leave(y, host_out):

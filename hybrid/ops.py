@@ -41,7 +41,7 @@ def as_f32(name: str, x, ndim: "int | None" = None) -> np.ndarray:
     return arr
 
 
-def _out(name: str, out, shape: tuple, where: Placement = CPU):
+def out_array(name: str, out, shape: tuple, where: Placement = CPU):
     """``out`` checked (shape, dtype, device), or a new array on ``where``."""
     if not where.is_cpu:
         if out is None:
@@ -98,7 +98,7 @@ def rmsnorm(x, weight, eps: float, *, out=None, device=None) -> np.ndarray:
     if w.shape[0] != x.shape[1]:
         raise ValueError(f"rmsnorm: weight has {w.shape[0]} entries but rows have {x.shape[1]}")
     where = _where("rmsnorm", device, x=x, weight=w)
-    o = _out("rmsnorm", out, x.shape, where)
+    o = out_array("rmsnorm", out, x.shape, where)
     registry.lookup("rmsnorm", where)(x, w, float(eps), o)
     return o
 
@@ -124,7 +124,7 @@ def rope(x, positions, inv_freq, *, num_heads: int, head_dim: int, style: str = 
     if f.shape != (head_dim // 2,):
         raise ValueError(f"rope: inv_freq must have shape ({head_dim // 2},), got {f.shape}")
     where = _where("rope", device, x=x)
-    o = _out("rope", out, x.shape, where)
+    o = out_array("rope", out, x.shape, where)
     if o is not x:
         copy_between(x, o)
     registry.lookup("rope", where)(o, pos, f, num_heads, head_dim, style == "neox")
@@ -138,7 +138,7 @@ def swiglu(gate, up, *, out=None, device=None) -> np.ndarray:
     if g.shape != u.shape:
         raise ValueError(f"swiglu: gate {g.shape} and up {u.shape} differ in shape")
     where = _where("swiglu", device, gate=g, up=u)
-    o = _out("swiglu", out, g.shape, where)
+    o = out_array("swiglu", out, g.shape, where)
     registry.lookup("swiglu", where)(g.reshape(-1), u.reshape(-1), o.reshape(-1))
     return o
 
@@ -150,7 +150,7 @@ def add(a, b, *, out=None, device=None) -> np.ndarray:
     if a.shape != b.shape:
         raise ValueError(f"add: shapes {a.shape} and {b.shape} differ")
     where = _where("add", device, a=a, b=b)
-    o = _out("add", out, a.shape, where)
+    o = out_array("add", out, a.shape, where)
     registry.lookup("add", where)(a.reshape(-1), b.reshape(-1), o.reshape(-1))
     return o
 
@@ -176,7 +176,7 @@ def linear(x, weight, bias=None, *, out=None, device=None, role: str = "auto") -
             raise ValueError(f"linear: bias has {b.shape[0]} entries for {w.shape[0]} outputs")
     # a quantized weight is read where x is (the CPU backend's kernels for its format)
     where = _where("linear", device, x=x, bias=b, **({} if quantized else {"weight": w}))
-    o = _out("linear", out, (x.shape[0], w.shape[0]), where)
+    o = out_array("linear", out, (x.shape[0], w.shape[0]), where)
     op = f"linear.{w.format.name}" if quantized else "linear"
     registry.lookup(op, where)(x, w, b, o, role)
     return o
@@ -214,7 +214,7 @@ def paged_attention(q, cache: PagedKVCache, layer: int, *, scale: "float | None"
         raise ValueError(f"paged_attention: {n} query rows from position {start} need "
                          f"{start + n} tokens in layer {layer}, which holds {held}; append k/v "
                          f"first")
-    o = _out("paged_attention", out, q.shape, where)
+    o = out_array("paged_attention", out, q.shape, where)
     k_ptrs, v_ptrs = cache.block_pointers(layer)
     s = 1.0 / math.sqrt(cache.head_dim) if scale is None else float(scale)
     extra = {} if rope is None else {"rope": _rope_arg(rope, cache.head_dim, where)}

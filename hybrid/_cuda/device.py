@@ -59,7 +59,7 @@ class DeviceBuffer:
     """``nbytes`` of device memory, freed by ``free()`` or, at the latest, by its finalizer."""
 
     def __init__(self, dev: "Device", nbytes: int):
-        d = drv._driver()
+        d = drv.api()
         self.device = dev
         self.nbytes = int(nbytes)
         self.ptr = int(drv.check(d.cuMemAlloc(max(self.nbytes, 1)), f"cuMemAlloc({nbytes})"))
@@ -78,7 +78,7 @@ class Device:
     name).  Use ``device(index)`` rather than constructing one."""
 
     def __init__(self, index: int = 0):
-        d = drv._driver()
+        d = drv.api()
         n = drv.init()
         if not 0 <= index < n:
             raise HybridCudaError(f"CUDA_ERROR_INVALID_DEVICE: cuda:{index} requested, "
@@ -99,7 +99,7 @@ class Device:
     def make_current(self) -> None:
         """Make this device's context current on the calling thread (a no-op when it is)."""
         if getattr(_current, "context", None) is not self.context:
-            drv.check(drv._driver().cuCtxSetCurrent(self.context), "cuCtxSetCurrent")
+            drv.check(drv.api().cuCtxSetCurrent(self.context), "cuCtxSetCurrent")
             _current.context = self.context
 
     # -- memory ------------------------------------------------------------------------------
@@ -111,13 +111,13 @@ class Device:
         """Queue a copy of ``host`` (C-contiguous) to ``dst_ptr``.  The driver copies pageable
         host memory into its staging area before returning, so ``host`` may change afterwards."""
         self.make_current()
-        drv.check(drv._driver().cuMemcpyHtoDAsync(dst_ptr, host.ctypes.data, host.nbytes,
+        drv.check(drv.api().cuMemcpyHtoDAsync(dst_ptr, host.ctypes.data, host.nbytes,
                                                   self.stream), "cuMemcpyHtoDAsync")
 
     def copy_d2h(self, host: np.ndarray, src_ptr: int) -> np.ndarray:
         """Copy into ``host`` (C-contiguous, writeable) once the queued work is done."""
         self.make_current()
-        d = drv._driver()
+        d = drv.api()
         drv.check(d.cuMemcpyDtoHAsync(host.ctypes.data, src_ptr, host.nbytes, self.stream),
                   "cuMemcpyDtoHAsync")
         self.synchronize()
@@ -125,20 +125,20 @@ class Device:
 
     def copy_d2d(self, dst_ptr: int, src_ptr: int, nbytes: int) -> None:
         self.make_current()
-        drv.check(drv._driver().cuMemcpyDtoDAsync(dst_ptr, src_ptr, nbytes, self.stream),
+        drv.check(drv.api().cuMemcpyDtoDAsync(dst_ptr, src_ptr, nbytes, self.stream),
                   "cuMemcpyDtoDAsync")
 
     def fill32(self, ptr: int, bits: int, count: int) -> None:
         """Set ``count`` 32-bit words to ``bits`` (e.g. 0x7FC00000, a float32 NaN)."""
         self.make_current()
-        drv.check(drv._driver().cuMemsetD32Async(ptr, bits, count, self.stream), "cuMemsetD32Async")
+        drv.check(drv.api().cuMemsetD32Async(ptr, bits, count, self.stream), "cuMemsetD32Async")
 
     def fill16(self, ptr: int, bits: int, count: int) -> None:
         self.make_current()
-        drv.check(drv._driver().cuMemsetD16Async(ptr, bits, count, self.stream), "cuMemsetD16Async")
+        drv.check(drv.api().cuMemsetD16Async(ptr, bits, count, self.stream), "cuMemsetD16Async")
 
     def synchronize(self) -> None:
-        drv.check(drv._driver().cuStreamSynchronize(self.stream), "cuStreamSynchronize")
+        drv.check(drv.api().cuStreamSynchronize(self.stream), "cuStreamSynchronize")
 
     # -- kernels -----------------------------------------------------------------------------
     def kernel(self, spec: KernelSpec, name: str):
@@ -148,7 +148,7 @@ class Device:
         if fn is not None:
             return fn
         self.make_current()
-        d = drv._driver()
+        d = drv.api()
         module = self._modules.get(spec)
         if module is None:
             cubin, _ = compile_spec(spec, self.arch)
@@ -169,13 +169,13 @@ class Device:
             return  # nothing to do (an empty batch or zero rows)
         params, keep = pack(name, args)
         self.make_current()
-        drv.check(drv._driver().cuLaunchKernel(handle, *grid, *block, shared_bytes, self.stream,
+        drv.check(drv.api().cuLaunchKernel(handle, *grid, *block, shared_bytes, self.stream,
                                                params.ctypes.data, 0), f"cuLaunchKernel({name})")
         del keep  # the driver copied the argument values at launch
 
     def event_timer(self):
         """(begin, end) helpers around CUDA events on this stream; ``end()`` returns ms."""
-        d = drv._driver()
+        d = drv.api()
         self.make_current()
         start = drv.check(d.cuEventCreate(0), "cuEventCreate")
         stop = drv.check(d.cuEventCreate(0), "cuEventCreate")

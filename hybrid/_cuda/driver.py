@@ -14,14 +14,15 @@ _lock = threading.Lock()
 _state: dict = {}
 
 
-def _driver():
+def api():
+    """cuda-python's driver API module (cuda.bindings.driver)."""
     return bindings("driver")
 
 
 def check(result, what: str = "CUDA call"):
     """Raise HybridCudaError('CUDA_ERROR_...: description') unless the driver call succeeded;
     returns the call's values (cuda-python returns (err, *values))."""
-    driver = _driver()
+    driver = api()
     err = result[0] if isinstance(result, tuple) else result
     if err != driver.CUresult.CUDA_SUCCESS:
         desc = driver.cuGetErrorString(err)
@@ -41,7 +42,7 @@ def init() -> int:
         if "error" in _state:
             raise HybridCudaError(_state["error"])
         try:
-            driver = _driver()
+            driver = api()
             try:
                 check(driver.cuInit(0), "cuInit")
             except HybridCudaError:
@@ -69,7 +70,7 @@ def availability() -> "tuple[bool, str]":
 
 def compute_capability(index: int) -> str:
     """'sm_XY' of device ``index``."""
-    driver = _driver()
+    driver = api()
     init()
     dev = check(driver.cuDeviceGet(index), f"cuDeviceGet({index})")
     attr = driver.CUdevice_attribute
