@@ -213,9 +213,11 @@ def _serve(args) -> int:
         serve(args.model, host=args.host, port=args.port, threads=args.threads,
               max_batch=args.max_batch, max_batched_tokens=args.max_batched_tokens,
               kv_memory=args.kv_memory, kv_dtype=args.kv_dtype, gpu_layers=args.gpu_layers,
-              api_key=args.api_key, max_queue=args.max_queue, model_name=args.model_name,
-              ray=args.ray, replicas=args.replicas, max_model_len=args.max_model_len)
-    except (ModelLoadError, NoBackendError, ValueError) as exc:
+              api_key=args.api_key, api_key_file=args.api_key_file, max_queue=args.max_queue,
+              model_name=args.model_name, ray=args.ray, replicas=args.replicas,
+              max_model_len=args.max_model_len, max_body_bytes=args.max_body_bytes,
+              max_concurrency=args.max_concurrency, request_timeout=args.request_timeout)
+    except (ModelLoadError, NoBackendError, ValueError, OSError) as exc:
         print(f"hybrid serve: {exc}", file=sys.stderr)
         return 2
     return 0
@@ -277,12 +279,22 @@ def main(argv=None) -> int:
     srv.add_argument("--kv-dtype", choices=["float16", "float32"], default="float16")
     srv.add_argument("--gpu-layers", type=int, default=0)
     srv.add_argument("--api-key", default=None,
-                     help="require Authorization: Bearer KEY on every request")
+                     help="require Authorization: Bearer KEY on every request (visible in ps: "
+                          "prefer --api-key-file or the HYBRID_API_KEY variable)")
+    srv.add_argument("--api-key-file", default=None,
+                     help="read the API key from the first line of this file")
     srv.add_argument("--max-model-len", type=int, default=None,
                      help="tokens a request may hold, prompt and completion together (default: "
                           "the model's context length)")
     srv.add_argument("--max-queue", type=int, default=256,
                      help="waiting requests beyond which new ones get 429")
+    srv.add_argument("--max-concurrency", type=int, default=None,
+                     help="requests in flight beyond which new ones get 429 (default: "
+                          "max-batch + max-queue)")
+    srv.add_argument("--max-body-bytes", type=int, default=4 << 20,
+                     help="the largest request body accepted, in bytes (default: 4 MiB)")
+    srv.add_argument("--request-timeout", type=float, default=None,
+                     help="seconds a request may take before it is aborted (default: none)")
     srv.add_argument("--ray", action="store_true",
                      help="serve replicas as a Ray Serve application (needs hybrid[ray]) on the "
                           "cluster RAY_ADDRESS names, else a local one")

@@ -372,3 +372,52 @@ def test_one_call_decode_stack_equals_layer_by_layer(tiny_q8, tiny_qwen3_q4, rng
         assert "Block/Attention" in str(prof)  # layer by layer (the remembered stack is not used)
         np.testing.assert_array_equal(a, b)
     assert all(layer.decode_step() is not None for layer in model.layers)
+
+
+def _drain(engine, limit):
+    """Step until nothing is unfinished; the finished outputs.  Fails if that takes more than
+    ``limit`` steps (a scheduler that stops making progress would spin for ever)."""
+    done = {}
+    for _ in range(limit):
+        if not engine.has_unfinished():
+            return done
+        for o in engine.step():
+            if o.finished:
+                done[o.request_id] = o
+    raise AssertionError(f"still unfinished after {limit} steps: {engine.stats()}")
+
+
+def test_a_request_the_pool_cannot_grow_finishes_with_length(tiny_q8):
+    """A 4-block pool (64 tokens) and a 20-token prompt asking for 100: once the pool is full
+    the request finishes with "length" (it used to step without progress for ever)."""
+    engine = Engine(tiny_q8, num_blocks=4)
+    rid = engine.add_request([5] * 20, GenerationParams(max_new_tokens=100, stop_tokens=[]))
+    out = _drain(engine, 200)[rid]
+    assert out.finish_reason == "length"
+    # every slot holds a token, and the last token sampled needs none
+    assert len(out.tokens) == 64 - 20 + 1
+    assert out.tokens == tiny_q8.generate([5] * 20, 45, stop_tokens=[])
+    assert engine.pool.num_used == 0
+
+
+def test_many_requests_on_a_few_blocks_all_finish(tiny_q8, rng):
+    """The scheduler always makes progress: 24 requests on a 6-block pool of 4-token blocks all
+    finish within a bounded number of steps, each either with its tokens alone or cut short
+    with "length" when even the pool alone could not hold it."""
+    model = hybrid.models.Model(tiny_q8.weights, tiny_q8.tokenizer, block_size=4)
+    engine = Engine(model, num_blocks=6, max_batch=8, max_batched_tokens=16)
+    prompts = [[int(t) for t in rng.integers(3, VOCAB, int(rng.integers(1, 20)))]
+               for _ in range(24)]
+    wants = [int(rng.integers(1, 12)) for _ in prompts]
+    ids = [engine.add_request(p, GenerationParams(max_new_tokens=n, stop_tokens=[]))
+           for p, n in zip(prompts, wants)]
+    done = _drain(engine, 3000)
+    for rid, p, n in zip(ids, prompts, wants):
+        out = done[rid]
+        alone = model.generate(p, n, stop_tokens=[])
+        if len(p) + n - 1 <= 24:  # (the last token sampled takes no slot)
+            assert (out.finish_reason, out.tokens) == ("length", alone)
+        else:  # the pool holds 24 tokens: cut short, the same tokens as far as they go
+            assert out.finish_reason == "length" and out.tokens == alone[:len(out.tokens)]
+            assert len(p) + len(out.tokens) - 1 == 24
+    assert engine.pool.num_used == 0

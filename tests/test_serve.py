@@ -34,10 +34,12 @@ def _free_port() -> int:
 
 
 class Server:
-    def __init__(self, *args):
+    def __init__(self, *args, env=None, key=None):
         self.port = _free_port()
         self.url = f"http://127.0.0.1:{self.port}"
-        env = dict(os.environ, PYTHONUNBUFFERED="1")
+        self.key = key if key is not None else (args[args.index("--api-key") + 1]
+                                                if "--api-key" in args else None)
+        env = dict(os.environ, PYTHONUNBUFFERED="1", **(env or {}))
         self.proc = subprocess.Popen([sys.executable, "-m", "hybrid", "serve", "--port",
                                       str(self.port), "--threads", "2", *args],
                                      stdout=subprocess.PIPE, stderr=subprocess.STDOUT, env=env,
@@ -49,8 +51,7 @@ class Server:
             if self.proc.poll() is not None:
                 raise RuntimeError("server exited:\n" + "".join(self.lines))
             try:
-                self.get("/health", key=args[args.index("--api-key") + 1]
-                         if "--api-key" in args else None)
+                self.get("/health", key=self.key)
                 return
             except (urllib.error.URLError, ConnectionError):
                 time.sleep(0.3)
@@ -79,7 +80,7 @@ class Server:
         return text
 
     def metric(self, name) -> float:
-        for line in self.get("/metrics").splitlines():
+        for line in self.get("/metrics", key=self.key).splitlines():
             if line.startswith(name + " "):
                 return float(line.split()[1])
         raise KeyError(name)
@@ -250,13 +251,13 @@ def test_disconnect_mid_stream_frees_blocks(server):
 
     conn = http.client.HTTPConnection("127.0.0.1", server.port, timeout=60)
     conn.request("POST", "/v1/completions", json.dumps(
-        {"prompt": "Once upon a time", "max_tokens": 4000, "stream": True}),
+        {"prompt": "Once upon a time", "max_tokens": 2000, "stream": True}),
         {"content-type": "application/json"})
     resp = conn.getresponse()
     assert resp.status == 200
     resp.readline()  # the first event
     assert server.metric("hybrid_requests_running") == 1
-    conn.close()  # the client goes away mid-stream (4000 tokens would take ~30 s)
+    conn.close()  # the client goes away mid-stream (2000 tokens would take many seconds)
     deadline = time.time() + 3
     while time.time() < deadline and server.metric("hybrid_kv_blocks_used") > 0:
         time.sleep(0.1)

@@ -6,14 +6,18 @@
 
 Requests from any number of coroutines join the running batch at the next step.  A consumer that
 stops iterating (break, cancellation, a closed connection) aborts its request, whose blocks go
-back to the pool at once.  ``close()`` stops the loop; streams still running end with
-``EngineClosedError``.
+back to the pool at once, whether it was running or still queued.  A consumer that falls more
+than ``max_pending`` outputs behind has its request aborted and gets ``SlowConsumerError``, so
+a reader that stops reading costs bounded memory.  ``close()`` stops the loop; streams still
+running end with ``EngineClosedError``.  A fault of the loop itself (not of a request) stops it
+too: ``failure`` says why, and every stream and every new request get ``EngineClosedError``.
 """
 
 from __future__ import annotations
 
 import asyncio
 import collections
+import logging
 import threading
 
 from .engine import Engine
@@ -21,8 +25,15 @@ from .params import GenerationParams
 from .request import RequestOutput
 
 
+log = logging.getLogger("hybrid.engine")
+
+
 class EngineClosedError(RuntimeError):
-    """The engine was closed while the request was running."""
+    """The engine was closed (or stopped by a fault) while the request was running."""
+
+
+class SlowConsumerError(RuntimeError):
+    """The request's reader fell too far behind its outputs; the request was aborted."""
 
 
 def _put_all(puts) -> None:
@@ -31,8 +42,10 @@ def _put_all(puts) -> None:
 
 
 class AsyncEngine:
-    def __init__(self, model, **engine_kw):
+    def __init__(self, model, *, max_pending: int = 1024, **engine_kw):
         self.engine = Engine(model, **engine_kw)
+        self.max_pending = max_pending  # outputs a stream may have waiting for its reader
+        self.failure: "BaseException | None" = None  # what stopped the loop, if a fault did
         self._lock = threading.Lock()  # one thread at a time inside the engine
         self._wake = threading.Event()
         self._streams: dict = {}  # request id -> (event loop, asyncio.Queue)
@@ -45,41 +58,80 @@ class AsyncEngine:
 
     # -- the step loop (engine thread) ------------------------------------------------------
     def _loop(self) -> None:
-        while True:
-            self._wake.wait()
-            if self._closed:
-                break
-            with self._lock:
-                while self._incoming:
-                    self.engine.admit_request(self._incoming.popleft())
-                while self._aborts:
-                    rid = self._aborts.popleft()
-                    if self.engine.has_request(rid):
-                        self.engine.abort(rid)
-                if not self.engine.has_unfinished():
-                    self._wake.clear()
-                    if self._incoming or self._aborts:
-                        self._wake.set()
-                    continue
-                try:
-                    outs = self.engine.step()
-                except Exception as exc:  # noqa: BLE001 - an engine fault fails every stream
-                    outs = []
-                    for rid in list(self._streams):
-                        if self.engine.has_request(rid):
-                            self.engine.abort(rid)
-                        self._deliver(rid, exc)
-            self._deliver_many([(out.request_id, out) for out in outs])
+        try:
+            while True:
+                self._wake.wait()
+                if self._closed:
+                    break
+                with self._lock:
+                    self._take_handovers()
+                    if not self.engine.has_unfinished():
+                        self._wake.clear()
+                        if self._incoming or self._aborts:
+                            self._wake.set()
+                        continue
+                    try:
+                        outs = self.engine.step()
+                    except Exception as exc:  # noqa: BLE001 - a step fault fails every stream
+                        outs = []
+                        for rid in list(self._streams):
+                            if self.engine.has_request(rid):
+                                self.engine.abort(rid)
+                            self._deliver(rid, exc)
+                self._deliver_many([(out.request_id, out) for out in outs])
+        except BaseException as exc:  # noqa: BLE001 - a fault of the loop itself: say so
+            self.failure = exc
+            log.exception("the engine loop stopped")
+        why = f"the engine stopped: {self.failure!r}" if self.failure else "the engine was closed"
         for rid in list(self._streams):
-            self._deliver(rid, EngineClosedError("the engine was closed"))
+            self._deliver(rid, EngineClosedError(why))
+
+    def _take_handovers(self) -> None:
+        """Admit the requests handed over and apply the aborts; a request whose abort came
+        before it was admitted is dropped (its consumer has left).  One request's failure to be
+        admitted or aborted is that request's, not the loop's."""
+        incoming = []
+        while self._incoming:
+            incoming.append(self._incoming.popleft())
+        aborted = set()
+        while self._aborts:
+            aborted.add(self._aborts.popleft())
+        for req in incoming:
+            if req.request_id in aborted:
+                aborted.discard(req.request_id)
+                self.engine.aborted += 1
+                continue
+            try:
+                self.engine.admit_request(req)
+            except Exception as exc:  # noqa: BLE001
+                self._deliver(req.request_id, exc)
+        for rid in aborted:
+            try:
+                if self.engine.has_request(rid):
+                    self.engine.abort(rid)
+            except Exception:  # noqa: BLE001
+                log.exception("aborting request %s failed", rid)
+
+    @property
+    def healthy(self) -> bool:
+        """Whether the loop runs (not closed, not stopped by a fault)."""
+        return not self._closed and self.failure is None and self._thread.is_alive()
 
     def _deliver_many(self, items) -> None:
-        """Hand a step's outputs over with one wake-up per consumer event loop."""
+        """Hand a step's outputs over with one wake-up per consumer event loop.  A stream whose
+        reader has ``max_pending`` outputs waiting gets SlowConsumerError instead, and its
+        request is aborted."""
         by_loop: dict = {}
         for rid, item in items:
             target = self._streams.get(rid)
-            if target is not None:
-                by_loop.setdefault(target[0], []).append((target[1], item))
+            if target is None:
+                continue
+            if target[1].qsize() >= self.max_pending and not item.finished:
+                self._streams.pop(rid, None)
+                self.abort(rid)
+                item = SlowConsumerError(f"the client read too slowly ({self.max_pending} "
+                                         f"outputs waiting); the request was aborted")
+            by_loop.setdefault(target[0], []).append((target[1], item))
         for loop, puts in by_loop.items():
             try:
                 loop.call_soon_threadsafe(_put_all, puts)
@@ -100,8 +152,9 @@ class AsyncEngine:
     async def stream(self, ids, params: "GenerationParams | None" = None):
         """Yield a RequestOutput per step of this request until it finishes.  Raises ValueError
         for a bad request (before anything runs)."""
-        if self._closed:
-            raise EngineClosedError("the engine is closed")
+        if not self.healthy:
+            raise EngineClosedError(f"the engine stopped: {self.failure!r}" if self.failure
+                                    else "the engine is closed")
         loop = asyncio.get_running_loop()
         queue: asyncio.Queue = asyncio.Queue()
         req = self.engine.prepare_request(ids, params)  # checks; the engine thread admits it

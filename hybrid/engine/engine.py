@@ -69,7 +69,9 @@ class Engine:
         self._requests: dict = {}
         self._arrivals = itertools.count()
         self.prompt_tokens = 0  # counters for monitoring
+        self.prefill_tokens = 0  # prompt tokens computed (cached prefixes and recomputes not)
         self.generation_tokens = 0
+        self.aborted = 0
         self.steps = 0
 
     # -- requests ---------------------------------------------------------------------------
@@ -137,6 +139,8 @@ class Engine:
         self.scheduler.remove(req)
         self._requests.pop(req.request_id, None)
         req.finish_reason = reason
+        if reason == "abort":
+            self.aborted += 1
         return req.report([], True, reason, error)
 
     # -- the step ---------------------------------------------------------------------------
@@ -153,6 +157,8 @@ class Engine:
                                             "the request does not fit in the KV pool"))
         for req, error in plan.failed:
             outputs.append(self._finish(req, "error", error))
+        for req in plan.exhausted:  # alone, and the pool cannot hold one more of its tokens
+            outputs.append(self._finish(req, "length"))
         if plan.empty:
             return outputs
         self.steps += 1
@@ -190,6 +196,7 @@ class Engine:
         for (r, n), row in results:
             r.computed += n
             if role == kernel_role.PROMPT:
+                self.prefill_tokens += n
                 self.kv.cache_prompt_blocks(r)
             if r.pending == 0:
                 ready.append((r, row))
@@ -246,13 +253,13 @@ class Engine:
                             if rid in self._requests:
                                 self.abort(rid)
                         raise RuntimeError(f"request {out.request_id} failed: {out.error}")
-                    results[out.request_id] = out.tokens
+                    results[out.request_id] = list(out.tokens)
         return [results[rid] for rid in ids]
 
     # -- monitoring -------------------------------------------------------------------------
     def stats(self) -> dict:
         """Counters: requests running/waiting, KV blocks used/cached/total, prefix-cache hit
-        tokens, prompt and generated tokens, preemptions, steps."""
+        tokens, prompt and generated tokens, preemptions, aborted requests, steps."""
         return {"requests_running": len(self.scheduler.running),
                 "requests_waiting": len(self.scheduler.waiting),
                 "kv_blocks_used": self.pool.num_used,
@@ -260,6 +267,8 @@ class Engine:
                 "kv_blocks_total": self.pool.num_total,
                 "prefix_cache_hit_tokens": self.pool.hit_tokens,
                 "prompt_tokens": self.prompt_tokens,
+                "prefill_tokens": self.prefill_tokens,
                 "generation_tokens": self.generation_tokens,
                 "preemptions": self.scheduler.preemptions,
+                "requests_aborted": self.aborted,
                 "steps": self.steps}

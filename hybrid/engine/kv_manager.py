@@ -5,6 +5,7 @@ through it while it plans a step; the pool (hybrid/kvpool.py) only keeps the boo
     kv = KVCacheManager(pool, max_tokens=4096, salt=b"model")
     kv.admit(req)                  # a cache for req, starting with its cached prompt prefix
     kv.blocks_needed(req, n)       # new blocks n more tokens would take
+    kv.tokens_that_fit(req, k)     # tokens req's cache holds with k more blocks
     kv.allocate_slots(req, n)      # take them (the step then only describes them)
     kv.cache_prompt_blocks(req)    # its newly computed full prompt blocks join the prefix cache
     kv.free(req)                   # every block back (finished, aborted, preempted)
@@ -44,6 +45,15 @@ class KVCacheManager:
 
     def can_allocate(self, n_blocks: int) -> bool:
         return self.pool.can_allocate(n_blocks)
+
+    def tokens_that_fit(self, req, n_blocks_free: int) -> int:
+        """How many more tokens req's cache holds with ``n_blocks_free`` more blocks."""
+        have = 0 if req.cache is None else len(req.cache.block_ids)
+        return (have + n_blocks_free) * self.block_size - req.computed
+
+    def blocks_available(self) -> "int | None":
+        """Blocks an allocation can take now (None: the pool grows without limit)."""
+        return self.pool.num_available
 
     def allocate_slots(self, req, n: int) -> None:
         """Take the blocks for req's next n tokens (all or nothing)."""

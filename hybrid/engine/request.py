@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import itertools
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 from .output import TextOutput
@@ -12,13 +13,48 @@ from .sampling import Sampler
 _ids = itertools.count()
 
 
+class TokenList(Sequence):
+    """The first ``n`` tokens of a request's generated list, without a copy: outputs waiting for
+    a slow reader then hold O(1) each, not the whole list again.  The list only grows, so the
+    view never changes.  Compares equal to a list or tuple of the same ids."""
+
+    __slots__ = ("_ids", "_n")
+
+    def __init__(self, ids: list, n: int):
+        self._ids, self._n = ids, n
+
+    def __len__(self) -> int:
+        return self._n
+
+    def __getitem__(self, i):
+        if isinstance(i, slice):
+            return self._ids[:self._n][i]
+        if i < -self._n or i >= self._n:
+            raise IndexError("token index out of range")
+        return self._ids[i % self._n]
+
+    def __iter__(self):
+        return iter(self._ids[:self._n])
+
+    def __eq__(self, other) -> bool:
+        if isinstance(other, (TokenList, list, tuple)):
+            return len(other) == self._n and list(self) == list(other)
+        return NotImplemented
+
+    def __add__(self, other) -> list:
+        return list(self) + list(other)
+
+    def __repr__(self) -> str:
+        return repr(list(self))
+
+
 @dataclass
 class RequestOutput:
     """What one step did for one request."""
 
     request_id: str
     new_tokens: list  # sampled in this step (empty while the prompt is prefilling)
-    tokens: list  # every token generated so far
+    tokens: TokenList  # every token generated so far (a list-like view)
     finished: bool = False
     finish_reason: "str | None" = None  # "stop", "length", "abort" or "error"
     error: "str | None" = None
@@ -71,5 +107,6 @@ class Request:
             if finished:
                 self.output.finish()
             text, delta = self.output.text, self.output.delta(finished)
-        return RequestOutput(self.request_id, new_tokens, list(self.generated), finished, reason,
+        return RequestOutput(self.request_id, new_tokens,
+                             TokenList(self.generated, len(self.generated)), finished, reason,
                              error, len(self.prompt), self.cached_tokens, text, delta)

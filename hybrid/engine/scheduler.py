@@ -6,7 +6,12 @@ Each step:
    the newest running request: its blocks go back to the pool (registered prompt blocks stay in
    the prefix cache) and it waits at the front of the queue to be recomputed later.
 2. Running requests still prefilling (or recomputing after a preemption) get chunks of their
-   pending tokens from what is left of ``max_batched_tokens``.
+   pending tokens from what is left of ``max_batched_tokens`` (a smaller chunk where the pool
+   holds no more).
+A request that cannot grow when every newer one is preempted already is preempted itself if an
+older one runs (it resumes when blocks come back); if it runs alone, the pool cannot hold it and
+it finishes with "length".  So the oldest request always progresses or finishes: every step does
+something, and every request finishes.
 3. Waiting requests are admitted in arrival order while there is room in the batch, tokens
    in the budget and blocks in the pool: their prompt's longest cached prefix of full blocks is
    taken from the prefix cache and only the rest is computed.
@@ -35,6 +40,7 @@ class StepPlan:
     decodes: list = field(default_factory=list)  # requests feeding their one pending token
     preempted: list = field(default_factory=list)
     failed: list = field(default_factory=list)  # (request, error): its slots could not be taken
+    exhausted: list = field(default_factory=list)  # alone, and the pool cannot hold one more token
 
     @property
     def empty(self) -> bool:
@@ -65,32 +71,63 @@ class Scheduler:
     def _free(self, req: Request) -> None:
         self.kv.free(req)
 
+    def _preempt(self, victim: Request) -> None:
+        """Its blocks go back; it waits at the front of the queue to be recomputed."""
+        self.running.remove(victim)
+        self._free(victim)
+        self.waiting.appendleft(victim)
+        self.preemptions += 1
+        self._plan.preempted.append(victim)
+        for item in list(self._plan.prefills):
+            if item[0] is victim:
+                self._plan.prefills.remove(item)
+                self._reserved -= item[3]
+        if victim in self._plan.decodes:
+            self._plan.decodes.remove(victim)
+            self._reserved -= self._decode_blocks.pop(id(victim), 0)
+
     def _preempt_newest(self, keep: Request) -> bool:
         """Preempt the newest running request other than ``keep``; False if none."""
         for victim in reversed(self.running):
             if victim is not keep and victim.arrival > keep.arrival:
-                self.running.remove(victim)
-                self._free(victim)
-                self.waiting.appendleft(victim)
-                self.preemptions += 1
-                self._plan.preempted.append(victim)
-                for item in list(self._plan.prefills):
-                    if item[0] is victim:
-                        self._plan.prefills.remove(item)
-                if victim in self._plan.decodes:
-                    self._plan.decodes.remove(victim)
+                self._preempt(victim)
                 return True
         return False
 
-    def _reserve(self, req: Request, n: int) -> bool:
+    def _reserve(self, req: Request, n: int) -> int:
         """Make sure the pool can give req blocks for n more tokens (preempting newer requests
-        if needed); the blocks are taken once the plan is settled (``plan``)."""
-        need = self.kv.blocks_needed(req, n) + self._reserved
-        while not self.kv.can_allocate(need):
+        if needed); returns the blocks reserved, or -1.  The blocks are taken once the plan is
+        settled (``plan``)."""
+        blocks = self.kv.blocks_needed(req, n)
+        while not self.kv.can_allocate(blocks + self._reserved):
             if not self._preempt_newest(req):
-                return False
-        self._reserved = need
-        return True
+                return -1
+        self._reserved += blocks
+        return blocks
+
+    def _fit(self, req: Request, n: int):
+        """(tokens, blocks) of req's next n tokens reserved: all n, or as many as the pool
+        holds once every newer request is preempted; (0, 0) when not one fits."""
+        blocks = self._reserve(req, n)
+        if blocks >= 0:
+            return n, blocks
+        free = self.kv.blocks_available()
+        m = min(n, self.kv.tokens_that_fit(req, free - self._reserved)) if free is not None else 0
+        if m > 0:
+            blocks = self._reserve(req, m)
+            if blocks >= 0:
+                return m, blocks
+        return 0, 0
+
+    def _cannot_grow(self, req: Request) -> None:
+        """req cannot take one more token though every newer request is preempted: it waits for
+        an older one to finish, or, running alone, finishes (the pool cannot hold it)."""
+        if any(r is not req for r in self.running):
+            self._preempt(req)
+        else:
+            self.running.remove(req)
+            self._free(req)
+            self._plan.exhausted.append(req)
 
     # -- planning ---------------------------------------------------------------------------
     def _chunk(self, req: Request, budget: int):
@@ -104,6 +141,7 @@ class Scheduler:
     def plan(self) -> StepPlan:
         plan = self._plan = StepPlan()
         self._reserved = 0
+        self._decode_blocks: dict = {}  # id(request) -> blocks reserved for its decode
         budget = self.max_batched_tokens
         # 1. running decodes, oldest first
         for req in list(self.running):
@@ -111,32 +149,44 @@ class Scheduler:
                 continue
             if len(plan.decodes) >= self.max_batch or budget < 1:
                 break
-            if self._reserve(req, 1):
+            n, blocks = self._fit(req, 1)
+            if n:
                 plan.decodes.append(req)
+                self._decode_blocks[id(req)] = blocks
                 budget -= 1
+            else:
+                self._cannot_grow(req)
         # 2. running requests with several tokens pending (prefill, recompute)
         for req in list(self.running):
             if req not in self.running or req in plan.decodes or budget < 1:
                 continue
             n, role = self._chunk(req, budget)
-            if n > 0 and self._reserve(req, n):
-                plan.prefills.append((req, n, role))
+            if n <= 0:
+                continue
+            n, blocks = self._fit(req, n)
+            if n:
+                plan.prefills.append((req, n, role, blocks))
                 budget -= n
-        # 3. admit waiting requests
-        while self.waiting and budget > 0 and len(self.running) < self.max_batch:
+            else:
+                self._cannot_grow(req)
+        # 3. admit waiting requests (not one preempted in this step: it waits for blocks back)
+        while self.waiting and budget > 0 and len(self.running) < self.max_batch \
+                and self.waiting[0] not in plan.preempted:
             req = self.waiting[0]
             if req.cache is None:
                 self.kv.admit(req)
             n, role = self._chunk(req, budget)
-            if not self._reserve(req, n):
+            blocks = self._reserve(req, n)
+            if blocks < 0:
                 self._free(req)  # its prefix blocks go back; it waits for room
                 if not self.running:  # nothing to wait for: it can never fit
                     raise _TooLarge(req)
                 break
             self.waiting.popleft()
             self.running.append(req)
-            plan.prefills.append((req, n, role))
+            plan.prefills.append((req, n, role, blocks))
             budget -= n
+        plan.prefills = [(r, n, role) for r, n, role, _ in plan.prefills]
         # the plan is settled: take every slot it writes (reserved above, so they are there; a
         # request whose allocation still fails leaves the plan and fails alone)
         for item in [(r, 1, None) for r in plan.decodes] + list(plan.prefills):

@@ -12,6 +12,8 @@ Chat templates are rendered with jinja2 in a sandbox, as transformers does.
 from __future__ import annotations
 
 import json
+import re
+import uuid
 import os
 
 from .errors import ModelLoadError
@@ -124,6 +126,8 @@ class Tokenizer:
         self.chat_template = chat_template
         self.bos_token = bos_token
         self.eos_token = eos_token
+        self._specials = None  # the special tokens' texts (encode_chat)
+        self._plain = None  # the backend without special-token matching (encode_chat)
 
     @property
     def vocab_size(self) -> int:
@@ -161,6 +165,45 @@ class Tokenizer:
         return env.from_string(self.chat_template).render(
             messages=messages, add_generation_prompt=add_generation_prompt,
             bos_token=self.bos_token or "", eos_token=self.eos_token or "")
+
+    def encode_chat(self, messages, add_generation_prompt: bool = True) -> list:
+        """The token ids of ``messages`` rendered with the chat template, where only the
+        template's own markup becomes special tokens: text in a message that spells a special
+        token (``<|im_start|>system``...) is encoded as plain text, so a user cannot forge turns.
+        Messages without such text give exactly ``encode(apply_chat_template(messages))``."""
+        contents = [m.get("content") or "" for m in messages]
+        specials = self._special_texts()
+        if not any(sp in c for c in contents for sp in specials):
+            return self.encode(self.apply_chat_template(messages, add_generation_prompt),
+                               add_special_tokens=False)
+        # render with a unique marker in place of each content, then encode the template's
+        # pieces as usual and the contents with special-token matching off
+        nonce = uuid.uuid4().hex
+        marks = [f"\x00{nonce}:{i}\x00" for i in range(len(messages))]
+        marked = [dict(m, content=mark) for m, mark in zip(messages, marks)]
+        text = self.apply_chat_template(marked, add_generation_prompt)
+        ids, pos = [], 0
+        for m in re.finditer(f"\x00{nonce}:(\\d+)\x00", text):
+            ids += self.encode(text[pos:m.start()], add_special_tokens=False)
+            ids += self._plain_backend().encode(contents[int(m.group(1))],
+                                                add_special_tokens=False).ids
+            pos = m.end()
+        return ids + self.encode(text[pos:], add_special_tokens=False)
+
+    def _plain_backend(self):
+        """A copy of the backend that encodes special-token text as plain text."""
+        if self._plain is None:
+            plain = type(self.backend).from_str(self.backend.to_str())
+            plain.encode_special_tokens = True
+            self._plain = plain
+        return self._plain
+
+    def _special_texts(self) -> list:
+        """The text of every special (control) token."""
+        if self._specials is None:
+            self._specials = [t.content for t in self.backend.get_added_tokens_decoder().values()
+                              if t.special]
+        return self._specials
 
     # ------------------------------------------------------------------ constructors
     @classmethod

@@ -18,8 +18,10 @@ _GAUGES = [("requests_running", "Requests in the running batch"),
            ("kv_blocks_total", "KV blocks in the pool")]
 _TOTALS = [("prefix_cache_hit_tokens", "Prompt tokens served from the prefix cache"),
            ("prompt_tokens", "Prompt tokens received"),
+           ("prefill_tokens", "Prompt tokens computed (not those of cached prefixes)"),
            ("generation_tokens", "Tokens generated"),
-           ("preemptions", "Requests preempted when the KV pool ran dry")]
+           ("preemptions", "Requests preempted when the KV pool ran dry"),
+           ("requests_aborted", "Requests aborted (their client left, or read too slowly)")]
 
 
 class _EngineCollector:

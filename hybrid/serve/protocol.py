@@ -15,9 +15,11 @@ class APIError(Exception):
     """An error to send as an OpenAI-style JSON body with this HTTP status."""
 
     def __init__(self, status: int, message: str, type_: str = "invalid_request_error",
-                 param: "str | None" = None, code: "str | None" = None):
+                 param: "str | None" = None, code: "str | None" = None,
+                 headers: "dict | None" = None):
         super().__init__(message)
         self.status, self.message, self.type, self.param, self.code = status, message, type_, param, code
+        self.headers = headers  # e.g. Retry-After on a 429
 
     def body(self) -> dict:
         return {"error": {"message": self.message, "type": self.type, "param": self.param,
@@ -59,8 +61,17 @@ ERROR_RESPONSES = {
     400: {"model": ErrorResponse, "description": "The request is invalid: the message names the "
                                                  "field (`param`) and the problem"},
     404: {"model": ErrorResponse, "description": "The model is not the one served"},
-    429: {"model": ErrorResponse, "description": "The queue is full; retry later"},
-    503: {"model": ErrorResponse, "description": "The server is shutting down"},
+    408: {"model": ErrorResponse, "description": "The request ran past the server's deadline "
+                                                 "(`--request-timeout`)"},
+    413: {"model": ErrorResponse, "description": "The body is larger than the server accepts "
+                                                 "(`--max-body-bytes`)"},
+    415: {"model": ErrorResponse, "description": "The body is not sent as application/json"},
+    429: {"model": ErrorResponse, "description": "The queue is full or too many requests run at "
+                                                 "once; retry after `Retry-After` seconds"},
+    500: {"model": ErrorResponse, "description": "The server failed the request (logged under "
+                                                 "the request id the message gives)"},
+    503: {"model": ErrorResponse, "description": "The server is shutting down, or its engine "
+                                                 "stopped"},
 }
 RESPONSES.update(ERROR_RESPONSES)
 UNAUTHORIZED = {401: {"model": ErrorResponse, "description": "Missing or wrong API key"}}
@@ -72,10 +83,27 @@ class StreamOptions(BaseModel):
     include_usage: bool = False
 
 
+def _utf8(v):
+    """Text must be encodable as UTF-8: JSON's \\ud800 escapes give lone surrogates."""
+    if isinstance(v, str):
+        try:
+            v.encode("utf-8")
+        except UnicodeEncodeError as exc:
+            raise ValueError(f"the text holds a lone surrogate (U+{ord(exc.object[exc.start]):04X})"
+                             f" at character {exc.start}; send valid Unicode") from None
+    elif isinstance(v, list):
+        for item in v:
+            _utf8(item)
+    elif isinstance(v, dict):
+        for item in v.values():
+            _utf8(item)
+    return v
+
+
 class _Sampling(BaseModel):
     # strict: JSON types as the API documents them (no "16" for 16, no false for token id 0);
-    # a float field still takes an integer
-    model_config = ConfigDict(extra="ignore", strict=True)
+    # a float field still takes an integer; Infinity and NaN are refused
+    model_config = ConfigDict(extra="ignore", strict=True, allow_inf_nan=False)
 
     model: Optional[str] = None
     max_tokens: Optional[json_int(ge=1)] = None
@@ -94,6 +122,7 @@ class _Sampling(BaseModel):
     @field_validator("stop", mode="before")
     @classmethod
     def _stops(cls, v):
+        _utf8(v)
         if isinstance(v, list) and (len(v) > 4 or any(s == "" for s in v)) or v == "":
             raise ValueError("stop takes up to 4 non-empty strings")
         return v
@@ -112,7 +141,7 @@ class CompletionRequest(_Sampling):
     def _prompt(cls, v):
         if v == [] or v == "":
             raise ValueError("prompt is empty")
-        return v
+        return _utf8(v)
 
 
 class TextPart(BaseModel):
@@ -132,6 +161,7 @@ class ChatMessage(BaseModel):
     @field_validator("content", mode="before")
     @classmethod
     def _text_parts_only(cls, v):
+        _utf8(v)
         if isinstance(v, list):
             for part in v:
                 kind = part.get("type") if isinstance(part, dict) else None

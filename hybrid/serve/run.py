@@ -2,18 +2,58 @@
 
 from __future__ import annotations
 
+import ipaddress
 import logging
 import os
+
+from .app import MAX_BODY_BYTES
+
+log = logging.getLogger("hybrid.serve")
+
+
+def resolve_api_key(api_key=None, api_key_file=None) -> "str | None":
+    """The API key: ``api_key``, else the first line of ``api_key_file``, else HYBRID_API_KEY
+    (a key on the command line is visible to every user's ``ps``).  An empty key is refused."""
+    if api_key is None and api_key_file is not None:
+        with open(api_key_file, encoding="utf-8") as f:
+            api_key = f.readline().strip()
+    if api_key is None:
+        api_key = os.environ.get("HYBRID_API_KEY")
+    if api_key is not None and not api_key.strip():
+        raise ValueError("the API key is empty; give a non-empty key, or none to serve without")
+    return api_key
+
+
+def _is_loopback(host: str) -> bool:
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
 
 
 def serve(model_path=None, *, host: str = "127.0.0.1", port: int = 8000, threads: int = 0,
           max_batch: int = 16, max_batched_tokens: int = 512, kv_memory=None,
-          kv_dtype: str = "float16", gpu_layers: int = 0, api_key=None, max_queue: int = 256,
-          model_name=None, log_level: str = "info", ray: bool = False, replicas: int = 1,
-          max_model_len: "int | None" = None) -> None:
+          kv_dtype: str = "float16", gpu_layers: int = 0, api_key=None, api_key_file=None,
+          max_queue: int = 256, model_name=None, log_level: str = "info", ray: bool = False,
+          replicas: int = 1, max_model_len: "int | None" = None,
+          max_body_bytes: int = MAX_BODY_BYTES, max_concurrency: "int | None" = None,
+          request_timeout: "float | None" = None) -> None:
     if max_model_len is not None and (isinstance(max_model_len, bool)
                                       or not isinstance(max_model_len, int) or max_model_len < 2):
         raise ValueError(f"max_model_len must be an integer >= 2, got {max_model_len!r}")
+    for name, v in (("max_body_bytes", max_body_bytes), ("max_concurrency", max_concurrency)):
+        if v is not None and (isinstance(v, bool) or not isinstance(v, int) or v < 1):
+            raise ValueError(f"{name} must be an integer >= 1, got {v!r}")
+    if request_timeout is not None and not request_timeout > 0:
+        raise ValueError(f"request_timeout must be > 0 seconds, got {request_timeout!r}")
+    api_key = resolve_api_key(api_key, api_key_file)
+    logging.basicConfig(level=getattr(logging, log_level.upper(), logging.INFO),
+                        format="%(asctime)s %(name)s %(message)s")
+    if api_key is None and not _is_loopback(host):
+        log.warning("serving on %s without an API key: anyone who can reach this address can "
+                    "use the model (set --api-key-file or HYBRID_API_KEY)", host)
     if ray:
         from .ray_app import serve_on_ray
 
@@ -37,9 +77,8 @@ def serve(model_path=None, *, host: str = "127.0.0.1", port: int = 8000, threads
                           if model_path else "smollm2-135m-instruct")
     app = build_app(model, model_name=name, api_key=api_key, max_queue=max_queue,
                     max_batch=max_batch, max_batched_tokens=max_batched_tokens,
-                    kv_memory=kv_memory)
-    logging.basicConfig(level=getattr(logging, log_level.upper(), logging.INFO),
-                        format="%(asctime)s %(name)s %(message)s")
+                    kv_memory=kv_memory, max_body_bytes=max_body_bytes,
+                    max_concurrency=max_concurrency, request_timeout=request_timeout)
     # On SIGINT/SIGTERM: close the engine first (running streams end with an error event and
     # [DONE]), then uvicorn stops accepting and gives open connections 5 s before dropping them.
     server = uvicorn.Server(uvicorn.Config(app, host=host, port=port, log_level=log_level,

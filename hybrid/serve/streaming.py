@@ -1,6 +1,6 @@
 """One request's answer: its outputs from the engine as they come, as a JSON completion or as
-Server-Sent Events (``data: {chunk}`` lines ending in ``data: [DONE]``), with usage, timings and
-a log line."""
+Server-Sent Events (``data: {chunk}`` lines ending in ``data: [DONE]``), with usage, timings,
+a deadline and a log line."""
 
 from __future__ import annotations
 
@@ -10,19 +10,24 @@ import logging
 import time
 from contextlib import aclosing
 
-from ..engine import EngineClosedError
 from .protocol import APIError
 
 log = logging.getLogger("hybrid.serve")
 
 
+class RequestFailed(RuntimeError):
+    """The engine finished the request with an error (ours, not the client's)."""
+
+
 class Run:
     """One request's stream: its outputs as they come (text from the engine), counts and
-    timings."""
+    timings.  Past ``timeout`` seconds (None: no deadline) the next wait raises TimeoutError and
+    the request is aborted."""
 
-    def __init__(self, engine, ids, params, metrics, rid):
+    def __init__(self, engine, ids, params, metrics, rid, timeout: "float | None" = None):
         self.engine, self.ids, self.params = engine, ids, params
         self.metrics, self.id = metrics, rid
+        self.deadline = None if timeout is None else time.monotonic() + timeout
         self.tokens: list = []
         self.last = None  # the latest RequestOutput
         self.finish_reason = None
@@ -33,8 +38,22 @@ class Run:
 
     async def start(self):
         self.gen = self.engine.stream(self.ids, self.params)
-        self.first = await self.gen.__anext__()  # raises ValueError for a bad request
+        self.first = await self._next()  # raises ValueError for a bad request
         self._take(self.first)
+
+    async def _next(self):
+        """The next output, within the deadline (a wait cut short aborts the request: the
+        stream's generator is cancelled)."""
+        if self.deadline is None:
+            return await self.gen.__anext__()
+        left = self.deadline - time.monotonic()
+        if left <= 0:
+            await self.gen.aclose()
+            raise TimeoutError("the request ran past the server's deadline")
+        try:
+            return await asyncio.wait_for(self.gen.__anext__(), left)
+        except asyncio.TimeoutError:
+            raise TimeoutError("the request ran past the server's deadline") from None
 
     def _take(self, out):
         now = time.perf_counter()
@@ -50,7 +69,7 @@ class Run:
         if out.finished:
             self.finish_reason = "stop" if out.finish_reason in ("stop", "abort") else out.finish_reason
             if out.finish_reason == "error":
-                raise RuntimeError(out.error)
+                raise RequestFailed(out.error)
             self._log()
 
     async def outputs(self):
@@ -58,10 +77,16 @@ class Run:
         yield self.first
         if self.first.finished:
             return
-        async with aclosing(self.gen) as gen:
-            async for out in gen:
+        async with aclosing(self.gen):
+            while True:
+                try:
+                    out = await self._next()
+                except StopAsyncIteration:
+                    return
                 self._take(out)
                 yield out
+                if out.finished:
+                    return
 
     async def finish(self):
         async for _ in self.outputs():
@@ -116,9 +141,10 @@ async def sse(run: Run, chat: bool, model_name: str, include_usage: bool):
                                      run.finish_reason if out.finished else None, True)])
         if include_usage:
             yield event([], run.usage())
-    except (EngineClosedError, RuntimeError, asyncio.CancelledError) as exc:
-        if isinstance(exc, asyncio.CancelledError):
-            raise
-        err = APIError(503, f"the request ended early: {exc}", "server_error")
+    except (RuntimeError, TimeoutError) as exc:  # closed, failed, too slow a reader, deadline
+        status = 408 if isinstance(exc, TimeoutError) else \
+            500 if isinstance(exc, RequestFailed) else 503
+        err = APIError(status, f"the request ended early: {exc}",
+                       "timeout" if status == 408 else "server_error")
         yield f"data: {json.dumps(err.body())}\n\n"
     yield "data: [DONE]\n\n"
