@@ -421,3 +421,63 @@ def test_many_requests_on_a_few_blocks_all_finish(tiny_q8, rng):
             assert out.finish_reason == "length" and out.tokens == alone[:len(out.tokens)]
             assert len(p) + len(out.tokens) - 1 == 24
     assert engine.pool.num_used == 0
+
+
+def test_a_reader_that_falls_behind_is_cut_off(tiny_q8):
+    """A stream whose reader lets max_pending outputs pile up gets SlowConsumerError after
+    those, and its request is aborted: memory stays bounded and every block goes back."""
+    import asyncio
+
+    from hybrid.engine import SlowConsumerError
+
+    async def main(engine):
+        gen = engine.stream([5, 6, 7], GenerationParams(max_new_tokens=200, stop_tokens=[]))
+        await gen.__anext__()
+        await asyncio.sleep(1.0)  # not reading: the engine runs on
+        got = 0
+        with pytest.raises(SlowConsumerError):
+            async for _ in gen:
+                got += 1
+        return got
+
+    with hybrid.AsyncEngine(tiny_q8, max_pending=4, num_blocks=50) as engine:
+        assert asyncio.run(main(engine)) <= 4
+        deadline = time.time() + 5
+        while time.time() < deadline and engine.stats()["kv_blocks_used"]:
+            time.sleep(0.05)
+        assert engine.stats()["kv_blocks_used"] == 0 and engine.stats()["requests_aborted"] == 1
+
+
+def test_the_engine_loop_survives_a_failing_admit_and_reports_its_own_fault(tiny_q8,
+                                                                           monkeypatch):
+    import asyncio
+
+    from hybrid.engine import EngineClosedError
+
+    class Boom(BaseException):
+        pass
+
+    async def last(engine, ids):
+        return await engine.generate(ids, GenerationParams(max_new_tokens=3, stop_tokens=[]))
+
+    with hybrid.AsyncEngine(tiny_q8, num_blocks=50) as engine:
+        admit = engine.engine.admit_request
+
+        def failing_admit(req):
+            if req.prompt == [9, 9]:
+                raise RuntimeError("admit failed")
+            return admit(req)
+        monkeypatch.setattr(engine.engine, "admit_request", failing_admit)
+        with pytest.raises(RuntimeError, match="admit failed"):
+            asyncio.run(last(engine, [9, 9]))
+        out = asyncio.run(last(engine, [5, 6, 7]))  # the loop carries on
+        assert out.finished and len(out.tokens) == 3 and engine.healthy
+
+        def fault():
+            raise Boom()
+        monkeypatch.setattr(engine.engine, "step", fault)
+        with pytest.raises(EngineClosedError, match="Boom"):
+            asyncio.run(last(engine, [5, 6, 7]))
+        assert not engine.healthy and isinstance(engine.failure, Boom)
+        with pytest.raises(EngineClosedError, match="Boom"):  # and every new request too
+            asyncio.run(last(engine, [5, 6, 7]))
