@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import math
+
 from dataclasses import dataclass, fields
 
 import numpy as np
@@ -62,22 +64,27 @@ class DecoderConfig:
         if self.rope_style not in ROPE_STYLES:
             raise ValueError(f"rope_style must be one of {ROPE_STYLES}, got {self.rope_style!r}")
         self.rope_theta = float(self.rope_theta)
-        if self.rope_theta < 0:
-            raise ValueError(f"rope_theta must be >= 0 (0 disables RoPE), got {self.rope_theta}")
+        if not (math.isfinite(self.rope_theta) and self.rope_theta >= 0):
+            raise ValueError(f"rope_theta must be a finite number >= 0 (0 disables RoPE), got "
+                             f"{self.rope_theta}")
         if self.rope_enabled and self.head_dim % 2:
             raise ValueError(f"RoPE needs an even head_dim, got {self.head_dim}")
         self.rms_norm_eps = float(self.rms_norm_eps)
-        if not self.rms_norm_eps > 0:
-            raise ValueError(f"rms_norm_eps must be > 0, got {self.rms_norm_eps}")
+        if not (math.isfinite(self.rms_norm_eps) and 0 < self.rms_norm_eps < 1):
+            raise ValueError(f"rms_norm_eps must be a finite number in (0, 1), got "
+                             f"{self.rms_norm_eps}")
         if self.attn_scale is not None:
             self.attn_scale = float(self.attn_scale)
-            if not self.attn_scale > 0:
-                raise ValueError(f"attn_scale must be > 0, got {self.attn_scale}")
+            if not (math.isfinite(self.attn_scale) and self.attn_scale > 0):
+                raise ValueError(f"attn_scale must be a finite number > 0, got {self.attn_scale}")
         if self.rope_inv_freq is not None:
             f = np.ascontiguousarray(self.rope_inv_freq, dtype=np.float64)
             if f.shape != (self.head_dim // 2,):
                 raise ValueError(f"rope_inv_freq must have shape ({self.head_dim // 2},), "
                                  f"got {f.shape}")
+            if not (np.isfinite(f).all() and (f > 0).all()):
+                raise ValueError("rope_inv_freq must hold finite frequencies > 0 (the RoPE "
+                                 "scaling parameters give others)")
             self.rope_inv_freq = f
 
     @property

@@ -18,10 +18,13 @@ MUTATIONS = int(os.environ.get("HYBRID_FUZZ_MUTATIONS", "2000"))
 SEED = int(os.environ.get("HYBRID_FUZZ_SEED", "20261202"))  # CI's sanitized run uses another
 
 
-def _small_model(path):
-    """One layer, hidden 256: Q8_0, Q4_K and Q6_K matrices (made by our quantizer), F32 norms."""
+def _small_model(path, extra=None):
+    """One layer, hidden 256: Q8_0, Q4_K and Q6_K matrices (made by our quantizer), F32 norms.
+    ``extra(writer)`` may add metadata."""
     rng = np.random.default_rng(7)
     w = gguf.GGUFWriter(str(path), "llama")
+    if extra is not None:
+        extra(w)
     w.add_block_count(1)
     w.add_embedding_length(256)
     w.add_feed_forward_length(512)
@@ -252,3 +255,43 @@ def test_mutated_tokenizer_metadata(tmp_path):
         model.tokenizer.decode(ids)
         model.generate(ids, max_new_tokens=2)
     assert refused > TOKENIZER_MUTATIONS // 4
+
+
+@pytest.mark.parametrize("key,value,needle", [
+    ("llama.rope.freq_base", float("nan"), "rope_theta"),
+    ("llama.rope.freq_base", float("inf"), "rope_theta"),
+    ("llama.attention.layer_norm_rms_epsilon", float("nan"), "rms_norm_eps"),
+    ("llama.rope.scaling.factor", 0.0, "factor"),
+])
+def test_non_finite_or_out_of_range_metadata_is_refused(tmp_path, key, value, needle):
+    """Values that would make every logit NaN are refused at load, naming the value."""
+    def extra(w):
+        if key.endswith("scaling.factor"):
+            w.add_string("llama.rope.scaling.type", "linear")
+        w.add_float32(key, value)
+    path = tmp_path / "m.gguf"
+    if key.endswith("layer_norm_rms_epsilon"):  # _small_model sets it: write the file again
+        _small_model(path)
+        data = bytearray(path.read_bytes())
+        i = data.index(key.encode()) + len(key) + 4  # after the name and the value type
+        data[i:i + 4] = np.float32(value).tobytes()
+        path.write_bytes(bytes(data))
+    else:
+        _small_model(path, extra)
+    with pytest.raises(ModelLoadError, match=needle):
+        read_weights(path)
+
+
+def test_metadata_arrays_stay_numpy_arrays(tmp_path):
+    """A scalar array in the header is one numpy array, not a list of Python numbers (about 30
+    times the memory for a 150k-token vocabulary's types and scores)."""
+    from hybrid.models.gguf_file import read_metadata
+
+    def extra(w):
+        w.add_array("tokenizer.ggml.scores", [0.5] * 1000)
+        w.add_array("tokenizer.ggml.token_type", [1] * 1000)
+    path = tmp_path / "m.gguf"
+    _small_model(path, extra)
+    md = read_metadata(path)
+    for key in ("tokenizer.ggml.scores", "tokenizer.ggml.token_type"):
+        assert isinstance(md[key], np.ndarray) and md[key].shape == (1000,)

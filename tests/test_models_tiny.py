@@ -456,3 +456,47 @@ def test_half_precision_safetensors_stay_half_and_convert_at_load(tmp_path, rng)
     assert isinstance(f32.weights.layers[0].wq, np.ndarray)
     with pytest.raises(ValueError, match="weights='q3_x' is not a known format"):
         load_model(folder, weights="q3_x")
+
+
+@pytest.mark.parametrize("change,needle", [
+    ({"rope_theta": float("nan")}, "rope_theta"),
+    ({"rope_theta": float("inf")}, "rope_theta"),
+    ({"rms_norm_eps": float("nan")}, "rms_norm_eps"),
+    ({"rope_scaling": {"rope_type": "linear", "factor": 0}}, "factor"),
+    ({"rope_scaling": {"rope_type": "llama3", "factor": -8.0}}, "factor"),
+    ({"rope_scaling": {"rope_type": "yarn", "factor": 4.0, "beta_fast": float("inf")}},
+     "beta_fast"),
+])
+def test_config_values_that_make_nan_logits_are_refused(tiny, tmp_path, change, needle):
+    work, cfg_path, cfg = _copy_of(tiny, tmp_path)
+    cfg.pop("rope_parameters", None)  # (newer configs keep rope_theta there)
+    cfg_path.write_text(json.dumps({**cfg, **change}))
+    with pytest.raises(ModelLoadError, match=needle):
+        load_model(work)
+
+
+@pytest.mark.parametrize("name,shape", [("model.norm.weight", (7,)),
+                                        ("model.embed_tokens.weight", (96, 7)),
+                                        ("lm_head.weight", (95, None))])
+def test_head_tensor_shapes_are_checked(tiny, tmp_path, name, shape):
+    """The embedding, final norm and LM head shapes are checked at load, as GGUF's are."""
+    from safetensors.numpy import load_file, save_file
+
+    work, cfg_path, cfg = _copy_of(tiny, tmp_path)
+    cfg_path.write_text(json.dumps({**cfg, "tie_word_embeddings": False}))
+    (f,) = list(work.glob("*.safetensors"))
+    tensors = load_file(str(f))
+    hidden = cfg["hidden_size"]
+    if "lm_head.weight" not in tensors:
+        tensors["lm_head.weight"] = tensors["model.embed_tokens.weight"].copy()
+    tensors[name] = np.zeros(tuple(hidden if d is None else d for d in shape),
+                             tensors[name].dtype)
+    save_file(tensors, str(f))
+    with pytest.raises(ModelLoadError, match="shape"):
+        load_model(work)
+
+
+def test_a_context_past_the_models_is_refused(tiny):
+    model = load_model(tiny[1])
+    with pytest.raises(ValueError, match="more than the model's context length 256"):
+        hybrid.models.Model(model.weights, model.tokenizer, max_tokens=300)

@@ -28,7 +28,7 @@ from ..quant import FORMATS, QuantizedTensor, fallback_for, quantize
 from ..quant.formats import BY_GGML_TYPE
 from .errors import ModelLoadError
 from .rope_scaling import rope_frequencies
-from .weights import ARCHITECTURES, ModelWeights, check_widths, layer_weights
+from .weights import ARCHITECTURES, ModelWeights, check_widths, head_shape_error, layer_weights
 
 GGUF_MAGIC = b"GGUF"
 
@@ -111,9 +111,10 @@ class _Header:
             raise ModelLoadError(self.path, f"corrupt GGUF header: {what} has unknown value "
                                             f"type {vtype}")
         itype, count = self._int(4, what + " item type"), self._int(8, what + " count")
-        if itype in _SCALARS:
+        if itype in _SCALARS:  # a numpy array: a list of Python numbers is ~30 times larger
             dt = np.dtype(_SCALARS[itype])
-            return np.frombuffer(self._take(dt.itemsize * count, what), dt).tolist()
+            arr = np.frombuffer(self._take(dt.itemsize * count, what), dt).copy()
+            return arr.astype(bool) if itype == _BOOL else arr
         if itype != _STRING:
             raise ModelLoadError(self.path, f"corrupt GGUF header: {what} holds arrays of "
                                             f"type {itype}")
@@ -357,9 +358,9 @@ def read_gguf(path) -> ModelWeights:
     finally:
         if bar is not None:
             bar.close()
-    if len(embed.shape) != 2 or embed.shape[1] != hidden or lm_head.shape != embed.shape:
-        raise ModelLoadError(path, f"embedding {embed.shape} / output {lm_head.shape} do not "
-                                   f"match hidden size {hidden}")
+    wrong = head_shape_error(embed, final_norm, lm_head, hidden)
+    if wrong is not None:
+        raise ModelLoadError(path, wrong)
     if reencode:
         kinds = sorted({f"{src} -> {dst}" for _, src, dst in reencode})
         warnings.warn(f"{path}: {len(reencode)} tensors have types without native kernels and "

@@ -79,6 +79,12 @@ class Model:
         self.kv_dtype = kv_dtype
         self.block_size = block_size
         self.max_position = weights.max_position or None
+        if max_tokens is not None and (isinstance(max_tokens, bool) or not isinstance(max_tokens, int)
+                                       or max_tokens < 2):
+            raise ValueError(f"max_tokens must be an integer >= 2, got {max_tokens!r}")
+        if max_tokens and self.max_position and max_tokens > self.max_position:
+            raise ValueError(f"max_tokens {max_tokens} is more than the model's context length "
+                             f"{self.max_position}")
         self.max_tokens = max_tokens or self.max_position
         self.placements = layer_placements(weights.num_layers, gpu_layers, placements)
         self.cache_placements = [Placement.parse("cpu") if kv_on_cpu else p

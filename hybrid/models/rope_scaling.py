@@ -18,7 +18,26 @@ def default_inv_freq(head_dim: int, theta: float) -> np.ndarray:
 
 def rope_frequencies(head_dim: int, theta: float, scaling: "dict | None",
                      max_position: "int | None" = None):
-    """(inv_freq, attention_factor) for ``scaling`` (a HF ``rope_scaling`` dict, or None)."""
+    """(inv_freq, attention_factor) for ``scaling`` (a HF ``rope_scaling`` dict, or None).
+    ValueError names a parameter that is not a finite number in its range."""
+    if not (math.isfinite(theta) and theta > 0):
+        raise ValueError(f"rope_theta must be a finite number > 0, got {theta}")
+    if scaling:
+        for key in ("factor", "low_freq_factor", "high_freq_factor", "attention_factor",
+                    "beta_fast", "beta_slow", "original_max_position_embeddings"):
+            v = scaling.get(key)
+            if v is not None and (isinstance(v, bool) or not isinstance(v, (int, float))
+                                  or not math.isfinite(v) or v <= 0):
+                raise ValueError(f"rope_scaling {key} must be a finite number > 0, got {v!r}")
+    inv, attn = _frequencies(head_dim, theta, scaling, max_position)
+    if not (np.isfinite(inv).all() and (inv > 0).all() and math.isfinite(attn) and attn > 0):
+        raise ValueError(f"rope_scaling {scaling!r} gives frequencies that are not finite and "
+                         f"positive")
+    return inv, attn
+
+
+def _frequencies(head_dim: int, theta: float, scaling: "dict | None",
+                 max_position: "int | None" = None):
     inv = default_inv_freq(head_dim, theta)
     if not scaling:
         return inv, 1.0

@@ -14,7 +14,7 @@ from ..config import DecoderConfig
 from ..quant import QuantizedTensor
 from .errors import ModelLoadError
 from .rope_scaling import rope_frequencies
-from .weights import ModelWeights, check_widths, layer_weights
+from .weights import ModelWeights, check_widths, head_shape_error, layer_weights
 
 ARCH_OF = {"LlamaForCausalLM": "llama", "Qwen2ForCausalLM": "qwen2", "Qwen3ForCausalLM": "qwen3",
            "MistralForCausalLM": "llama"}
@@ -181,8 +181,13 @@ def read_safetensors_folder(folder) -> ModelWeights:
     embed = shards.get("model.embed_tokens.weight")
     tied = bool(c.get("tie_word_embeddings", False)) or "lm_head.weight" not in shards
     lm_head = embed if tied else shards.get("lm_head.weight")
+    final_norm = shards.get("model.norm.weight")
+    wrong = head_shape_error(embed, final_norm, lm_head, cfg.hidden_size)
+    if wrong is not None:
+        raise ModelLoadError(folder, f"{wrong} (model.embed_tokens.weight, model.norm.weight, "
+                                     f"lm_head.weight)")
     eos = c.get("eos_token_id")
-    return ModelWeights(arch=arch, config=cfg, embed=embed, final_norm=shards.get("model.norm.weight"),
+    return ModelWeights(arch=arch, config=cfg, embed=embed, final_norm=final_norm,
                         lm_head=lm_head, layers=layers, max_position=max_pos, tied_embeddings=tied,
                         metadata={"format": "safetensors", "folder": folder, "eos_token_id": eos,
                                   "bos_token_id": c.get("bos_token_id")})

@@ -12,9 +12,11 @@ Chat templates are rendered with jinja2 in a sandbox, as transformers does.
 from __future__ import annotations
 
 import json
+import os
 import re
 import uuid
-import os
+
+import numpy as np
 
 from .errors import ModelLoadError
 
@@ -96,7 +98,9 @@ def _check_vocabulary(path, meta: dict) -> None:
         raise ModelLoadError(path, "tokenizer.ggml.merges is not a list of 'left right' pairs")
     for key, what in (("token_types", "token_type"), ("scores", "scores")):
         arr = meta.get(key)
-        if arr is not None and (not isinstance(arr, list) or len(arr) != n):
+        if arr is not None and (not isinstance(arr, np.ndarray) or arr.ndim != 1
+                                or len(arr) != n or (key == "scores" and arr.dtype.kind != "f")
+                                or (key == "token_types" and arr.dtype.kind not in "iu")):
             raise ModelLoadError(path, f"tokenizer.ggml.{what} does not have one entry per token "
                                        f"({n})")
     for key, what in (("tokenizer_pre", "pre"), ("chat_template", "chat_template")):
@@ -221,10 +225,13 @@ class Tokenizer:
         if meta.get("merges"):
             merges = [tuple(m.split(" ", 1)) for m in meta["merges"]]
         elif kind == "llama":
-            merges = merges_from_scores(tokens, meta.get("scores") or [0.0] * len(tokens))
+            scores = meta.get("scores")
+            merges = merges_from_scores(tokens, [0.0] * len(tokens) if scores is None
+                                        else scores.tolist())
         else:
             raise ModelLoadError(path, "a byte-level BPE vocabulary without merges")
-        types = meta.get("token_types") or []
+        types = meta.get("token_types")
+        types = [] if types is None else types.tolist()  # (a short-lived list while building)
         try:  # the tokenizers package checks the merges against the vocabulary
             if kind == "llama":
                 backend = _sentencepiece_bpe(tk, vocab, merges)

@@ -56,6 +56,23 @@ class ModelWeights:
         return total
 
 
+def head_shape_error(embed, final_norm, lm_head, hidden: int) -> "str | None":
+    """What is wrong with the embedding [vocab, hidden], final norm [hidden] and LM head
+    [vocab, hidden] shapes, or None (both loaders check them before anything runs)."""
+    for name, a in (("the embedding", embed), ("the final norm", final_norm),
+                    ("the LM head", lm_head)):
+        if a is None:
+            return f"{name} is missing"
+    if len(embed.shape) != 2 or embed.shape[1] != hidden or embed.shape[0] < 1:
+        return f"the embedding has shape {tuple(embed.shape)}, not [vocab, {hidden}]"
+    if tuple(lm_head.shape) != tuple(embed.shape):
+        return (f"the LM head has shape {tuple(lm_head.shape)}, the embedding "
+                f"{tuple(embed.shape)}")
+    if tuple(final_norm.shape) != (hidden,):
+        return f"the final norm has shape {tuple(final_norm.shape)}, not ({hidden},)"
+    return None
+
+
 def weight_formats(mw: ModelWeights) -> dict:
     """Format name ("float32", "q4_k", ...) -> (number of matrices, bytes)."""
     seen, table = set(), {}
