@@ -19,6 +19,9 @@ openai = pytest.importorskip("openai", reason="the openai client is a test depen
 sys.path.insert(0, os.path.dirname(__file__))
 from test_serve import NAME, Server, model  # noqa: E402,F401 - model: the shared fixture
 
+# greedy SmolLM2 counts on for as many tokens as it is given (no early end of sequence)
+COUNTING = "1, 2, 3, 4, 5, 6, 7, 8,"
+
 
 @pytest.fixture(scope="module")
 def server(model):  # noqa: F811
@@ -110,7 +113,7 @@ def test_clients_that_leave_have_their_requests_aborted(server):
     leaves: its request stops, and every block goes back."""
     aborted0 = server.metric("hybrid_requests_aborted_total")
     prefill0 = server.metric("hybrid_prefill_tokens_total")
-    running = _start(server, {"prompt": "Once upon a time", "max_tokens": 900})
+    running = _start(server, {"prompt": COUNTING, "max_tokens": 900, "temperature": 0})
     assert _wait_for(lambda: server.metric("hybrid_requests_running") == 1)
     waiting = _start(server, {"prompt": "A different prompt that waits " * 4, "max_tokens": 5,
                               "stream": True})
@@ -156,11 +159,12 @@ def test_deadline_concurrency_limit_and_keys(model, tmp_path):  # noqa: F811
         assert srv.request("GET", "/v1/models", key="s3cret")[0] == 200
         # past the deadline: 408 without a stream, an error event and [DONE] with one
         code, text, _ = srv.request("POST", "/v1/completions",
-                                    {"prompt": "Once", "max_tokens": 1000}, key="s3cret")
+                                    {"prompt": COUNTING, "max_tokens": 1000, "temperature": 0},
+                                    key="s3cret")
         assert code == 408 and _error(text)["code"] == "request_timeout", text
         code, text, _ = srv.request("POST", "/v1/completions",
-                                    {"prompt": "Once", "max_tokens": 1000, "stream": True},
-                                    key="s3cret")
+                                    {"prompt": COUNTING, "max_tokens": 1000, "temperature": 0,
+                                     "stream": True}, key="s3cret")
         assert code == 200 and '"timeout"' in text and text.rstrip().endswith("data: [DONE]")
         assert _wait_for(lambda: srv.metric("hybrid_kv_blocks_used") == 0)
         # more requests than may be in flight: 429 with Retry-After

@@ -48,7 +48,10 @@ class AsyncEngine:
         self.failure: "BaseException | None" = None  # what stopped the loop, if a fault did
         self._lock = threading.Lock()  # one thread at a time inside the engine
         self._wake = threading.Event()
-        self._streams: dict = {}  # request id -> (event loop, asyncio.Queue)
+        # request id -> (event loop, asyncio.Queue, [outputs sent, outputs taken]): the engine
+        # thread alone counts what it sends and the consumer alone what it takes, so their
+        # difference is what waits for the reader (in the queue or still on its way there)
+        self._streams: dict = {}
         # handed to the engine thread without waiting for its lock (held through a step)
         self._incoming: collections.deque = collections.deque()  # prepared requests
         self._aborts: collections.deque = collections.deque()  # request ids
@@ -126,11 +129,13 @@ class AsyncEngine:
             target = self._streams.get(rid)
             if target is None:
                 continue
-            if target[1].qsize() >= self.max_pending and not item.finished:
+            counts = target[2]
+            if counts[0] - counts[1] >= self.max_pending and not item.finished:
                 self._streams.pop(rid, None)
                 self.abort(rid)
                 item = SlowConsumerError(f"the client read too slowly ({self.max_pending} "
                                          f"outputs waiting); the request was aborted")
+            counts[0] += 1
             by_loop.setdefault(target[0], []).append((target[1], item))
         for loop, puts in by_loop.items():
             try:
@@ -142,7 +147,8 @@ class AsyncEngine:
         target = self._streams.get(rid)
         if target is None:
             return
-        loop, queue = target
+        loop, queue, counts = target
+        counts[0] += 1
         try:
             loop.call_soon_threadsafe(queue.put_nowait, item)
         except RuntimeError:  # the consumer's loop is gone: nobody listens any more
@@ -159,13 +165,15 @@ class AsyncEngine:
         queue: asyncio.Queue = asyncio.Queue()
         req = self.engine.prepare_request(ids, params)  # checks; the engine thread admits it
         rid = req.request_id
-        self._streams[rid] = (loop, queue)
+        counts = [0, 0]
+        self._streams[rid] = (loop, queue, counts)
         self._incoming.append(req)
         self._wake.set()
         finished = False
         try:
             while True:
                 item = await queue.get()
+                counts[1] += 1
                 if isinstance(item, BaseException):
                     finished = True
                     raise item
