@@ -185,6 +185,11 @@ def test_sixteen_concurrent_streams_each_as_alone(client, model):
     ({"prompt": "hi", "stream": 1}, 400, "stream"),
     ({"prompt": [1.5]}, 400, "prompt"),
     ({"prompt": [-7, 39783738247642363640969298968576]}, 400, "prompt"),  # was a 500
+    ({"prompt": "hi", "logprobs": 2}, 400, "does not implement the field 'logprobs'"),
+    ({"prompt": "hi", "response_format": {"type": "json_object"}}, 400, "'response_format'"),
+    ({"prompt": "hi", "presence_penalty": 0.5}, 400, "'presence_penalty'"),
+    ({"prompt": "hi", "logit_bias": {"5": 10}}, 400, "'logit_bias'"),
+    ({"prompt": "hi", "echo": True}, 400, "'echo'"),
 ])
 def test_bad_requests_get_4xx_json(server, body, status, needle):
     raw = b"{not json" if body is None else None
@@ -203,6 +208,7 @@ def test_bad_requests_get_4xx_json(server, body, status, needle):
      "only text content parts are supported, got 'image_url'"),
     ([{"role": "user", "content": [{"type": "text", "text": 5}]}], "messages.0.content"),
     ([{"role": "wizard", "content": "hi"}], "messages.0.role"),
+    ([{"role": "assistant", "content": None, "tool_calls": []}], "'tool_calls'"),
 ])
 def test_bad_chat_messages_get_4xx_json(server, messages, needle):
     code, text, _ = server.request("POST", "/v1/chat/completions", {"messages": messages})

@@ -193,3 +193,19 @@ def test_deadline_concurrency_limit_and_keys(model, tmp_path):  # noqa: F811
         env_srv.stop()
     with pytest.raises(RuntimeError, match="API key is empty"):
         Server("--api-key", "", key="x")
+
+
+@pytest.mark.parametrize("field,value", [
+    ("tools", [{"type": "function", "function": {"name": "f", "parameters": {}}}]),
+    ("tool_choice", "auto"), ("response_format", {"type": "json_object"}), ("logprobs", True),
+    ("top_logprobs", 3), ("frequency_penalty", 0.5), ("parallel_tool_calls", False),
+    ("suffix", "x"),
+])
+def test_fields_not_implemented_are_refused_by_name(server, field, value):
+    """A client asking for JSON, tools or logprobs gets a 400 naming the field, not free text
+    as if it had not asked."""
+    code, text, _ = server.request("POST", "/v1/chat/completions", {
+        "messages": [{"role": "user", "content": "Hi"}], "max_tokens": 2, field: value})
+    err = _error(text)
+    assert code == 400 and err["code"] == "unsupported_field" and err["param"] == field, text
+    _carries_on(server)

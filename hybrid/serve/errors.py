@@ -57,6 +57,11 @@ def install_error_handlers(app: FastAPI, replica: "str | None") -> None:
         if first.get("type") == "json_invalid":
             msg = f"the body is not valid JSON: {first.get('ctx', {}).get('error', msg)}"
             loc = ""
+        elif first.get("type") == "extra_forbidden":
+            err = APIError(400, f"{loc}: this server does not implement the field "
+                                f"{loc.rsplit('.', 1)[-1]!r}; leave it out", param=loc,
+                           code="unsupported_field")
+            return JSONResponse(err.body(), status_code=400, headers=replica_headers(replica))
         err = APIError(400, f"{loc}: {msg}" if loc else msg, param=loc or None,
                        code=first.get("type"))
         return JSONResponse(err.body(), status_code=400, headers=replica_headers(replica))

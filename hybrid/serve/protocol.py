@@ -103,7 +103,8 @@ def _utf8(v):
 class _Sampling(BaseModel):
     # strict: JSON types as the API documents them (no "16" for 16, no false for token id 0);
     # a float field still takes an integer; Infinity and NaN are refused
-    model_config = ConfigDict(extra="ignore", strict=True, allow_inf_nan=False)
+    # a field we do not implement is refused by name (extra="forbid"), never silently dropped
+    model_config = ConfigDict(extra="forbid", strict=True, allow_inf_nan=False)
 
     model: Optional[str] = None
     max_tokens: Optional[json_int(ge=1)] = None
@@ -118,6 +119,7 @@ class _Sampling(BaseModel):
     stream: bool = False
     stream_options: Optional[StreamOptions] = None
     n: json_int(ge=1, le=1) = 1
+    user: Optional[str] = None  # the caller's end-user id: accepted, not used
 
     @field_validator("stop", mode="before")
     @classmethod
@@ -146,14 +148,14 @@ class CompletionRequest(_Sampling):
 
 class TextPart(BaseModel):
     """A content part of a message: only text is served (an image part is refused by name)."""
-    model_config = ConfigDict(extra="ignore", strict=True)
+    model_config = ConfigDict(extra="forbid", strict=True)
 
     type: Literal["text"]
     text: str
 
 
 class ChatMessage(BaseModel):
-    model_config = ConfigDict(extra="ignore", strict=True)
+    model_config = ConfigDict(extra="forbid", strict=True)
 
     role: Literal["system", "user", "assistant", "developer", "tool"]
     content: Union[str, list[TextPart], None] = None
