@@ -68,23 +68,25 @@ def install_error_handlers(app: FastAPI, replica: "str | None") -> None:
 
 
 def install_auth(app: FastAPI, api_key: "str | None", replica: "str | None",
-                 max_body_bytes: "int | None" = None) -> None:
+                 max_body_bytes: "int | None" = None, json_paths=()) -> None:
     """Every route answers 401 without ``Authorization: Bearer KEY`` (when a key is set; compared
-    in constant time), a POST body must be sent as application/json (415: a web page's form or
-    text/plain post cannot start a generation) and declare at most ``max_body_bytes`` (413;
-    BodyLimit refuses one sent without a length); every answer names the replica (when there
-    is one)."""
+    in constant time), a POST to ``json_paths`` must send its body as application/json (415: a
+    web page's form or text/plain post cannot start a generation), a POST body must declare at
+    most ``max_body_bytes`` (413; BodyLimit refuses one sent without a length); every answer
+    names the replica (when there is one)."""
     if api_key is not None and not api_key:
         raise ValueError("the API key is empty; give a non-empty key or none")
-    app.add_middleware(Gate, api_key=api_key, replica=replica, max_body_bytes=max_body_bytes)
+    app.add_middleware(Gate, api_key=api_key, replica=replica, max_body_bytes=max_body_bytes,
+                       json_paths=frozenset(json_paths))
 
 
 class Gate:
     """ASGI middleware: the checks of ``install_auth`` before a request reaches a route (plain
     ASGI, so a route still sees its client disconnect)."""
 
-    def __init__(self, app, api_key, replica, max_body_bytes):
+    def __init__(self, app, api_key, replica, max_body_bytes, json_paths):
         self.app, self.replica, self.max_body_bytes = app, replica, max_body_bytes
+        self.json_paths = json_paths
         self.expected = None if api_key is None else f"Bearer {api_key}".encode()
 
     async def __call__(self, scope, receive, send):
@@ -113,7 +115,7 @@ class Gate:
         if scope["method"] != "POST":
             return None
         kind = headers.get("content-type", b"").decode("latin-1").split(";")[0].strip().lower()
-        if kind != "application/json":
+        if scope["path"] in self.json_paths and kind != "application/json":
             return self._error(415, f"the body must be sent as application/json, not "
                                     f"{kind or 'without a content type'}",
                                code="unsupported_media_type")
