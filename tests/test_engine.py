@@ -481,3 +481,37 @@ def test_the_engine_loop_survives_a_failing_admit_and_reports_its_own_fault(tiny
         assert not engine.healthy and isinstance(engine.failure, Boom)
         with pytest.raises(EngineClosedError, match="Boom"):  # and every new request too
             asyncio.run(last(engine, [5, 6, 7]))
+
+
+def test_presence_frequency_penalties_and_logit_bias_against_a_reference(tiny_q8, rng):
+    """Greedy generation with OpenAI's presence and frequency penalties and a logit bias equals
+    a loop written here from the definitions over the model's own logits."""
+    prompt = [int(t) for t in rng.integers(3, VOCAB, 9)]
+    bias = {int(rng.integers(3, VOCAB)): 2.5, int(rng.integers(3, VOCAB)): -100.0}
+    kw = dict(presence_penalty=0.7, frequency_penalty=1.3, logit_bias=bias, stop_tokens=[])
+    got = tiny_q8.generate(prompt, 12, **kw)
+    want, counts = [], {}
+    cache = tiny_q8.new_cache()
+    logits = tiny_q8.forward(prompt, cache, role="prompt")
+    for _ in range(12):
+        x = logits.astype(np.float64)
+        for t, b in bias.items():
+            x[t] += b
+        for t, c in counts.items():
+            x[t] -= c * 1.3 + 0.7
+        tok = int(np.argmax(x))
+        want.append(tok)
+        counts[tok] = counts.get(tok, 0) + 1
+        logits = tiny_q8.forward([tok], cache, role="decode")
+    assert got == want
+    plain = tiny_q8.generate(prompt, 12, stop_tokens=[])
+    assert got != plain  # the penalties changed the choice
+    forced = tiny_q8.generate(prompt, 5, logit_bias={7: 100}, stop_tokens=[])
+    assert forced == [7] * 5
+    for bad in (dict(presence_penalty=2.5), dict(frequency_penalty=float("inf")),
+                dict(logit_bias={3: 101}), dict(logit_bias={-1: 1}),
+                dict(repetition_penalty=float("inf"))):
+        with pytest.raises(ValueError):
+            GenerationParams(**bad)
+    with pytest.raises(ValueError, match="logit_bias names token 500"):
+        tiny_q8.generate(prompt, 2, logit_bias={500: 1.0})

@@ -187,8 +187,11 @@ def test_sixteen_concurrent_streams_each_as_alone(client, model):
     ({"prompt": [-7, 39783738247642363640969298968576]}, 400, "prompt"),  # was a 500
     ({"prompt": "hi", "logprobs": 2}, 400, "does not implement the field 'logprobs'"),
     ({"prompt": "hi", "response_format": {"type": "json_object"}}, 400, "'response_format'"),
-    ({"prompt": "hi", "presence_penalty": 0.5}, 400, "'presence_penalty'"),
-    ({"prompt": "hi", "logit_bias": {"5": 10}}, 400, "'logit_bias'"),
+    ({"prompt": "hi", "best_of": 2}, 400, "'best_of'"),
+    ({"prompt": "hi", "presence_penalty": 2.5}, 400, "presence_penalty"),
+    ({"prompt": "hi", "logit_bias": {"5": 101}}, 400, "logit_bias"),
+    ({"prompt": "hi", "logit_bias": {"x": 1}}, 400, "logit_bias"),
+    ({"prompt": "hi", "logit_bias": {"999999999": 1}}, 400, "logit_bias names token"),
     ({"prompt": "hi", "echo": True}, 400, "'echo'"),
 ])
 def test_bad_requests_get_4xx_json(server, body, status, needle):
@@ -332,3 +335,18 @@ def test_api_key_queue_limit_and_clean_shutdown(model):
         assert '"error"' in rest and rest.rstrip().endswith("data: [DONE]")
     finally:
         srv.stop()
+
+
+def test_penalties_and_logit_bias(client, model):
+    """presence_penalty, frequency_penalty and logit_bias reach the sampler: greedy answers equal
+    Model.generate with the same parameters."""
+    prompt = "The capital of France is"
+    ids = model.tokenizer.encode(prompt)
+    kw = dict(presence_penalty=0.6, frequency_penalty=1.1)
+    want = model.generate(ids, 10, **kw)
+    r = client.completions.create(model=NAME, prompt=prompt, max_tokens=10, temperature=0, **kw)
+    assert r.choices[0].text == model.tokenizer.decode(want)
+    tok = model.tokenizer.encode(" Paris")[-1]
+    r = client.completions.create(model=NAME, prompt=prompt, max_tokens=3, temperature=0,
+                                  logit_bias={str(tok): 100})
+    assert r.choices[0].text == model.tokenizer.decode([tok] * 3)

@@ -198,7 +198,7 @@ def test_deadline_concurrency_limit_and_keys(model, tmp_path):  # noqa: F811
 @pytest.mark.parametrize("field,value", [
     ("tools", [{"type": "function", "function": {"name": "f", "parameters": {}}}]),
     ("tool_choice", "auto"), ("response_format", {"type": "json_object"}), ("logprobs", True),
-    ("top_logprobs", 3), ("frequency_penalty", 0.5), ("parallel_tool_calls", False),
+    ("top_logprobs", 3), ("parallel_tool_calls", False),
     ("suffix", "x"),
 ])
 def test_fields_not_implemented_are_refused_by_name(server, field, value):

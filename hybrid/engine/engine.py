@@ -103,6 +103,10 @@ class Engine:
                                  f"{self.pool.max_blocks}")
         if request_id is not None and request_id in self._requests:
             raise ValueError(f"request id {request_id!r} is already in use")
+        far = [t for t in params.logit_bias if t >= self.model.vocab_size]
+        if far:
+            raise ValueError(f"logit_bias names token {far[0]}; the vocabulary has "
+                             f"{self.model.vocab_size} tokens")
         stops = self.model.stop_ids(params.stop_tokens)
         req = Request(prompt, params, stops, self.model.tokenizer, arrival=next(self._arrivals))
         if request_id is not None:

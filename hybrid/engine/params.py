@@ -3,7 +3,8 @@ engine and the server (sampling, limits, stop conditions)."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+import math
+from dataclasses import dataclass, field
 
 
 @dataclass
@@ -12,7 +13,10 @@ class GenerationParams:
 
     temperature 0 is greedy (argmax).  top_k 0 and top_p 1 turn those filters off.
     repetition_penalty > 1 discourages tokens already in the sequence (as transformers applies
-    it: positive logits divided, negative multiplied).  ``seed`` makes sampling reproducible.
+    it: positive logits divided, negative multiplied).  presence_penalty and frequency_penalty
+    (-2..2, OpenAI's) subtract from the logit of each token generated so far: the first once,
+    the second once per occurrence.  logit_bias {token id: -100..100} is added to those logits
+    (-100 in effect bans a token).  ``seed`` makes sampling reproducible.
     stop_tokens None means the tokenizer's end-of-sequence ids; stop_strings end the request when
     the generated text contains one of them (the completing token is kept in the ids, the text
     is cut before the stop string).  detokenize False skips the text (token ids only) where no
@@ -24,6 +28,9 @@ class GenerationParams:
     top_k: int = 0
     top_p: float = 1.0
     repetition_penalty: float = 1.0
+    presence_penalty: float = 0.0
+    frequency_penalty: float = 0.0
+    logit_bias: dict = field(default_factory=dict)
     seed: "int | None" = None
     stop_tokens: "list | None" = None
     stop_strings: tuple = ()
@@ -33,11 +40,27 @@ class GenerationParams:
         if isinstance(self.max_new_tokens, bool) or not isinstance(self.max_new_tokens, int) \
                 or self.max_new_tokens < 1:
             raise ValueError(f"max_new_tokens must be an integer >= 1, got {self.max_new_tokens!r}")
-        for name in ("temperature", "top_p", "repetition_penalty"):
+        for name in ("temperature", "top_p", "repetition_penalty", "presence_penalty",
+                     "frequency_penalty"):
             v = getattr(self, name)
-            if isinstance(v, bool) or not isinstance(v, (int, float)) or v != v:
-                raise ValueError(f"{name} must be a number, got {v!r}")
+            if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v):
+                raise ValueError(f"{name} must be a finite number, got {v!r}")
             setattr(self, name, float(v))
+        for name in ("presence_penalty", "frequency_penalty"):
+            if not -2.0 <= getattr(self, name) <= 2.0:
+                raise ValueError(f"{name} must be in [-2, 2], got {getattr(self, name)}")
+        if not isinstance(self.logit_bias, dict):
+            raise ValueError(f"logit_bias must be a dict of token id -> bias, got "
+                             f"{type(self.logit_bias).__name__}")
+        bias = {}
+        for k, v in self.logit_bias.items():
+            if isinstance(k, bool) or not isinstance(k, int) or k < 0:
+                raise ValueError(f"logit_bias keys must be token ids (integers >= 0), got {k!r}")
+            if isinstance(v, bool) or not isinstance(v, (int, float)) or not -100 <= v <= 100:
+                raise ValueError(f"logit_bias values must be numbers in [-100, 100], got {v!r} "
+                                 f"for token {k}")
+            bias[k] = float(v)
+        self.logit_bias = bias
         if isinstance(self.top_k, bool) or not isinstance(self.top_k, int):
             raise ValueError(f"top_k must be an integer, got {self.top_k!r}")
         if self.temperature < 0:

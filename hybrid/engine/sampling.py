@@ -1,4 +1,5 @@
-"""Choosing the next token from logits: greedy, temperature, top-k, top-p, repetition penalty."""
+"""Choosing the next token from logits: logit bias, repetition, presence and frequency penalties,
+then greedy, or temperature, top-k and top-p."""
 
 from __future__ import annotations
 
@@ -6,18 +7,29 @@ import numpy as np
 
 
 class Sampler:
-    """Stateful sampler (its random generator advances with each draw) for one request's
-    GenerationParams (temperature, top_k, top_p, repetition_penalty, seed)."""
+    """Stateful sampler for one request's GenerationParams: its random generator advances with
+    each draw, and it counts the tokens it has drawn (presence and frequency penalties)."""
 
     def __init__(self, params):
         self.params = params
         self.rng = np.random.default_rng(params.seed)
+        self.drawn: dict = {}  # token id -> times drawn
+        self._adjusts = bool(params.logit_bias) or params.presence_penalty != 0.0 \
+            or params.frequency_penalty != 0.0
 
     def __call__(self, logits: np.ndarray, history) -> int:
+        tok = self._choose(logits, history)
+        self.drawn[tok] = self.drawn.get(tok, 0) + 1
+        return tok
+
+    def _choose(self, logits: np.ndarray, history) -> int:
         p = self.params
-        if p.temperature == 0.0 and (p.repetition_penalty == 1.0 or not len(history)):
+        if p.temperature == 0.0 and not self._adjusts \
+                and (p.repetition_penalty == 1.0 or not len(history)):
             return int(np.argmax(logits))  # greedy: the float32 order is the float64 order
         x = np.asarray(logits, dtype=np.float64)
+        if self._adjusts:
+            x = self._adjusted(x)
         if p.repetition_penalty != 1.0 and len(history):
             seen = np.unique(np.asarray(history, dtype=np.int64))
             seen = seen[(seen >= 0) & (seen < x.shape[0])]
@@ -46,3 +58,19 @@ class Sampler:
             mask[keep] = probs[keep]
             probs = mask / mask.sum()
         return int(self.rng.choice(probs.shape[0], p=probs))
+
+    def _adjusted(self, x: np.ndarray) -> np.ndarray:
+        """x (a copy) with the logit bias added and the presence and frequency penalties of
+        the tokens drawn so far subtracted (OpenAI's definitions)."""
+        p = self.params
+        x = x.copy()
+        n = x.shape[0]
+        for tok, b in p.logit_bias.items():
+            if tok < n:
+                x[tok] += b
+        if self.drawn and (p.presence_penalty or p.frequency_penalty):
+            ids = np.fromiter(self.drawn.keys(), dtype=np.int64)
+            counts = np.fromiter(self.drawn.values(), dtype=np.float64)
+            keep = ids < n
+            x[ids[keep]] -= counts[keep] * p.frequency_penalty + p.presence_penalty
+        return x

@@ -158,6 +158,9 @@ def build_app(model, *, model_name: str = "hybrid", api_key: "str | None" = None
             params = GenerationParams(max_new_tokens=max_new, temperature=body.temperature,
                                       top_k=body.top_k, top_p=body.top_p,
                                       repetition_penalty=body.repetition_penalty,
+                                      presence_penalty=body.presence_penalty,
+                                      frequency_penalty=body.frequency_penalty,
+                                      logit_bias=body.bias(),
                                       seed=body.seed, stop_strings=tuple(body.stop_list()))
         except ValueError as exc:
             raise APIError(400, str(exc)) from None

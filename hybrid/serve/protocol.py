@@ -112,6 +112,10 @@ class _Sampling(BaseModel):
     top_p: float = Field(default=1.0, gt=0.0, le=1.0)
     top_k: json_int(ge=0) = 0
     repetition_penalty: float = Field(default=1.0, gt=0.0)
+    presence_penalty: float = Field(default=0.0, ge=-2.0, le=2.0)
+    frequency_penalty: float = Field(default=0.0, ge=-2.0, le=2.0)
+    logit_bias: Optional[dict[Annotated[str, Field(pattern=r"^[0-9]{1,10}$")],
+                              Annotated[float, Field(ge=-100.0, le=100.0)]]] = None
     seed: Optional[JsonInt] = None
     stop: Optional[Union[Annotated[str, Field(min_length=1)],
                          Annotated[list[Annotated[str, Field(min_length=1)]],
@@ -128,6 +132,10 @@ class _Sampling(BaseModel):
         if isinstance(v, list) and (len(v) > 4 or any(s == "" for s in v)) or v == "":
             raise ValueError("stop takes up to 4 non-empty strings")
         return v
+
+    def bias(self) -> dict:
+        """logit_bias with integer token ids (JSON object keys are strings)."""
+        return {int(k): v for k, v in (self.logit_bias or {}).items()}
 
     def stop_list(self) -> list:
         return [self.stop] if isinstance(self.stop, str) else list(self.stop or [])
