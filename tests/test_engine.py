@@ -483,12 +483,15 @@ def test_the_engine_loop_survives_a_failing_admit_and_reports_its_own_fault(tiny
             asyncio.run(last(engine, [5, 6, 7]))
 
 
-def test_presence_frequency_penalties_and_logit_bias_against_a_reference(tiny_q8, rng):
+@pytest.mark.parametrize("presence,frequency", [(2.0, 0.0), (0.0, 2.0), (0.7, -1.3)])
+def test_presence_frequency_penalties_and_logit_bias_against_a_reference(tiny_q8, rng, presence,
+                                                                         frequency):
     """Greedy generation with OpenAI's presence and frequency penalties and a logit bias equals
     a loop written here from the definitions over the model's own logits."""
     prompt = [int(t) for t in rng.integers(3, VOCAB, 9)]
     bias = {int(rng.integers(3, VOCAB)): 2.5, int(rng.integers(3, VOCAB)): -100.0}
-    kw = dict(presence_penalty=0.7, frequency_penalty=1.3, logit_bias=bias, stop_tokens=[])
+    kw = dict(presence_penalty=presence, frequency_penalty=frequency, logit_bias=bias,
+              stop_tokens=[])
     got = tiny_q8.generate(prompt, 12, **kw)
     want, counts = [], {}
     cache = tiny_q8.new_cache()
@@ -498,13 +501,13 @@ def test_presence_frequency_penalties_and_logit_bias_against_a_reference(tiny_q8
         for t, b in bias.items():
             x[t] += b
         for t, c in counts.items():
-            x[t] -= c * 1.3 + 0.7
+            x[t] -= c * frequency + presence
         tok = int(np.argmax(x))
         want.append(tok)
         counts[tok] = counts.get(tok, 0) + 1
         logits = tiny_q8.forward([tok], cache, role="decode")
     assert got == want
-    plain = tiny_q8.generate(prompt, 12, stop_tokens=[])
+    plain = tiny_q8.generate(prompt, 12, logit_bias=bias, stop_tokens=[])
     assert got != plain  # the penalties changed the choice
     forced = tiny_q8.generate(prompt, 5, logit_bias={7: 100}, stop_tokens=[])
     assert forced == [7] * 5
