@@ -225,20 +225,16 @@ class Engine:
         return req.report([tok])
 
     # -- offline ----------------------------------------------------------------------------
-    def generate(self, prompts, max_new_tokens: int = 32, *, temperature: float = 0.0,
-                 top_k: int = 0, top_p: float = 1.0, repetition_penalty: float = 1.0,
-                 seed=None, stop_tokens=None, stop_strings=()) -> list:
-        """The new ids of each prompt (the keywords of ``Model.generate_batch``; prompt i
-        samples with seed + i)."""
+    def generate(self, prompts, max_new_tokens: int = 32, *, seed=None, **kw) -> list:
+        """The new ids of each prompt.  Keywords: the fields of GenerationParams; prompt i
+        samples with seed + i."""
         prompts = list(prompts)
         if max_new_tokens == 0:
             for p in prompts:
                 self.model.check_ids(p)
             return [[] for _ in prompts]
-        params = [GenerationParams(max_new_tokens, temperature, top_k, top_p, repetition_penalty,
-                                   None if seed is None else seed + i,
-                                   None if stop_tokens is None else list(stop_tokens),
-                                   tuple(stop_strings), detokenize=bool(stop_strings))
+        kw.setdefault("detokenize", bool(kw.get("stop_strings")))
+        params = [GenerationParams(max_new_tokens, seed=None if seed is None else seed + i, **kw)
                   for i in range(len(prompts))]
         ids = []
         try:

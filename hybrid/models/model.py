@@ -309,13 +309,12 @@ class Model:
             if out.delta:
                 yield out.delta
 
-    def generate_batch(self, prompts, max_new_tokens: int = 32, *, temperature: float = 0.0,
-                       top_k: int = 0, top_p: float = 1.0, repetition_penalty: float = 1.0,
-                       seed=None, stop_tokens=None, stop_strings=(), max_batch: int = 64,
-                       kv_memory=None) -> list:
+    def generate_batch(self, prompts, max_new_tokens: int = 32, *, max_batch: int = 64,
+                       kv_memory=None, **kw) -> list:
         """Generate for several prompts through the serving engine (hybrid.Engine: a shared KV
-        pool, continuous batching, prefix caching).  Prompt i samples with ``seed + i``.
-        Returns the new ids of each prompt."""
+        pool, continuous batching, prefix caching).  Keywords: the fields of
+        ``hybrid.GenerationParams``; prompt i samples with ``seed + i``.  Returns the new ids of
+        each prompt."""
         from ..engine import Engine
 
         prompts = [list(self.check_ids(p)) for p in prompts]
@@ -326,9 +325,7 @@ class Model:
         for p in prompts:
             self._check_room(len(p) + max_new_tokens, self.max_tokens)
         engine = Engine(self, max_batch=max_batch, kv_memory=kv_memory)
-        return engine.generate(prompts, max_new_tokens, temperature=temperature, top_k=top_k,
-                               top_p=top_p, repetition_penalty=repetition_penalty, seed=seed,
-                               stop_tokens=stop_tokens, stop_strings=stop_strings)
+        return engine.generate(prompts, max_new_tokens, **kw)
 
 
 def _layer_by_layer(layers, batch, x, memo):
