@@ -518,3 +518,30 @@ def test_presence_frequency_penalties_and_logit_bias_against_a_reference(tiny_q8
             GenerationParams(**bad)
     with pytest.raises(ValueError, match="logit_bias names token 500"):
         tiny_q8.generate(prompt, 2, logit_bias={500: 1.0})
+
+
+def test_logprobs_against_the_models_logits(tiny_q8, rng):
+    """Each generated token's logprob and its top alternatives are the float64 log-softmax of
+    the model's logits at that position (the logits of Model.forward, here the reference)."""
+    prompt = [int(t) for t in rng.integers(3, VOCAB, 7)]
+    engine = Engine(tiny_q8, num_blocks=50)
+    engine.add_request(prompt, GenerationParams(max_new_tokens=6, temperature=0.8, seed=3,
+                                                logprobs=4, stop_tokens=[]))
+    entries, tokens = [], []
+    while engine.has_unfinished():
+        for out in engine.step():
+            entries += out.logprobs or []
+            tokens += out.new_tokens
+    assert [e.token for e in entries] == tokens and len(tokens) == 6
+    cache = tiny_q8.new_cache()
+    logits = tiny_q8.forward(prompt, cache, role="prompt")
+    for e, tok in zip(entries, tokens):
+        x = logits.astype(np.float64)
+        lsm = x - (x.max() + np.log(np.exp(x - x.max()).sum()))
+        assert abs(e.logprob - lsm[tok]) < 1e-9
+        want = np.argsort(-lsm, kind="stable")[:4]
+        assert [t for t, _ in e.top] == want.tolist()
+        np.testing.assert_allclose([lp for _, lp in e.top], lsm[want], atol=1e-9)
+        logits = tiny_q8.forward([tok], cache, role="decode")
+    with pytest.raises(ValueError, match="logprobs must be an integer in"):
+        GenerationParams(logprobs=21)

@@ -185,7 +185,7 @@ def test_sixteen_concurrent_streams_each_as_alone(client, model):
     ({"prompt": "hi", "stream": 1}, 400, "stream"),
     ({"prompt": [1.5]}, 400, "prompt"),
     ({"prompt": [-7, 39783738247642363640969298968576]}, 400, "prompt"),  # was a 500
-    ({"prompt": "hi", "logprobs": 2}, 400, "does not implement the field 'logprobs'"),
+    ({"prompt": "hi", "logprobs": 6}, 400, "logprobs"),
     ({"prompt": "hi", "response_format": {"type": "json_object"}}, 400, "'response_format'"),
     ({"prompt": "hi", "best_of": 2}, 400, "'best_of'"),
     ({"prompt": "hi", "presence_penalty": 2.5}, 400, "presence_penalty"),
@@ -350,3 +350,34 @@ def test_penalties_and_logit_bias(client, model):
     r = client.completions.create(model=NAME, prompt=prompt, max_tokens=3, temperature=0,
                                   logit_bias={str(tok): 100})
     assert r.choices[0].text == model.tokenizer.decode([tok] * 3)
+
+
+def test_logprobs_chat_completions_and_streams(client, model):
+    """logprobs / top_logprobs (chat) and logprobs (completions) report each generated token's
+    log-probability and the most likely alternatives, equal to the model's own log-softmax."""
+    import numpy as np
+
+    msgs = [{"role": "user", "content": "What is the capital of France?"}]
+    r = client.chat.completions.create(model=NAME, messages=msgs, max_tokens=6, temperature=0,
+                                       logprobs=True, top_logprobs=3)
+    content = r.choices[0].logprobs.content
+    assert len(content) == r.usage.completion_tokens
+    for item in content:
+        assert item.logprob <= 0 and len(item.top_logprobs) == 3
+        assert item.top_logprobs[0].token == item.token  # greedy: the most likely
+        assert item.top_logprobs[0].logprob >= item.top_logprobs[1].logprob
+    ids = model.tokenizer.encode_chat(msgs)
+    x = model.logits(ids).astype(np.float64)
+    lsm = x - (x.max() + np.log(np.exp(x - x.max()).sum()))
+    assert abs(content[0].logprob - lsm.max()) < 1e-6
+    chunks = list(client.chat.completions.create(model=NAME, messages=msgs, max_tokens=6,
+                                                 temperature=0, logprobs=True, stream=True))
+    streamed = [i for c in chunks if c.choices and c.choices[0].logprobs
+                for i in c.choices[0].logprobs.content]
+    assert [i.token for i in streamed] == [i.token for i in content]
+    r = client.completions.create(model=NAME, prompt="The capital of France is", max_tokens=4,
+                                  temperature=0, logprobs=2)
+    lp = r.choices[0].logprobs
+    assert len(lp.tokens) == len(lp.token_logprobs) == len(lp.top_logprobs) == 4
+    assert "".join(lp.tokens) == r.choices[0].text and lp.text_offset[0] == 0
+    assert all(len(t) == 2 for t in lp.top_logprobs)

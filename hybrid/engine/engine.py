@@ -29,6 +29,7 @@ from ..kvpool import KVBlockPool, default_kv_memory, parse_bytes
 from .kv_manager import KVCacheManager
 from .params import GenerationParams
 from .request import Request, RequestOutput
+from .sampling import token_logprob
 from .scheduler import Scheduler, _TooLarge
 
 
@@ -208,6 +209,8 @@ class Engine:
 
     def _sample(self, req: Request, logits: np.ndarray) -> RequestOutput:
         tok = req.sampler(logits, req.tokens)
+        k = req.params.logprobs
+        lps = None if k is None else [token_logprob(logits, tok, k)]
         req.generated.append(tok)
         self.generation_tokens += 1
         if req.output is not None:
@@ -220,9 +223,9 @@ class Engine:
             reason = "length"
         if reason is not None:
             out = self._finish(req, reason)
-            out.new_tokens = [tok]
+            out.new_tokens, out.logprobs = [tok], lps
             return out
-        return req.report([tok])
+        return req.report([tok], logprobs=lps)
 
     # -- offline ----------------------------------------------------------------------------
     def generate(self, prompts, max_new_tokens: int = 32, *, seed=None, **kw) -> list:

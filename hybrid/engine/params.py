@@ -7,6 +7,9 @@ import math
 from dataclasses import dataclass, field
 
 
+MAX_LOGPROBS = 20  # alternatives per token at most (OpenAI's top_logprobs limit)
+
+
 @dataclass
 class GenerationParams:
     """How one request generates.
@@ -16,7 +19,9 @@ class GenerationParams:
     it: positive logits divided, negative multiplied).  presence_penalty and frequency_penalty
     (-2..2, OpenAI's) subtract from the logit of each token generated so far: the first once,
     the second once per occurrence.  logit_bias {token id: -100..100} is added to those logits
-    (-100 in effect bans a token).  ``seed`` makes sampling reproducible.
+    (-100 in effect bans a token).  ``seed`` makes sampling reproducible.  logprobs k (0..20)
+    reports, for each generated token, its log-probability under the model and the k most
+    likely tokens' (the raw logits' log-softmax, before any penalty or temperature); None: none.
     stop_tokens None means the tokenizer's end-of-sequence ids; stop_strings end the request when
     the generated text contains one of them (the completing token is kept in the ids, the text
     is cut before the stop string).  detokenize False skips the text (token ids only) where no
@@ -31,6 +36,7 @@ class GenerationParams:
     presence_penalty: float = 0.0
     frequency_penalty: float = 0.0
     logit_bias: dict = field(default_factory=dict)
+    logprobs: "int | None" = None
     seed: "int | None" = None
     stop_tokens: "list | None" = None
     stop_strings: tuple = ()
@@ -61,6 +67,11 @@ class GenerationParams:
                                  f"for token {k}")
             bias[k] = float(v)
         self.logit_bias = bias
+        if self.logprobs is not None and (isinstance(self.logprobs, bool)
+                                          or not isinstance(self.logprobs, int)
+                                          or not 0 <= self.logprobs <= MAX_LOGPROBS):
+            raise ValueError(f"logprobs must be an integer in [0, {MAX_LOGPROBS}] (the "
+                             f"alternatives reported per token), got {self.logprobs!r}")
         if isinstance(self.top_k, bool) or not isinstance(self.top_k, int):
             raise ValueError(f"top_k must be an integer, got {self.top_k!r}")
         if self.temperature < 0:

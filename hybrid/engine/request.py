@@ -62,6 +62,7 @@ class RequestOutput:
     cached_tokens: int = 0  # prompt tokens served from the prefix cache
     text: str = ""  # the generated text so far, cut before a stop string (stop tokens add none)
     delta: str = ""  # text not reported before, held back where a stop string could begin
+    logprobs: "list | None" = None  # a sampling.TokenLogprob per new token (params.logprobs)
 
 
 @dataclass
@@ -100,7 +101,7 @@ class Request:
         return len(self.prompt) + len(self.generated) - self.computed
 
     def report(self, new_tokens: list, finished: bool = False, reason: "str | None" = None,
-               error: "str | None" = None) -> RequestOutput:
+               error: "str | None" = None, logprobs: "list | None" = None) -> RequestOutput:
         """This step's RequestOutput (the text's new part handed out with it)."""
         text = delta = ""
         if self.output is not None:
@@ -109,4 +110,4 @@ class Request:
             text, delta = self.output.text, self.output.delta(finished)
         return RequestOutput(self.request_id, new_tokens,
                              TokenList(self.generated, len(self.generated)), finished, reason,
-                             error, len(self.prompt), self.cached_tokens, text, delta)
+                             error, len(self.prompt), self.cached_tokens, text, delta, logprobs)

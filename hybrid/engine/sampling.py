@@ -3,7 +3,30 @@ then greedy, or temperature, top-k and top-p."""
 
 from __future__ import annotations
 
+from typing import NamedTuple
+
 import numpy as np
+
+
+class TokenLogprob(NamedTuple):
+    """A generated token's log-probability and the most likely tokens' (id, logprob), most
+    likely first (ties: the lower id first)."""
+    token: int
+    logprob: float
+    top: tuple
+
+
+def token_logprob(logits: np.ndarray, token: int, k: int) -> TokenLogprob:
+    """The log-softmax of the raw logits, in float64, at ``token`` and at the k most likely."""
+    x = np.asarray(logits, dtype=np.float64)
+    top = np.max(x)
+    lse = top + np.log(np.sum(np.exp(x - top)))
+    if k:
+        ids = np.lexsort((np.arange(x.shape[0]), -x))[:k]  # by logit, then by id
+        alts = tuple((int(i), float(x[i] - lse)) for i in ids)
+    else:
+        alts = ()
+    return TokenLogprob(int(token), float(x[token] - lse), alts)
 
 
 class Sampler:

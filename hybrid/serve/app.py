@@ -160,7 +160,7 @@ def build_app(model, *, model_name: str = "hybrid", api_key: "str | None" = None
                                       repetition_penalty=body.repetition_penalty,
                                       presence_penalty=body.presence_penalty,
                                       frequency_penalty=body.frequency_penalty,
-                                      logit_bias=body.bias(),
+                                      logit_bias=body.bias(), logprobs=body.logprobs_k(),
                                       seed=body.seed, stop_strings=tuple(body.stop_list()))
         except ValueError as exc:
             raise APIError(400, str(exc)) from None
@@ -172,7 +172,7 @@ def build_app(model, *, model_name: str = "hybrid", api_key: "str | None" = None
                                 f"takes; retry later", "rate_limit_error", code="too_many_requests",
                            headers={"Retry-After": "1"})
         rid = ("chatcmpl-" if chat else "cmpl-") + uuid.uuid4().hex[:24]
-        run = Run(eng, ids, params, metrics, rid, request_timeout)
+        run = Run(eng, ids, params, metrics, rid, request_timeout, model.tokenizer)
         state["in_flight"] += 1
         handed_over = False
         try:

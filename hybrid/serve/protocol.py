@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from typing import Annotated, Literal, Optional, Union
 
-from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, field_validator
+from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, field_validator, model_validator
 
 
 class APIError(Exception):
@@ -145,6 +145,10 @@ class CompletionRequest(_Sampling):
     prompt: Union[Annotated[str, Field(min_length=1)],
                   Annotated[list[json_int(ge=0, lt=2**31)], Field(min_length=1)]]
     max_tokens: Optional[json_int(ge=1)] = 16
+    logprobs: Optional[json_int(ge=0, le=5)] = None
+
+    def logprobs_k(self) -> "int | None":
+        return self.logprobs
 
     @field_validator("prompt", mode="before")  # before the schema's own min_length message
     @classmethod
@@ -190,6 +194,18 @@ class ChatMessage(BaseModel):
 class ChatRequest(_Sampling):
     messages: Annotated[list[ChatMessage], Field(min_length=1)]
     max_completion_tokens: Optional[json_int(ge=1)] = None
+    logprobs: bool = False
+    top_logprobs: Optional[json_int(ge=0, le=20)] = None
+
+    @model_validator(mode="after")
+    def _top_needs_logprobs(self):
+        if self.top_logprobs is not None and not self.logprobs:
+            raise ValueError("top_logprobs needs logprobs: true")
+        return self
+
+    def logprobs_k(self) -> "int | None":
+        """Alternatives per token to report (None: no logprobs)."""
+        return (self.top_logprobs or 0) if self.logprobs else None
 
     @field_validator("messages", mode="before")  # before the schema's own min_length message
     @classmethod

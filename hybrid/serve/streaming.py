@@ -24,9 +24,13 @@ class Run:
     timings.  Past ``timeout`` seconds (None: no deadline) the next wait raises TimeoutError and
     the request is aborted."""
 
-    def __init__(self, engine, ids, params, metrics, rid, timeout: "float | None" = None):
+    def __init__(self, engine, ids, params, metrics, rid, timeout: "float | None" = None,
+                 tokenizer=None):
         self.engine, self.ids, self.params = engine, ids, params
         self.metrics, self.id = metrics, rid
+        self.tokenizer = tokenizer  # for the tokens' text in logprobs
+        self.logprobs: list = []  # a TokenLogprob per generated token (params.logprobs)
+        self.text_offset = 0  # completions' logprobs: where the next token's text starts
         self.deadline = None if timeout is None else time.monotonic() + timeout
         self.tokens: list = []
         self.last = None  # the latest RequestOutput
@@ -66,6 +70,8 @@ class Run:
             self.t_last = now
         self.tokens = out.tokens
         self.last = out
+        if out.logprobs:
+            self.logprobs.extend(out.logprobs)
         if out.finished:
             self.finish_reason = "stop" if out.finish_reason in ("stop", "abort") else out.finish_reason
             if out.finish_reason == "error":
@@ -110,18 +116,47 @@ class Run:
                  self.id, len(self.ids), len(self.tokens), ttft, tps, dt, self.finish_reason)
 
 
-def choice(run: Run, chat: bool, text: str, finish, delta: bool) -> dict:
+def _token_text(run: Run, tok: int) -> str:
+    if run.tokenizer is None:
+        return f"token_id:{tok}"
+    return run.tokenizer.decode([tok], skip_special_tokens=False)
+
+
+def logprobs_body(run: Run, chat: bool, entries) -> "dict | None":
+    """OpenAI's logprobs object for these tokens (None when the request asked for none).  A
+    token's text is its own decoding (a token holding part of a character shows U+FFFD)."""
+    if run.params.logprobs is None:
+        return None
+    if chat:
+        def item(tok, lp):
+            text = _token_text(run, tok)
+            return {"token": text, "logprob": lp, "bytes": list(text.encode("utf-8"))}
+        return {"content": [dict(item(e.token, e.logprob),
+                                 top_logprobs=[item(t, lp) for t, lp in e.top])
+                            for e in entries]}
+    tokens = [_token_text(run, e.token) for e in entries]
+    offsets = []
+    for text in tokens:
+        offsets.append(run.text_offset)
+        run.text_offset += len(text)
+    return {"tokens": tokens, "token_logprobs": [e.logprob for e in entries],
+            "top_logprobs": [{_token_text(run, t): lp for t, lp in e.top} for e in entries],
+            "text_offset": offsets}
+
+
+def choice(run: Run, chat: bool, text: str, finish, delta: bool, logprobs=None) -> dict:
     if chat:
         key = "delta" if delta else "message"
         return {"index": 0, key: {"role": "assistant", "content": text}, "finish_reason": finish,
-                "logprobs": None}
-    return {"index": 0, "text": text, "finish_reason": finish, "logprobs": None}
+                "logprobs": logprobs}
+    return {"index": 0, "text": text, "finish_reason": finish, "logprobs": logprobs}
 
 
 def final_body(run: Run, chat: bool, model_name: str) -> dict:
     return {"id": run.id, "object": "chat.completion" if chat else "text_completion",
             "created": run.created, "model": model_name,
-            "choices": [choice(run, chat, run.text(), run.finish_reason, False)],
+            "choices": [choice(run, chat, run.text(), run.finish_reason, False,
+                               logprobs_body(run, chat, run.logprobs))],
             "usage": run.usage()}
 
 
@@ -136,9 +171,10 @@ async def sse(run: Run, chat: bool, model_name: str, include_usage: bool):
         return f"data: {json.dumps(body)}\n\n"
     try:
         async for out in run.outputs():
-            if out.delta or out.finished:
+            if out.delta or out.finished or out.logprobs:
                 yield event([choice(run, chat, out.delta,
-                                     run.finish_reason if out.finished else None, True)])
+                                     run.finish_reason if out.finished else None, True,
+                                     logprobs_body(run, chat, out.logprobs or []))])
         if include_usage:
             yield event([], run.usage())
     except (RuntimeError, TimeoutError) as exc:  # closed, failed, too slow a reader, deadline
