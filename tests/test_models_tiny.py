@@ -112,6 +112,23 @@ def test_repetition_penalty_changes_the_choice():
         GenerationParams(top_p=0)
 
 
+def test_min_p_keeps_the_tokens_near_the_most_likely():
+    """min_p 0.3 over probabilities (0.5, 0.3, 0.14, 0.06): the last two (under 0.15) are never
+    drawn, and the first two keep their ratio 5:3 (a binomial count within 5 sigma)."""
+    from hybrid.engine import GenerationParams, Sampler
+
+    logits = np.log(np.array([0.5, 0.3, 0.14, 0.06])).astype(np.float32)
+    s = Sampler(GenerationParams(temperature=1.0, min_p=0.3, seed=11))
+    draws = np.array([s(logits, []) for _ in range(4000)])
+    assert set(draws.tolist()) == {0, 1}
+    n0, mean, sd = (draws == 0).sum(), 4000 * 5 / 8, np.sqrt(4000 * 5 / 8 * 3 / 8)
+    assert abs(n0 - mean) < 5 * sd
+    wide = Sampler(GenerationParams(temperature=1.0, min_p=0.0, seed=11))
+    assert {wide(logits, []) for _ in range(400)} == {0, 1, 2, 3}
+    with pytest.raises(ValueError, match="min_p"):
+        GenerationParams(min_p=1.5)
+
+
 def test_stop_strings_and_streaming(tiny):
     _, folder, _ = tiny
     model = load_model(folder)

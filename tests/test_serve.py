@@ -188,6 +188,7 @@ def test_sixteen_concurrent_streams_each_as_alone(client, model):
     ({"prompt": "hi", "logprobs": 6}, 400, "logprobs"),
     ({"prompt": "hi", "response_format": {"type": "json_object"}}, 400, "'response_format'"),
     ({"prompt": "hi", "best_of": 2}, 400, "'best_of'"),
+    ({"prompt": "hi", "min_p": 1.5}, 400, "min_p"),
     ({"prompt": "hi", "presence_penalty": 2.5}, 400, "presence_penalty"),
     ({"prompt": "hi", "logit_bias": {"5": 101}}, 400, "logit_bias"),
     ({"prompt": "hi", "logit_bias": {"x": 1}}, 400, "logit_bias"),

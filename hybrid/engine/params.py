@@ -14,7 +14,8 @@ MAX_LOGPROBS = 20  # alternatives per token at most (OpenAI's top_logprobs limit
 class GenerationParams:
     """How one request generates.
 
-    temperature 0 is greedy (argmax).  top_k 0 and top_p 1 turn those filters off.
+    temperature 0 is greedy (argmax).  top_k 0, top_p 1 and min_p 0 turn those filters off
+    (min_p keeps the tokens at least min_p times as likely as the most likely one).
     repetition_penalty > 1 discourages tokens already in the sequence (as transformers applies
     it: positive logits divided, negative multiplied).  presence_penalty and frequency_penalty
     (-2..2, OpenAI's) subtract from the logit of each token generated so far: the first once,
@@ -33,6 +34,7 @@ class GenerationParams:
     top_k: int = 0
     top_p: float = 1.0
     repetition_penalty: float = 1.0
+    min_p: float = 0.0
     presence_penalty: float = 0.0
     frequency_penalty: float = 0.0
     logit_bias: dict = field(default_factory=dict)
@@ -47,7 +49,7 @@ class GenerationParams:
                 or self.max_new_tokens < 1:
             raise ValueError(f"max_new_tokens must be an integer >= 1, got {self.max_new_tokens!r}")
         for name in ("temperature", "top_p", "repetition_penalty", "presence_penalty",
-                     "frequency_penalty"):
+                     "frequency_penalty", "min_p"):
             v = getattr(self, name)
             if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v):
                 raise ValueError(f"{name} must be a finite number, got {v!r}")
@@ -80,6 +82,8 @@ class GenerationParams:
             raise ValueError(f"top_k must be >= 0, got {self.top_k}")
         if not 0 < self.top_p <= 1:
             raise ValueError(f"top_p must be in (0, 1], got {self.top_p}")
+        if not 0 <= self.min_p <= 1:
+            raise ValueError(f"min_p must be in [0, 1], got {self.min_p}")
         if self.repetition_penalty <= 0:
             raise ValueError(f"repetition_penalty must be > 0, got {self.repetition_penalty}")
         if isinstance(self.stop_strings, str):

@@ -1,5 +1,5 @@
 """Choosing the next token from logits: logit bias, repetition, presence and frequency penalties,
-then greedy, or temperature, top-k and top-p."""
+then greedy, or temperature, top-k, top-p and min-p."""
 
 from __future__ import annotations
 
@@ -80,6 +80,9 @@ class Sampler:
             mask = np.zeros_like(probs)
             mask[keep] = probs[keep]
             probs = mask / mask.sum()
+        if p.min_p > 0.0:  # at least min_p times as likely as the most likely token
+            probs = np.where(probs >= p.min_p * probs.max(), probs, 0.0)
+            probs /= probs.sum()
         return int(self.rng.choice(probs.shape[0], p=probs))
 
     def _adjusted(self, x: np.ndarray) -> np.ndarray:

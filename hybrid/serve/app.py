@@ -156,7 +156,7 @@ def build_app(model, *, model_name: str = "hybrid", api_key: "str | None" = None
         max_new = max_tokens or (ctx_len - len(ids))
         try:
             params = GenerationParams(max_new_tokens=max_new, temperature=body.temperature,
-                                      top_k=body.top_k, top_p=body.top_p,
+                                      top_k=body.top_k, top_p=body.top_p, min_p=body.min_p,
                                       repetition_penalty=body.repetition_penalty,
                                       presence_penalty=body.presence_penalty,
                                       frequency_penalty=body.frequency_penalty,
