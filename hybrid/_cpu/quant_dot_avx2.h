@@ -84,10 +84,9 @@ static inline __attribute__((always_inline)) long
 hy_q4q5_blocks_avx2(const uint8_t *w, long nb, const int R, const int8_t *qa, const float *da,
                     const float *sa, int five, int with_min, float *sum, float *msum) {
     const long n = 32 * nb;
-    const int hoff = with_min ? 4 : 2;                   /* qh (Q5) or qs (Q4) after d [, m] */
-    const int qoff = hoff + (five ? 4 : 0);
-    const int bb = qoff + 16;
-    const float centre = five ? 16.0f : 8.0f;
+    const hy_q45_layout lay = hy_q45_layout_of(five, with_min);
+    const int hoff = lay.hoff, qoff = lay.qoff, bb = lay.bb;
+    const float centre = lay.centre;
     long b = 0;
     /* two blocks per step: even blocks into acc0 and msum, odd ones into acc1 and msum1, so no
      * sum waits on the one before it (one block per step, with a branch choosing the

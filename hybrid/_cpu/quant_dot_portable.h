@@ -30,10 +30,9 @@ static inline __attribute__((always_inline)) void
 hy_q4q5_tail(const uint8_t *w, long b, long nb, const int R, const int8_t *qa, const float *da,
              const float *sa, int five, int with_min, float *sum, float *msum) {
     const long n = 32 * nb;
-    const int hoff = with_min ? 4 : 2;                   /* qh (Q5) or qs (Q4) after d [, m] */
-    const int qoff = hoff + (five ? 4 : 0);
-    const int bb = qoff + 16;
-    const float centre = five ? 16.0f : 8.0f;
+    const hy_q45_layout lay = hy_q45_layout_of(five, with_min);
+    const int hoff = lay.hoff, qoff = lay.qoff, bb = lay.bb;
+    const float centre = lay.centre;
     for (; b < nb; b++) {
         const uint8_t *blk = w + bb * b, *q = blk + qoff;
         const uint32_t qh = five ? hy_u32(blk + hoff) : 0;

@@ -84,6 +84,24 @@ static inline uint32_t hy_u32(const uint8_t *p) {
     return v;
 }
 
+/* Q4_0 / Q4_1 / Q5_0 / Q5_1 blocks: d:f16 [m:f16] [qh:u32] qs[16]; values n - centre (Q4_0,
+ * Q5_0) or d*n + m */
+typedef struct {
+    int hoff;      /* qh (Q5) or qs (Q4) after d [, m] */
+    int qoff;      /* qs */
+    int bb;        /* bytes per block */
+    float centre;  /* the offset of Q4_0 / Q5_0 values */
+} hy_q45_layout;
+
+static inline hy_q45_layout hy_q45_layout_of(int five, int with_min) {
+    hy_q45_layout lay;
+    lay.hoff = with_min ? 4 : 2;
+    lay.qoff = lay.hoff + (five ? 4 : 0);
+    lay.bb = lay.qoff + 16;
+    lay.centre = five ? 16.0f : 8.0f;
+    return lay;
+}
+
 /* the 6-bit scale and min of sub-block j of a Q4_K/Q5_K super-block */
 static inline void hy_k4_scale_min(int j, const uint8_t *s, uint8_t *sc, uint8_t *m) {
     if (j < 4) {
