@@ -80,6 +80,10 @@ def test_bodies_must_be_json_and_small(server):
                      headers={} if kind is None else {"content-type": kind})
         r = conn.getresponse()
         assert r.status == 415 and "application/json" in _error(r.read())["message"]
+    for path in ("/health", "/metrics"):  # routes that take no body: 405, not 415
+        conn = http.client.HTTPConnection("127.0.0.1", server.port, timeout=60)
+        conn.request("POST", path)
+        assert conn.getresponse().status == 405
     big = json.dumps({"prompt": "x" * 200_000}).encode()
     code, text, _ = _post(server, "/v1/completions", big)
     assert code == 413 and "100000" in _error(text)["message"]
