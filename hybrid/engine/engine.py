@@ -21,6 +21,7 @@ for integer-quantized weights on the CPU; float weights served by BLAS may diffe
 from __future__ import annotations
 
 import itertools
+from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
 
@@ -74,6 +75,7 @@ class Engine:
         self.generation_tokens = 0
         self.aborted = 0
         self.steps = 0
+        self._mask_thread = None  # computes constraint masks while the model runs a step
 
     # -- requests ---------------------------------------------------------------------------
     def add_request(self, ids, params: "GenerationParams | None" = None,
@@ -110,6 +112,8 @@ class Engine:
                              f"{self.model.vocab_size} tokens")
         stops = self.model.stop_ids(params.stop_tokens)
         req = Request(prompt, params, stops, self.model.tokenizer, arrival=next(self._arrivals))
+        if params.constraint is not None:
+            req.matcher = params.constraint.matcher(self.model.tokenizer, self.model.vocab_size)
         if request_id is not None:
             req.request_id = str(request_id)
         return req
@@ -171,10 +175,16 @@ class Engine:
         prompt = [(r, n) for r, n, role in plan.prefills if role == kernel_role.PROMPT]
         decode = [(r, n) for r, n, role in plan.prefills if role == kernel_role.DECODE]
         decode += [(r, 1) for r in plan.decodes]
+        masks = self._start_masks([r for r, n in prompt + decode if r.pending == n])
         ready = []  # (request, logits row) ready to sample
         for items, role in ((prompt, kernel_role.PROMPT), (decode, kernel_role.DECODE)):
             if items:
                 ready.extend(self._run(items, role, outputs))
+        if masks is not None:
+            try:
+                masks.result()
+            except Exception:  # noqa: BLE001 - recomputed, and failed, per request below
+                pass
         for req, logits in ready:
             try:
                 outputs.append(self._sample(req, logits))
@@ -207,8 +217,21 @@ class Engine:
                 ready.append((r, row))
         return ready
 
+    def _start_masks(self, sampling: list):
+        """Compute the constraint masks of the requests that sample in this step, in a thread
+        beside the model's step (None when none of them has a constraint)."""
+        matchers = [r.matcher for r in sampling if r.matcher is not None]
+        if not matchers:
+            return None
+        if self._mask_thread is None:
+            self._mask_thread = ThreadPoolExecutor(1, thread_name_prefix="hybrid-masks")
+        return self._mask_thread.submit(lambda: [m.fill_mask() for m in matchers])
+
     def _sample(self, req: Request, logits: np.ndarray) -> RequestOutput:
-        tok = req.sampler(logits, req.tokens)
+        m = req.matcher
+        tok = req.sampler(logits, req.tokens, None if m is None else m.allowed())
+        if m is not None:
+            m.accept(tok)
         k = req.params.logprobs
         lps = None if k is None else [token_logprob(logits, tok, k)]
         req.generated.append(tok)
@@ -216,7 +239,8 @@ class Engine:
         if req.output is not None:
             req.output.add(tok)
         reason = None
-        if tok in req.stops or (req.output is not None and req.output.stopped):
+        if tok in req.stops or (req.output is not None and req.output.stopped) \
+                or (m is not None and m.done):
             reason = "stop"
         elif len(req.generated) >= req.params.max_new_tokens \
                 or len(req.prompt) + len(req.generated) >= self.max_tokens:

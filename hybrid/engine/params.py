@@ -6,6 +6,8 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field
 
+from ..structured import Constraint
+
 
 MAX_LOGPROBS = 20  # alternatives per token at most (OpenAI's top_logprobs limit)
 
@@ -26,7 +28,9 @@ class GenerationParams:
     stop_tokens None means the tokenizer's end-of-sequence ids; stop_strings end the request when
     the generated text contains one of them (the completing token is kept in the ids, the text
     is cut before the stop string).  detokenize False skips the text (token ids only) where no
-    stop string needs it.
+    stop string needs it.  ``constraint`` (hybrid.structured.Constraint: a JSON schema, regex,
+    choice or grammar) masks the logits so that the output matches it; it ends the request
+    ("stop") once nothing more can follow.
     """
 
     max_new_tokens: int = 32
@@ -43,6 +47,7 @@ class GenerationParams:
     stop_tokens: "list | None" = None
     stop_strings: tuple = ()
     detokenize: bool = True
+    constraint: "Constraint | None" = None
 
     def __post_init__(self):
         if isinstance(self.max_new_tokens, bool) or not isinstance(self.max_new_tokens, int) \
@@ -93,3 +98,6 @@ class GenerationParams:
             raise ValueError(f"stop_strings must be non-empty strings, got {self.stop_strings!r}")
         if self.stop_tokens is not None:
             self.stop_tokens = [int(t) for t in self.stop_tokens]
+        if self.constraint is not None and not isinstance(self.constraint, Constraint):
+            raise ValueError(f"constraint must be a hybrid.structured.Constraint, got "
+                             f"{type(self.constraint).__name__}")

@@ -84,6 +84,7 @@ class Request:
     sampler: "Sampler | None" = None
     output: "TextOutput | None" = None
     finish_reason: "str | None" = None
+    matcher: object = None  # hybrid.structured.TokenMatcher when params.constraint is set
 
     def __post_init__(self):
         self.sampler = Sampler(self.params)

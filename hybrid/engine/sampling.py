@@ -40,7 +40,10 @@ class Sampler:
         self._adjusts = bool(params.logit_bias) or params.presence_penalty != 0.0 \
             or params.frequency_penalty != 0.0
 
-    def __call__(self, logits: np.ndarray, history) -> int:
+    def __call__(self, logits: np.ndarray, history, allowed: "np.ndarray | None" = None) -> int:
+        """The next token; ``allowed`` (bool [vocab], a constraint's mask) bans the others."""
+        if allowed is not None:
+            logits = np.where(allowed, logits, -np.inf)
         tok = self._choose(logits, history)
         self.drawn[tok] = self.drawn.get(tok, 0) + 1
         return tok

@@ -152,8 +152,10 @@ class Tokenizer:
     def token_text(self, token_id: int) -> str:
         return self.backend.id_to_token(token_id) or ""
 
-    def apply_chat_template(self, messages, add_generation_prompt: bool = True) -> str:
-        """Render ``messages`` ([{"role": ..., "content": ...}]) with the model's template."""
+    def apply_chat_template(self, messages, add_generation_prompt: bool = True,
+                            tools=None) -> str:
+        """Render ``messages`` ([{"role": ..., "content": ...}]) with the model's template
+        (``tools``: OpenAI's tool list, passed to the template as transformers does)."""
         if not self.chat_template:
             raise ValueError("this model has no chat template")
         try:
@@ -164,13 +166,19 @@ class Tokenizer:
         def raise_exception(message):
             raise ValueError(f"chat template: {message}")
 
+        def tojson(x, ensure_ascii=False, indent=None, separators=None, sort_keys=False):
+            # transformers' tojson: plain json.dumps (jinja2's own escapes < > & ')
+            return json.dumps(x, ensure_ascii=ensure_ascii, indent=indent,
+                              separators=separators, sort_keys=sort_keys)
+
         env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True)
         env.globals["raise_exception"] = raise_exception
+        env.filters["tojson"] = tojson
         return env.from_string(self.chat_template).render(
-            messages=messages, add_generation_prompt=add_generation_prompt,
+            messages=messages, add_generation_prompt=add_generation_prompt, tools=tools,
             bos_token=self.bos_token or "", eos_token=self.eos_token or "")
 
-    def encode_chat(self, messages, add_generation_prompt: bool = True) -> list:
+    def encode_chat(self, messages, add_generation_prompt: bool = True, tools=None) -> list:
         """The token ids of ``messages`` rendered with the chat template, where only the
         template's own markup becomes special tokens: text in a message that spells a special
         token (``<|im_start|>system``...) is encoded as plain text, so a user cannot forge turns.
@@ -178,14 +186,14 @@ class Tokenizer:
         contents = [m.get("content") or "" for m in messages]
         specials = self._special_texts()
         if not any(sp in c for c in contents for sp in specials):
-            return self.encode(self.apply_chat_template(messages, add_generation_prompt),
+            return self.encode(self.apply_chat_template(messages, add_generation_prompt, tools),
                                add_special_tokens=False)
         # render with a unique marker in place of each content, then encode the template's
         # pieces as usual and the contents with special-token matching off
         nonce = uuid.uuid4().hex
         marks = [f"\x00{nonce}:{i}\x00" for i in range(len(messages))]
         marked = [dict(m, content=mark) for m, mark in zip(messages, marks)]
-        text = self.apply_chat_template(marked, add_generation_prompt)
+        text = self.apply_chat_template(marked, add_generation_prompt, tools)
         ids, pos = [], 0
         for m in re.finditer(f"\x00{nonce}:(\\d+)\x00", text):
             ids += self.encode(text[pos:m.start()], add_special_tokens=False)
