@@ -86,10 +86,20 @@ class ToolFormat:
         i = text.find("<tool_call>")
         return (text, None) if i < 0 else (text[:i], text[i:])
 
-    def calls_in(self, part: str) -> list:
-        """The calls' JSON objects in a tool-call part (an unclosed last block is still read)."""
-        blocks = re.findall(r"<tool_call>\s*(.*?)\s*(?:</tool_call>|$)", part, re.S)
-        return [_json_object(b) for b in blocks if b.strip()]
+    def calls_in(self, part: str) -> "tuple[list, str]":
+        """(the calls' JSON objects in a tool-call part, the text left after them: an unclosed
+        last block that is not a whole call).  A closed block that is not a JSON object gives
+        None in its place."""
+        objs, pos = [], 0
+        for m in re.finditer(r"<tool_call>\s*(.*?)\s*</tool_call>", part, re.S):
+            objs.append(_json_object(m.group(1)))
+            pos = m.end()
+        rest = part[pos:]
+        last = re.fullmatch(r"\s*<tool_call>\s*(.*?)\s*", rest, re.S)
+        if last and _json_object(last.group(1)) is not None:
+            objs.append(_json_object(last.group(1)))
+            rest = ""
+        return objs, rest
 
     def may_start(self, text: str) -> int:
         """How much of the end of ``text`` may be the start of a call (held back while
@@ -108,11 +118,15 @@ class ToolFormat:
             return text, []
         names = {t["function"]["name"] for t in tools}
         calls = []
-        for obj in self.calls_in(part):
+        objs, rest = self.calls_in(part)
+        for obj in objs:
             if obj is None or obj.get("name") not in names:
                 return text, []
             args = obj.get(self.args_key, obj.get("arguments", obj.get("parameters", {})))
             calls.append(tool_call(obj["name"], args))
+        if not calls:
+            return text, []
+        content += rest.strip()  # a call cut short (finish "length") stays text
         return (content if content.strip() else None), calls
 
 
@@ -129,8 +143,8 @@ class Llama3Format(ToolFormat):
         s = text.replace("<|python_tag|>", "")
         return ("", s) if s.lstrip().startswith("{") else (text, None)
 
-    def calls_in(self, part: str) -> list:
-        return _json_sequence(part.strip(), ";")
+    def calls_in(self, part: str):
+        return _json_sequence(part.strip(), ";"), ""
 
     def may_start(self, text: str) -> int:
         s = text.replace("<|python_tag|>", "")
@@ -154,12 +168,13 @@ class MistralFormat(ToolFormat):
             return text[:i], text[i + len("[TOOL_CALLS]"):]
         return ("", text) if text.lstrip().startswith("[{") else (text, None)
 
-    def calls_in(self, part: str) -> list:
+    def calls_in(self, part: str):
         try:
             arr = json.loads(part.strip())
         except ValueError:
-            return [None]
-        return arr if isinstance(arr, list) and all(isinstance(o, dict) for o in arr) else [None]
+            return [None], ""
+        ok = isinstance(arr, list) and arr and all(isinstance(o, dict) for o in arr)
+        return (arr if ok else [None]), ""
 
     def may_start(self, text: str) -> int:
         s = text.lstrip()
@@ -268,25 +283,28 @@ class ToolStream:
         content, part = self.fmt.split(self.text)
         if part is None:  # no call yet: hand out the content but what may start one
             end = len(self.text) if final else len(self.text) - self.fmt.may_start(self.text)
-            piece = self.text[self.sent:end] if end > self.sent else ""
-            self.sent = max(self.sent, end)
-            return piece, []
-        piece = content[self.sent:] if len(content) > self.sent else ""
-        self.sent = max(self.sent, len(content))
-        ready = None if final else self.fmt.complete_calls(part)
-        if ready is not None and ready <= self.calls_sent:
-            return piece, []
-        _, calls = self.fmt.parse(self.text if ready is None else
-                                  self.text[:self._end_of(ready)], self.tools)
-        if not calls and not final:
-            return piece, []
-        if not calls:  # not a valid call after all: the rest is content
-            rest = self.text[self.sent:]
-            self.sent = len(self.text)
-            return piece + rest, []
+            return self._content(self.text[:end]), []
+        if not final:
+            ready = self.fmt.complete_calls(part)
+            piece = self._content(content)
+            if ready <= self.calls_sent:
+                return piece, []
+            _, calls = self.fmt.parse(self.text[:self._end_of(ready)], self.tools)
+            new = calls[self.calls_sent:]
+            self.calls_sent += len(new)
+            return piece, new
+        content, calls = self.fmt.parse(self.text, self.tools)
+        if not calls:  # not a call after all: the rest is content
+            return self._content(self.text), []
         new = calls[self.calls_sent:]
-        self.calls_sent = len(calls)
-        return piece, new
+        self.calls_sent += len(new)
+        return self._content(content or ""), new
+
+    def _content(self, upto: str) -> str:
+        """The part of ``upto`` (content so far) not handed out yet."""
+        piece = upto[self.sent:] if len(upto) > self.sent else ""
+        self.sent = max(self.sent, len(upto))
+        return piece
 
     def _end_of(self, n: int) -> int:
         """Index just past the n-th closed call (hermes)."""

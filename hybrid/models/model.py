@@ -35,6 +35,7 @@ class GenerationStats:
     new_tokens: int = 0
     prefill_s: float = 0.0
     decode_s: float = 0.0
+    finish_reason: "str | None" = None  # Model.chat's
 
     @property
     def prefill_tps(self) -> float:
@@ -202,8 +203,17 @@ class Model:
         return logits
 
     def _run_step(self, caches, ids, role: str) -> np.ndarray:
-        """One ragged step over caches of one pool: plan, every layer, commit (or roll back).
-        The projections take the kernels of the step's role (hybrid/kernel_role.py)."""
+        """One ragged step over caches of one pool: plan, every layer, commit (or roll back),
+        the head on each sequence's last row.  The projections take the kernels of the step's
+        role (hybrid/kernel_role.py)."""
+        x, batch = self._run_layers(caches, ids, role)
+        if is_device_array(x):  # the head on a GPU: device arrays slice by ranges only
+            return np.concatenate([self._head(x[r:r + 1]) for r in batch.last_rows.tolist()])
+        return self._head(x[batch.last_rows])  # [S, vocab]
+
+    def _run_layers(self, caches, ids, role: str):
+        """(x [T, hidden] after the last layer, the step) for one ragged step; every cache
+        committed, or all rolled back on error."""
         batch = StepBatch.plan([(c, t.size) for c, t in zip(caches, ids)], role)
         x = self._embed(np.concatenate(ids))  # [T, hidden]
         try:
@@ -212,9 +222,25 @@ class Model:
             batch.rollback()
             raise
         batch.commit()
-        if is_device_array(x):  # the head on a GPU: device arrays slice by ranges only
-            return np.concatenate([self._head(x[r:r + 1]) for r in batch.last_rows.tolist()])
-        return self._head(x[batch.last_rows])  # [S, vocab]
+        return x, batch
+
+    def embedding(self, ids, pooling: str = "last") -> np.ndarray:
+        """A [hidden] float32 embedding of ``ids``: the final norm's output at the last token
+        ("last") or averaged over every token ("mean"), scaled to unit length (a fresh cache)."""
+        if pooling not in ("last", "mean"):
+            raise ValueError(f"pooling must be 'last' or 'mean', got {pooling!r}")
+        ids = self.check_ids(ids)
+        if ids.size == 0:
+            raise ValueError("the input has no tokens")
+        self._check_room(ids.size, self.max_tokens)
+        x, _ = self._run_layers([self.new_cache()], [ids], kernel_role.PROMPT)
+        if is_device_array(x):
+            x = x.to_host()
+        h = ops.rmsnorm(np.ascontiguousarray(x, dtype=np.float32), self.final_norm,
+                        self.config.rms_norm_eps)
+        v = (h[-1] if pooling == "last" else h.mean(axis=0, dtype=np.float64)).astype(np.float64)
+        n = np.linalg.norm(v)
+        return (v / n if n > 0 else v).astype(np.float32)
 
     def _embed(self, ids: np.ndarray) -> np.ndarray:
         """[n, hidden] float32 rows of the embedding (decoded on lookup when quantized)."""
@@ -308,6 +334,26 @@ class Model:
         for out in self._requests(ids, max_new_tokens, True, kw):
             if out.delta:
                 yield out.delta
+
+    def chat(self, messages, max_new_tokens: int = 256, *, tools=None, tool_choice=None,
+             parallel_tool_calls: bool = True, response_format=None, **kw) -> dict:
+        """Answer OpenAI-style ``messages`` with an OpenAI-shaped assistant message:
+        {"role": "assistant", "content": ..., "tool_calls": [...] (when the model calls)}.
+        ``tools``/``tool_choice``/``parallel_tool_calls``/``response_format`` as in OpenAI's
+        API (hybrid/chat.py); other keywords: the fields of ``hybrid.GenerationParams``.  The
+        finish reason ("stop", "length" or "tool_calls") is in ``last_stats.finish_reason``."""
+        from ..chat import plan_chat
+
+        plan = plan_chat(self.tokenizer, messages, tools=tools, tool_choice=tool_choice,
+                         parallel_tool_calls=parallel_tool_calls, response_format=response_format)
+        if plan.constraint is not None:
+            kw = dict(kw, constraint=plan.constraint)
+        limit = max(1, min(max_new_tokens, (self.max_tokens or 1 << 30) - len(plan.ids)))
+        last = None
+        for last in self._requests(plan.ids, limit, True, kw):
+            pass
+        message, self.last_stats.finish_reason = plan.message(last.text, last.finish_reason)
+        return message
 
     def generate_batch(self, prompts, max_new_tokens: int = 32, *, max_batch: int = 64,
                        kv_memory=None, **kw) -> list:

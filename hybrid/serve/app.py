@@ -19,18 +19,23 @@ engine has stopped), and the server carries on.
 from __future__ import annotations
 
 import asyncio
+import base64
+import json
 import uuid
 from contextlib import asynccontextmanager
 
+import numpy as np
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, PlainTextResponse, Response, StreamingResponse
 
+from ..chat import plan_chat, response_format_constraint
 from ..engine import AsyncEngine, EngineClosedError, GenerationParams
+from ..structured import Constraint
 from .errors import BodyLimit, install_auth, install_error_handlers, patch_openapi, replica_headers
 from .metrics import Metrics
-from .protocol import (RESPONSES, UNAUTHORIZED, APIError, ChatRequest, CompletionRequest,
-                       ErrorResponse)
-from .streaming import RequestFailed, Run, final_body, sse
+from .protocol import (ERROR_ONLY, RESPONSES, UNAUTHORIZED, APIError, ChatRequest, CompletionRequest,
+                       DetokenizeRequest, EmbeddingRequest, ErrorResponse, TokenizeRequest)
+from .streaming import Answer, RequestFailed, Run, final_body, sse
 
 MAX_BODY_BYTES = 4 << 20  # the default body-size limit (--max-body-bytes)
 DISCONNECT_POLL_S = 0.25  # how often a waiting request checks that its client is still there
@@ -121,24 +126,136 @@ def build_app(model, *, model_name: str = "hybrid", api_key: "str | None" = None
         _check_model(body.model, model_name)
         if isinstance(body.prompt, str):
             ids = await asyncio.to_thread(_tokenizer(model).encode, body.prompt)
+            echo = body.prompt
         else:
             ids = list(body.prompt)
-        return await _respond(request, body, ids, body.max_tokens, chat=False)
+            echo = model.tokenizer.decode(ids) if body.echo and model.tokenizer else ""
+        constraint = await _constraint(body)
+        return await _respond(request, body, ids, body.max_tokens, False, constraint,
+                              echo=echo if body.echo else "")
 
     @app.post("/v1/chat/completions", responses=RESPONSES)
     async def chat(body: ChatRequest, request: Request):
         _check_model(body.model, model_name)
         tok = _tokenizer(model)
-        msgs = [{"role": m.role, "content": m.text()} for m in body.messages]
+        msgs = [m.as_dict() for m in body.messages]
+        rf = body.response_format.as_dict() if body.response_format is not None else None
         try:  # user text never becomes control tokens: only the template's markup does
-            ids = await asyncio.to_thread(tok.encode_chat, msgs)
+            plan = await asyncio.to_thread(
+                plan_chat, tok, msgs, tools=body.tool_list(), tool_choice=body.tool_choice_value(),
+                parallel_tool_calls=body.parallel_tool_calls, response_format=rf)
         except ValueError as exc:
-            raise APIError(400, f"messages: {exc}", param="messages") from None
+            raise APIError(400, str(exc), param=_param_of(str(exc), "messages")) from None
+        constraint = plan.constraint
+        if body.structured_outputs is not None:
+            if constraint is not None:
+                raise APIError(400, "structured_outputs cannot be combined with a required or "
+                                    "named tool_choice", param="structured_outputs")
+            constraint = await _constraint(body)
+        elif constraint is not None:
+            await _compiled(constraint, "tool_choice" if plan.tools else "response_format")
         limit = body.max_completion_tokens or body.max_tokens
-        return await _respond(request, body, ids, limit, chat=True)
+        return await _respond(request, body, plan.ids, limit, True, constraint, plan=plan)
+
+    @app.post("/tokenize", responses=ERROR_ONLY)
+    async def tokenize(body: TokenizeRequest):
+        _check_model(body.model, model_name)
+        tok = _tokenizer(model)
+        try:
+            if body.messages is not None:
+                ids = await asyncio.to_thread(
+                    tok.encode_chat, [m.as_dict() for m in body.messages],
+                    body.add_generation_prompt)
+            else:
+                ids = await asyncio.to_thread(tok.encode, body.prompt, body.add_special_tokens)
+        except ValueError as exc:
+            raise APIError(400, str(exc), param="messages") from None
+        return {"count": len(ids), "max_model_len": ctx_len, "tokens": ids}
+
+    @app.post("/detokenize", responses=ERROR_ONLY)
+    async def detokenize(body: DetokenizeRequest):
+        _check_model(body.model, model_name)
+        tok = _tokenizer(model)
+        if body.tokens and max(body.tokens) >= model.vocab_size:
+            raise APIError(400, f"token {max(body.tokens)} is outside the vocabulary of "
+                                f"{model.vocab_size}", param="tokens")
+        return {"prompt": await asyncio.to_thread(tok.decode, body.tokens)}
+
+    @app.post("/v1/embeddings", responses=ERROR_ONLY)
+    async def embeddings(body: EmbeddingRequest):
+        _check_model(body.model, model_name)
+        why = unavailable()
+        if why is not None:
+            raise APIError(503, why, "server_error", code="unavailable")
+        inputs = body.inputs()
+        batches = []
+        for x in inputs:
+            ids = await asyncio.to_thread(_tokenizer(model).encode, x) if isinstance(x, str) \
+                else list(x)
+            if not ids:
+                raise APIError(400, "an input has no tokens", param="input")
+            if len(ids) > ctx_len:
+                raise APIError(400, f"an input has {len(ids)} tokens; the model's context is "
+                                    f"{ctx_len}", param="input", code="context_length_exceeded")
+            if max(ids) >= model.vocab_size:
+                raise APIError(400, f"token {max(ids)} is outside the vocabulary of "
+                                    f"{model.vocab_size}", param="input")
+            batches.append(ids)
+        data, used = [], 0
+        async with embed_lock:  # the model runs outside the engine: one input at a time
+            for i, ids in enumerate(batches):
+                vec = await asyncio.to_thread(model.embedding, ids, body.pooling)
+                used += len(ids)
+                data.append({"object": "embedding", "index": i,
+                             "embedding": _encoded(vec, body.encoding_format)})
+        return {"object": "list", "data": data, "model": model_name,
+                "usage": {"prompt_tokens": used, "total_tokens": used}}
+
+    embed_lock = asyncio.Lock()
 
     # -- the common path ----------------------------------------------------------------------
-    async def _respond(request, body, ids, max_tokens, chat: bool):
+    async def _compiled(constraint: Constraint, param: str) -> Constraint:
+        """The constraint compiled (off the event loop); 400 naming the problem if it cannot
+        be."""
+        try:
+            await asyncio.to_thread(constraint.check)
+        except ValueError as exc:
+            raise APIError(400, str(exc), param=param, code="invalid_constraint") from None
+        except ImportError as exc:
+            raise APIError(400, str(exc), param=param, code="unsupported_field") from None
+        return constraint
+
+    async def _constraint(body) -> "Constraint | None":
+        """The constraint a request's response_format or structured_outputs asks for."""
+        so = body.structured_outputs
+        try:
+            if so is not None:
+                param = "structured_outputs"
+                if so.json_ is not None:
+                    schema = so.json_
+                    if isinstance(schema, str):
+                        try:
+                            schema = json.loads(schema)
+                        except ValueError:
+                            raise ValueError("structured_outputs.json is not a JSON schema") \
+                                from None
+                    c = Constraint("json_schema", schema)
+                elif so.regex is not None:
+                    c = Constraint("regex", so.regex)
+                elif so.choice is not None:
+                    c = Constraint("choice", so.choice)
+                else:
+                    c = Constraint("grammar", so.grammar)
+            else:
+                param = "response_format"
+                rf = body.response_format
+                c = response_format_constraint(rf.as_dict() if rf is not None else None)
+        except ValueError as exc:
+            raise APIError(400, str(exc), param=param, code="invalid_constraint") from None
+        return None if c is None else await _compiled(c, param)
+
+    async def _respond(request, body, ids, max_tokens, chat: bool, constraint, plan=None,
+                       echo: str = ""):
         why = unavailable()
         if why is not None:
             raise APIError(503, why, "server_error", code="unavailable")
@@ -155,16 +272,17 @@ def build_app(model, *, model_name: str = "hybrid", api_key: "str | None" = None
                            param="max_tokens", code="context_length_exceeded")
         max_new = max_tokens or (ctx_len - len(ids))
         try:
-            params = GenerationParams(max_new_tokens=max_new, temperature=body.temperature,
-                                      top_k=body.top_k, top_p=body.top_p, min_p=body.min_p,
-                                      repetition_penalty=body.repetition_penalty,
-                                      presence_penalty=body.presence_penalty,
-                                      frequency_penalty=body.frequency_penalty,
-                                      logit_bias=body.bias(), logprobs=body.logprobs_k(),
-                                      seed=body.seed, stop_strings=tuple(body.stop_list()))
+            params = [GenerationParams(
+                max_new_tokens=max_new, temperature=body.temperature, top_k=body.top_k,
+                top_p=body.top_p, min_p=body.min_p, repetition_penalty=body.repetition_penalty,
+                presence_penalty=body.presence_penalty, frequency_penalty=body.frequency_penalty,
+                logit_bias=body.bias(), logprobs=body.logprobs_k(),
+                seed=None if body.seed is None else body.seed + i,
+                stop_strings=tuple(body.stop_list()), constraint=constraint)
+                for i in range(body.n)]
         except ValueError as exc:
             raise APIError(400, str(exc)) from None
-        if eng.stats()["requests_waiting"] >= max_queue:
+        if eng.stats()["requests_waiting"] + body.n > max_queue:
             raise APIError(429, f"the queue is full ({max_queue} waiting requests); retry later",
                            "rate_limit_error", code="queue_full", headers={"Retry-After": "1"})
         if state["in_flight"] >= max_concurrency:
@@ -172,22 +290,27 @@ def build_app(model, *, model_name: str = "hybrid", api_key: "str | None" = None
                                 f"takes; retry later", "rate_limit_error", code="too_many_requests",
                            headers={"Retry-After": "1"})
         rid = ("chatcmpl-" if chat else "cmpl-") + uuid.uuid4().hex[:24]
-        run = Run(eng, ids, params, metrics, rid, request_timeout, model.tokenizer)
+        runs = [Run(eng, ids, p, metrics, rid, request_timeout, model.tokenizer) for p in params]
+        answers = [Answer(r, i, chat, plan, echo) for i, r in enumerate(runs)]
         state["in_flight"] += 1
         handed_over = False
         try:
-            try:  # waiting in the queue and the prompt's prefill: aborted if the client leaves
-                await _unless_disconnected(request, run.start())
+            try:  # waiting in the queue and the prompt's prefill: aborted if the client leaves;
+                # the first choice's prefill is done before the others start, so that they take
+                # the prompt's KV from the prefix cache
+                await _unless_disconnected(request, runs[0].start())
+                if len(runs) > 1:
+                    await _unless_disconnected(request, _together(r.start() for r in runs[1:]))
             except (ValueError, TypeError) as exc:
                 raise APIError(400, str(exc)) from None
             if body.stream:
                 usage = bool(body.stream_options and body.stream_options.include_usage)
                 handed_over = True
-                return StreamingResponse(_counted(sse(run, chat, model_name, usage)),
+                return StreamingResponse(_counted(sse(answers, chat, model_name, usage), runs),
                                          media_type="text/event-stream",
                                          headers=replica_headers(replica))
-            await _unless_disconnected(request, run.finish())
-            return JSONResponse(final_body(run, chat, model_name),
+            await _unless_disconnected(request, _together(r.finish() for r in runs))
+            return JSONResponse(final_body(answers, chat, model_name),
                                 headers=replica_headers(replica))
         except ClientGone:
             return Response(status_code=499)  # nobody reads it (nginx's "client closed")
@@ -201,16 +324,31 @@ def build_app(model, *, model_name: str = "hybrid", api_key: "str | None" = None
         finally:
             if not handed_over:
                 state["in_flight"] -= 1
+                for r in runs:
+                    await r.close()
 
-    async def _counted(events):
+    async def _counted(events, runs):
         """A stream's events; the request leaves the in-flight count when the stream ends."""
         try:
             async for event in events:
                 yield event
         finally:
             state["in_flight"] -= 1
+            for r in runs:
+                await r.close()
 
     return app
+
+
+async def _together(coros):
+    """Await every coroutine; if one fails, the others are cancelled (their requests
+    aborted) before the error goes on."""
+    tasks = [asyncio.ensure_future(c) for c in coros]
+    try:
+        return await asyncio.gather(*tasks)
+    finally:
+        for t in tasks:
+            t.cancel()
 
 
 async def _unless_disconnected(request: Request, coro):
@@ -238,6 +376,21 @@ def _check_model(name, served):
     if name is not None and name != served:
         raise APIError(404, f"the model {name!r} does not exist; this server serves {served!r}",
                        param="model", code="model_not_found")
+
+
+_PARAMS = ("tool_choice", "tools", "response_format", "messages", "parallel_tool_calls")
+
+
+def _param_of(message: str, default: str) -> str:
+    """The request field an error message starts with (hybrid.chat names them first)."""
+    first = message.split(" ", 1)[0].split(".", 1)[0].split("[", 1)[0]
+    return first if first in _PARAMS else default
+
+
+def _encoded(vec, fmt: str):
+    if fmt == "base64":
+        return base64.b64encode(np.asarray(vec, dtype="<f4").tobytes()).decode()
+    return [float(v) for v in vec]
 
 
 def _tokenizer(model):

@@ -98,14 +98,20 @@ class Run:
         async for _ in self.outputs():
             pass
 
+    async def close(self):
+        """Abort the request if it still runs (a sibling choice failed, or the response
+        ended)."""
+        gen = getattr(self, "gen", None)
+        if gen is not None:
+            try:
+                await gen.aclose()
+            except RuntimeError:  # its own task is being cancelled, which aborts it
+                pass
+
     def text(self) -> str:
         """The generated text so far (end-of-sequence tokens add none; cut before a stop
         string)."""
         return self.last.text if self.last is not None else ""
-
-    def usage(self) -> dict:
-        return {"prompt_tokens": len(self.ids), "completion_tokens": len(self.tokens),
-                "total_tokens": len(self.ids) + len(self.tokens)}
 
     def _log(self):
         dt = time.perf_counter() - self.t0
@@ -144,39 +150,115 @@ def logprobs_body(run: Run, chat: bool, entries) -> "dict | None":
             "text_offset": offsets}
 
 
-def choice(run: Run, chat: bool, text: str, finish, delta: bool, logprobs=None) -> dict:
-    if chat:
-        key = "delta" if delta else "message"
-        return {"index": 0, key: {"role": "assistant", "content": text}, "finish_reason": finish,
-                "logprobs": logprobs}
-    return {"index": 0, "text": text, "finish_reason": finish, "logprobs": logprobs}
+class Answer:
+    """One choice of a response: its Run read as OpenAI's choice objects, whole (``final``) or
+    as stream deltas (``deltas``).  ``plan`` (hybrid.chat.ChatPlan) reads tool calls out of a
+    chat answer; ``echo`` is the prompt's text put before a completion's."""
+
+    def __init__(self, run: Run, index: int, chat: bool, plan=None, echo: str = ""):
+        self.run, self.index, self.chat, self.plan, self.echo = run, index, chat, plan, echo
+        self.tools = plan.stream() if plan is not None else None
+        self.called = False  # the stream handed out a tool call
+
+    def final(self) -> dict:
+        run = self.run
+        lp = logprobs_body(run, self.chat, run.logprobs)
+        if not self.chat:
+            return {"index": self.index, "text": self.echo + run.text(),
+                    "finish_reason": run.finish_reason, "logprobs": lp}
+        message, finish = (self.plan.message(run.text(), run.finish_reason) if self.plan
+                           else ({"role": "assistant", "content": run.text()},
+                                 run.finish_reason))
+        return {"index": self.index, "message": message, "finish_reason": finish,
+                "logprobs": lp}
+
+    def deltas(self, out) -> list:
+        """The stream's choice objects for one engine output (none when it adds nothing)."""
+        run = self.run
+        finish = run.finish_reason if out.finished else None
+        if not (out.delta or out.finished or out.logprobs or self.echo):
+            return []
+        lp = logprobs_body(run, self.chat, out.logprobs or [])
+        if not self.chat:
+            text, self.echo = self.echo + out.delta, ""
+            return [{"index": self.index, "text": text, "finish_reason": finish, "logprobs": lp}]
+        delta = {"role": "assistant", "content": out.delta}
+        if self.tools is not None:
+            content, calls = self.tools.add(out.delta, out.finished)
+            delta["content"] = content or (None if calls else "")
+            if calls:
+                delta["tool_calls"] = [dict(c, index=self.tools.calls_sent - len(calls) + i)
+                                       for i, c in enumerate(calls)]
+                self.called = True
+            if out.finished and self.called:
+                finish = "tool_calls"
+            if not (content or calls or out.finished or out.logprobs):
+                return []
+        return [{"index": self.index, "delta": delta, "finish_reason": finish, "logprobs": lp}]
 
 
-def final_body(run: Run, chat: bool, model_name: str) -> dict:
+def usage(answers) -> dict:
+    prompt = len(answers[0].run.ids)
+    done = sum(len(a.run.tokens) for a in answers)
+    return {"prompt_tokens": prompt, "completion_tokens": done, "total_tokens": prompt + done}
+
+
+def final_body(answers, chat: bool, model_name: str) -> dict:
+    run = answers[0].run
     return {"id": run.id, "object": "chat.completion" if chat else "text_completion",
             "created": run.created, "model": model_name,
-            "choices": [choice(run, chat, run.text(), run.finish_reason, False,
-                               logprobs_body(run, chat, run.logprobs))],
-            "usage": run.usage()}
+            "choices": [a.final() for a in answers], "usage": usage(answers)}
 
 
-async def sse(run: Run, chat: bool, model_name: str, include_usage: bool):
+async def _merged(answers):
+    """(answer, output) from every answer's run as they come."""
+    if len(answers) == 1:
+        async for out in answers[0].run.outputs():
+            yield answers[0], out
+        return
+    queue: asyncio.Queue = asyncio.Queue()
+
+    async def pump(a):
+        try:
+            async for out in a.run.outputs():
+                await queue.put((a, out, None))
+        except BaseException as exc:  # noqa: BLE001 - handed to the reader
+            await queue.put((a, None, exc))
+        finally:
+            await queue.put((a, None, None))
+    tasks = [asyncio.ensure_future(pump(a)) for a in answers]
+    try:
+        left = len(answers)
+        while left:
+            a, out, exc = await queue.get()
+            if exc is not None:
+                raise exc
+            if out is None:
+                left -= 1
+            else:
+                yield a, out
+    finally:
+        for t in tasks:
+            t.cancel()
+
+
+async def sse(answers, chat: bool, model_name: str, include_usage: bool):
+    run = answers[0].run
     obj = "chat.completion.chunk" if chat else "text_completion"
 
-    def event(choices, usage=None) -> str:
+    def event(choices, usage_=None) -> str:
         body = {"id": run.id, "object": obj, "created": run.created, "model": model_name,
                 "choices": choices}
         if include_usage:
-            body["usage"] = usage
+            body["usage"] = usage_
         return f"data: {json.dumps(body)}\n\n"
     try:
-        async for out in run.outputs():
-            if out.delta or out.finished or out.logprobs:
-                yield event([choice(run, chat, out.delta,
-                                     run.finish_reason if out.finished else None, True,
-                                     logprobs_body(run, chat, out.logprobs or []))])
+        async for a, out in _merged(answers):
+            choices = a.deltas(out)
+            if choices:
+                yield event(choices)
         if include_usage:
-            yield event([], run.usage())
+            yield event([], usage(answers))
     except (RuntimeError, TimeoutError) as exc:  # closed, failed, too slow a reader, deadline
         status = 408 if isinstance(exc, TimeoutError) else \
             500 if isinstance(exc, RequestFailed) else 503
