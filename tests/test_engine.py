@@ -227,7 +227,7 @@ def test_extreme_sampling_parameters_sample_and_leave_the_others_alone(tiny_q8, 
                           dict(repetition_penalty=1e308, temperature=1.0, top_k=3))]
     victim = engine.add_request(prompts[1], GenerationParams(max_new_tokens=6, stop_tokens=[]))
 
-    def broken(logits, history):
+    def broken(logits, history, allowed=None):
         raise FloatingPointError("injected sampler fault")
     engine._requests[victim].sampler = broken
     results = {}

@@ -175,7 +175,7 @@ def test_sixteen_concurrent_streams_each_as_alone(client, model):
     ({"prompt": "hi", "model": "gpt-9"}, 404, "gpt-9"),
     ({"prompt": []}, 400, "prompt"),
     ({"max_tokens": 4}, 400, "prompt"),
-    ({"prompt": "hi", "n": 3}, 400, "n"),
+    ({"prompt": "hi", "n": 17}, 400, "n"),
     ({"prompt": [1] * 9000}, 400, "context"),
     ({"prompt": [1] * 2048}, 400, "the model's context is 2048"),  # --max-model-len
     ({"prompt": [10**9]}, 400, "token ids"),
@@ -186,14 +186,14 @@ def test_sixteen_concurrent_streams_each_as_alone(client, model):
     ({"prompt": [1.5]}, 400, "prompt"),
     ({"prompt": [-7, 39783738247642363640969298968576]}, 400, "prompt"),  # was a 500
     ({"prompt": "hi", "logprobs": 6}, 400, "logprobs"),
-    ({"prompt": "hi", "response_format": {"type": "json_object"}}, 400, "'response_format'"),
+    ({"prompt": "hi", "response_format": {"type": "xml"}}, 400, "response_format"),
     ({"prompt": "hi", "best_of": 2}, 400, "'best_of'"),
     ({"prompt": "hi", "min_p": 1.5}, 400, "min_p"),
     ({"prompt": "hi", "presence_penalty": 2.5}, 400, "presence_penalty"),
     ({"prompt": "hi", "logit_bias": {"5": 101}}, 400, "logit_bias"),
     ({"prompt": "hi", "logit_bias": {"x": 1}}, 400, "logit_bias"),
     ({"prompt": "hi", "logit_bias": {"999999999": 1}}, 400, "logit_bias names token"),
-    ({"prompt": "hi", "echo": True}, 400, "'echo'"),
+    ({"prompt": "hi", "echo": True, "logprobs": 2}, 400, "echo with logprobs"),
 ])
 def test_bad_requests_get_4xx_json(server, body, status, needle):
     raw = b"{not json" if body is None else None
@@ -212,7 +212,10 @@ def test_bad_requests_get_4xx_json(server, body, status, needle):
      "only text content parts are supported, got 'image_url'"),
     ([{"role": "user", "content": [{"type": "text", "text": 5}]}], "messages.0.content"),
     ([{"role": "wizard", "content": "hi"}], "messages.0.role"),
-    ([{"role": "assistant", "content": None, "tool_calls": []}], "'tool_calls'"),
+    ([{"role": "user", "content": "x", "tool_calls": []}], "only assistant messages carry"),
+    ([{"role": "tool", "content": "5"}], "a tool message needs tool_call_id"),
+    ([{"role": "assistant", "tool_calls": [{"id": "c", "type": "function", "function": {
+        "name": "f", "arguments": "{not json"}}]}], "arguments are not a JSON string"),
 ])
 def test_bad_chat_messages_get_4xx_json(server, messages, needle):
     code, text, _ = server.request("POST", "/v1/chat/completions", {"messages": messages})

@@ -200,14 +200,13 @@ def test_deadline_concurrency_limit_and_keys(model, tmp_path):  # noqa: F811
 
 
 @pytest.mark.parametrize("field,value", [
-    ("tools", [{"type": "function", "function": {"name": "f", "parameters": {}}}]),
-    ("tool_choice", "auto"), ("response_format", {"type": "json_object"}),
-    ("parallel_tool_calls", False), ("seed_of_the_day", 3),
-    ("suffix", "x"),
+    ("seed_of_the_day", 3), ("suffix", "x"), ("best_of", 2), ("audio", {"voice": "x"}),
+    ("modalities", ["text"]), ("prediction", {"type": "content", "content": "x"}),
+    ("guided_json", {"type": "object"}),
 ])
 def test_fields_not_implemented_are_refused_by_name(server, field, value):
-    """A client asking for JSON, tools or logprobs gets a 400 naming the field, not free text
-    as if it had not asked."""
+    """A client asking for something not served (audio, predicted outputs, vLLM's old guided_*
+    fields) gets a 400 naming the field, not free text as if it had not asked."""
     code, text, _ = server.request("POST", "/v1/chat/completions", {
         "messages": [{"role": "user", "content": "Hi"}], "max_tokens": 2, field: value})
     err = _error(text)

@@ -305,3 +305,17 @@ def test_embedding_pools_the_final_hidden_state(model):
     assert np.abs(prefix - want).max() < 1e-4
     with pytest.raises(ValueError, match="pooling must be"):
         model.embedding(ids, "max")
+
+
+def test_a_complete_constraint_ends_the_request(model):
+    """Once the constraint allows nothing more the request finishes with "stop", also when the
+    end-of-sequence token is not one of its stop tokens."""
+    engine = Engine(model, max_batch=1, kv_memory="64MiB")
+    rid = engine.add_request(_chat_ids(model, "Pick"), GenerationParams(
+        16, stop_tokens=[], constraint=Constraint("choice", ["alpha", "beta"])))
+    last = None
+    while engine.has_unfinished():
+        for out in engine.step():
+            last = out
+    assert last.request_id == rid and last.finish_reason == "stop", last
+    assert last.text in ("alpha", "beta") and len(last.tokens) <= 4
