@@ -319,3 +319,24 @@ def test_a_complete_constraint_ends_the_request(model):
             last = out
     assert last.request_id == rid and last.finish_reason == "stop", last
     assert last.text in ("alpha", "beta") and len(last.tokens) <= 4
+
+
+@pytest.mark.parametrize("marker,fmt", [("<tool_call>", "hermes"), ("<|python_tag|>", "llama3"),
+                                        ("[TOOL_CALLS]", "mistral")])
+def test_forced_calls_in_each_format(model, monkeypatch, marker, fmt):
+    """A template's format decides the grammar that forces a call and the reader that finds it:
+    forced output in each layout reads back as a call whose arguments validate."""
+    template = QWEN_LIKE.replace("<tool_call>", marker)
+    monkeypatch.setattr(model.tokenizer, "chat_template", template)
+    msgs = [{"role": "user", "content": "Add 40 and 2."}]
+    assert format_for(template)[0].name == fmt
+    for seed in (0, 1):
+        for parallel in (False, True):
+            msg = model.chat(msgs, 96, tools=TOOLS, tool_choice="required", temperature=0.8,
+                             seed=seed, parallel_tool_calls=parallel)
+            assert msg.get("tool_calls"), msg
+            assert parallel or len(msg["tool_calls"]) == 1
+            for call in msg["tool_calls"]:
+                schema = next(t["function"]["parameters"] for t in TOOLS
+                              if t["function"]["name"] == call["function"]["name"])
+                jsonschema.validate(json.loads(call["function"]["arguments"]), schema)
