@@ -91,7 +91,8 @@ def build_app(model, *, model_name: str = "hybrid", api_key: "str | None" = None
     # (inside the auth middleware, so that its 413 reaches the route's error handling as is)
     app.add_middleware(BodyLimit, limit=max_body_bytes)
     install_auth(app, api_key, replica, max_body_bytes,
-                 json_paths=("/v1/completions", "/v1/chat/completions"))
+                 json_paths=("/v1/completions", "/v1/chat/completions", "/v1/embeddings",
+                             "/tokenize", "/detokenize"))
 
     def unavailable() -> "str | None":
         """Why the server takes no requests now, or None."""
