@@ -267,6 +267,17 @@ def _open(path):
     return header, _Tensors(path, header, mm)
 
 
+def _rope_factors(path, tensors, head_dim: int) -> "np.ndarray | None":
+    """``rope_freqs.weight``: per-pair divisors of the RoPE frequencies, as llama.cpp's
+    converter writes Llama 3.1+'s scaling (None when the file has none)."""
+    if "rope_freqs.weight" not in tensors:
+        return None
+    f = np.asarray(tensors.get("rope_freqs.weight", (head_dim // 2,)), dtype=np.float64)
+    if f.ndim != 1 or not (np.isfinite(f).all() and (f > 0).all()):
+        raise ModelLoadError(path, "tensor rope_freqs.weight must hold finite factors > 0")
+    return f
+
+
 def read_metadata(path) -> dict:
     """The metadata key/values of a GGUF file (bounds-checked; no tensor is touched)."""
     return _open(os.fspath(path))[0].metadata
@@ -312,6 +323,9 @@ def read_gguf(path) -> ModelWeights:
                        "original_max_position_embeddings":
                            meta("rope.scaling.original_context_length")}
         inv_freq, attn_factor = rope_frequencies(head_dim, theta, scaling, max_pos)
+        factors = _rope_factors(path, tensors, head_dim)
+        if factors is not None:  # Llama 3.1+: the converter stores the scaling as divisors
+            inv_freq, scaling = inv_freq / factors, scaling or {"rope_type": "rope_freqs"}
         cfg = DecoderConfig(hidden_size=hidden, num_heads=heads, num_kv_heads=kv_heads,
                             head_dim=head_dim, intermediate_size=meta("feed_forward_length"),
                             rope_theta=theta,
