@@ -2,8 +2,7 @@
 
 GGUF byte-level BPE vocabularies (``tokenizer.ggml.model = "gpt2"``) become a tokenizers BPE
 model with the file's merges, split the way llama.cpp splits for the file's
-``tokenizer.ggml.pre`` (SmolLM: digits one by one, then the GPT-2 pattern; Llama 3 and Qwen2:
-their own patterns).  SentencePiece vocabularies (``"llama"``: Llama 2, Mistral) become a BPE
+``tokenizer.ggml.pre`` (hybrid/models/pretokenize.py; an unknown name is refused).  SentencePiece vocabularies (``"llama"``: Llama 2, Mistral) become a BPE
 with "▁" spaces and byte fallback, merges rebuilt from the token scores when the file has none.
 Tokens the file marks as control stay whole as special tokens.
 Chat templates are rendered with jinja2 in a sandbox, as transformers does.
@@ -19,17 +18,8 @@ import uuid
 import numpy as np
 
 from .errors import ModelLoadError
+from .pretokenize import SPLITS, split_rules
 
-_LLAMA3_SPLIT = (
-    r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}"
-    r"| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+"
-)
-_QWEN2_SPLIT = (
-    r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}"
-    r"| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+"
-)
-_SPLITS = {"llama3": _LLAMA3_SPLIT, "llama-bpe": _LLAMA3_SPLIT, "llama-v3": _LLAMA3_SPLIT,
-           "smaug-bpe": _LLAMA3_SPLIT, "qwen2": _QWEN2_SPLIT, "deepseek-r1-qwen": _QWEN2_SPLIT}
 CONTROL, USER_DEFINED = 3, 4
 
 
@@ -56,19 +46,14 @@ def merges_from_scores(tokens, scores) -> list:
     return [(a, b) for a, b, _ in merges]
 
 
-def _byte_level_bpe(tk, vocab, merges, pre):
-    backend = tk.Tokenizer(tk.models.BPE(vocab=vocab, merges=merges, fuse_unk=False))
+def _byte_level_bpe(tk, vocab, merges, rules, whole_words: bool):
+    """A byte-level BPE that splits words with ``rules`` (hybrid/models/pretokenize.py)."""
+    backend = tk.Tokenizer(tk.models.BPE(vocab=vocab, merges=merges, fuse_unk=False,
+                                         ignore_merges=whole_words))
     pt = tk.pre_tokenizers
-    if pre in _SPLITS:
-        backend.pre_tokenizer = pt.Sequence([
-            pt.Split(tk.Regex(_SPLITS[pre]), behavior="isolated"),
-            pt.ByteLevel(add_prefix_space=False, use_regex=False)])
-    elif pre == "smollm":  # llama.cpp: every digit alone, then the GPT-2 pattern
-        backend.pre_tokenizer = pt.Sequence([
-            pt.Digits(individual_digits=True),
-            pt.ByteLevel(add_prefix_space=False, use_regex=True)])
-    else:
-        backend.pre_tokenizer = pt.ByteLevel(add_prefix_space=False, use_regex=True)
+    backend.pre_tokenizer = pt.Sequence(
+        [pt.Split(tk.Regex(r), behavior="isolated") for r in rules]
+        + [pt.ByteLevel(add_prefix_space=False, use_regex=False)])
     backend.decoder = tk.decoders.ByteLevel()
     return backend
 
@@ -238,13 +223,20 @@ class Tokenizer:
                                         else scores.tolist())
         else:
             raise ModelLoadError(path, "a byte-level BPE vocabulary without merges")
+        if kind == "gpt2":
+            try:
+                rules, whole = split_rules(meta.get("tokenizer_pre"))
+            except KeyError:
+                raise ModelLoadError(path, f"tokenizer.ggml.pre {meta.get('tokenizer_pre')!r} "
+                                           f"is not a known pre-tokenizer (known: "
+                                           f"{', '.join(sorted(SPLITS))})") from None
         types = meta.get("token_types")
         types = [] if types is None else types.tolist()  # (a short-lived list while building)
         try:  # the tokenizers package checks the merges against the vocabulary
             if kind == "llama":
                 backend = _sentencepiece_bpe(tk, vocab, merges)
             else:
-                backend = _byte_level_bpe(tk, vocab, merges, meta.get("tokenizer_pre"))
+                backend = _byte_level_bpe(tk, vocab, merges, rules, whole)
             special = [tk.AddedToken(t, special=True, normalized=False)
                        for t, ty in zip(tokens, types) if ty == CONTROL]
             if special:
