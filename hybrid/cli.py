@@ -11,6 +11,7 @@
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 import time
 
@@ -78,18 +79,39 @@ def _generate(args) -> int:
 
 
 def _model_info(path) -> None:
-    """The weight formats of a model and which kernel serves each (loaded, not run)."""
-    from .models import read_weights, weight_formats
+    """A model's architecture, tokenizer, weight formats and the kernel serving each (loaded,
+    not run), and what in the file hybrid cannot serve."""
+    from .models import ModelLoadError, Tokenizer, read_weights, weight_formats
     from .quant import get_format
 
+    print(f"model: {path}")
     t0 = time.perf_counter()
-    mw = read_weights(path)
+    try:
+        mw = read_weights(path)
+    except ModelLoadError as exc:
+        if str(path).endswith(".gguf") and os.path.isfile(path):
+            from .models.gguf_file import read_metadata
+            try:
+                arch = read_metadata(path).get("general.architecture")
+                print(f"  architecture {arch!r}")
+            except ModelLoadError:
+                pass
+        print(f"  cannot serve: {exc}")
+        return
     took = time.perf_counter() - t0
     cfg = mw.config
-    print(f"model: {path}")
     print(f"  {mw.arch}, {mw.num_layers} layers, hidden {cfg.hidden_size}, heads "
           f"{cfg.num_heads}/{cfg.num_kv_heads}x{cfg.head_dim}, mlp {cfg.intermediate_size}, "
-          f"vocab {mw.vocab_size}, tied embeddings {mw.tied_embeddings}; loaded in {took:.2f} s")
+          f"vocab {mw.vocab_size}, tied embeddings {mw.tied_embeddings}, scaled RoPE "
+          f"{cfg.rope_inv_freq is not None}; loaded in {took:.2f} s")
+    if mw.metadata.get("format") == "gguf":
+        md = mw.metadata
+        try:
+            Tokenizer.from_gguf_metadata(md, path)
+            print(f"  tokenizer {md.get('tokenizer_model')!r}, pre-tokenizer "
+                  f"{md.get('tokenizer_pre') or 'default'!r}")
+        except ModelLoadError as exc:
+            print(f"  cannot serve the tokenizer: {exc}")
     print(f"  {'format':10s} {'matrices':>8s} {'MiB':>9s}  cpu kernel (cuda layers)")
     for name, (count, nbytes) in sorted(weight_formats(mw).items(), key=lambda kv: -kv[1][1]):
         if name == "float32":

@@ -1,9 +1,11 @@
-"""A tiny random Llama 3.1 (llama3 RoPE scaling) built with transformers, written as GGUF the way
+"""GGUF loading as llama.cpp writes files.  A tiny random Llama 3.1 (llama3 RoPE scaling) built with transformers, written as GGUF the way
 llama.cpp's converter (convert_hf_to_gguf.py) writes it: Q/K rows permuted for adjacent-pair
 RoPE and the scaling stored as per-pair divisors in ``rope_freqs.weight``.  hybrid's logits must
 match transformers' float32 logits, as the same model's safetensors folder does."""
 
 import math
+import subprocess
+import sys
 
 import numpy as np
 import pytest
@@ -123,8 +125,8 @@ def test_rope_freqs_are_read_and_used(llama31, rng):
     assert rel_err(_logits(read_weights(folder / "no_factors.gguf"), ids), want) > 1e-2
 
 
-def test_bad_rope_freqs_are_refused(tmp_path):
-    w = gguf.GGUFWriter(str(tmp_path / "bad.gguf"), "llama")
+def _small_gguf(path, arch="llama", extra=None):
+    w = gguf.GGUFWriter(str(path), arch)
     w.add_block_count(1)
     w.add_embedding_length(8)
     w.add_feed_forward_length(16)
@@ -138,10 +140,26 @@ def test_bad_rope_freqs_are_refused(tmp_path):
                         "blk.0.ffn_gate.weight": (16, 8), "blk.0.ffn_up.weight": (16, 8),
                         "blk.0.ffn_down.weight": (8, 16)}.items():
         w.add_tensor(name, np.full(shape, 0.1, np.float32))
-    w.add_tensor("rope_freqs.weight", np.array([1.0, -2.0], np.float32))
+    for name, value in (extra or {}).items():
+        w.add_tensor(name, value)
     w.write_header_to_file()
     w.write_kv_data_to_file()
     w.write_tensors_to_file()
     w.close()
+    return path
+
+
+def test_bad_rope_freqs_are_refused(tmp_path):
+    path = _small_gguf(tmp_path / "bad.gguf",
+                       extra={"rope_freqs.weight": np.array([1.0, -2.0], np.float32)})
     with pytest.raises(ModelLoadError, match="rope_freqs.weight must hold finite factors"):
-        read_weights(tmp_path / "bad.gguf")
+        read_weights(path)
+
+
+def test_info_names_the_architecture_and_what_it_cannot_serve(tmp_path):
+    path = _small_gguf(tmp_path / "gemma.gguf", arch="gemma3")
+    out = subprocess.run([sys.executable, "-m", "hybrid", "info", str(path)],
+                         capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+    assert "architecture 'gemma3'" in out.stdout
+    assert "cannot serve:" in out.stdout and "unsupported architecture 'gemma3'" in out.stdout
