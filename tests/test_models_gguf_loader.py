@@ -1,7 +1,8 @@
-"""GGUF loading as llama.cpp writes files.  A tiny random Llama 3.1 (llama3 RoPE scaling) built with transformers, written as GGUF the way
-llama.cpp's converter (convert_hf_to_gguf.py) writes it: Q/K rows permuted for adjacent-pair
-RoPE and the scaling stored as per-pair divisors in ``rope_freqs.weight``.  hybrid's logits must
-match transformers' float32 logits, as the same model's safetensors folder does."""
+"""GGUF files as llama.cpp writes them.  A tiny random Llama 3.1 (llama3 RoPE scaling) built
+with transformers, written the way llama.cpp's converter (convert_hf_to_gguf.py) writes it: Q/K
+rows permuted for adjacent-pair RoPE, the scaling stored as per-pair divisors in
+``rope_freqs.weight``.  hybrid's logits must match transformers' float32 logits.  `hybrid info`
+names what a file holds that hybrid cannot serve."""
 
 import math
 import subprocess
