@@ -126,7 +126,8 @@ class LayerWeights:
     attn_norm [hidden]; wq [H*D, hidden]; wk, wv [KVH*D, hidden]; wo [hidden, H*D];
     mlp_norm [hidden]; w_gate, w_up [intermediate, hidden]; w_down [hidden, intermediate];
     optional q_norm, k_norm [D] (Qwen3, per head) and bq [H*D], bk, bv [KVH*D] (Qwen2).
-    The projection weights may be ``hybrid.QuantizedTensor`` (F16, BF16, Q8_0, Q4_K, ...): they
+    ``experts`` (hybrid.moe.ExpertWeights) replaces w_gate/w_up/w_down with a mixture of
+    experts (Mixtral, Qwen3-MoE); those three are then None.  The projection weights may be ``hybrid.QuantizedTensor`` (F16, BF16, Q8_0, Q4_K, ...): they
     stay in their encoding and the backend's kernels for that format multiply them.
     """
 
@@ -144,6 +145,7 @@ class LayerWeights:
     bq: "np.ndarray | None" = None
     bk: "np.ndarray | None" = None
     bv: "np.ndarray | None" = None
+    experts: object = None  # hybrid.moe.ExpertWeights
 
     def expected_shapes(self, cfg: DecoderConfig) -> dict:
         h, q, kv, i, d = cfg.hidden_size, cfg.q_size, cfg.kv_size, cfg.intermediate_size, cfg.head_dim
@@ -162,8 +164,18 @@ class LayerWeights:
         """
         shapes = self.expected_shapes(cfg)
         out = {}
+        moe = self.experts is not None
         for f in fields(self):
             a = getattr(self, f.name)
+            if f.name == "experts":
+                out[f.name] = None if a is None else a.validated(cfg.hidden_size)
+                continue
+            if moe and f.name in ("w_gate", "w_up", "w_down"):
+                if a is not None:
+                    raise ValueError(f"weight {f.name} must be None in a mixture-of-experts "
+                                     f"layer (the experts hold the MLP)")
+                out[f.name] = None
+                continue
             if a is None:
                 if f.name in ("q_norm", "k_norm", "bq", "bk", "bv"):
                     out[f.name] = None

@@ -22,6 +22,7 @@ import numpy as np
 from . import kernel_role, ops, registry
 from .config import DecoderConfig, LayerWeights
 from .kvcache import PagedKVCache
+from .moe import moe_forward
 from .placement import Placement, copy_between, is_device_array, to_device
 from .profile import enabled as profiling_enabled
 from .profile import region
@@ -61,6 +62,12 @@ class DecoderLayer:
         self.scratch = scratch if scratch is not None else Scratch()
         self._inv_freq = config.inv_freq() if config.rope_enabled else None
         self._gpu = not self.placement.is_cpu
+        self._experts = self.weights.experts  # a mixture-of-experts MLP (CPU only)
+        if self._experts is not None and self._gpu:
+            raise ValueError(f"layer {self.index}: mixture-of-experts layers run on the cpu, not "
+                             f"{self.placement}")
+        self.expert_counts = None if self._experts is None else \
+            np.zeros(self._experts.num_experts, dtype=np.int64)  # rows routed to each expert
         # the weights on the layer's device (the same arrays on the cpu); on a GPU the Q/K/V and
         # gate/up weights are stacked, so one fused kernel reads each group in one pass
         self._w, self._stacked = self.weights, None
@@ -77,8 +84,10 @@ class DecoderLayer:
         if not self._gpu and any(isinstance(getattr(self.weights, n), QuantizedTensor)
                                  for n in ("wq", "wk", "wv", "w_gate", "w_up")):
             self._many = registry.optional("bind_linear_many", self.placement)
-            # a decode row in two native calls around the attention (when not profiling)
-            self._bind_decode = registry.optional("bind_decode_step", self.placement)
+            # a decode row in two native calls around the attention (when not profiling; the
+            # native epilogue knows only the dense MLP)
+            if self._experts is None:
+                self._bind_decode = registry.optional("bind_decode_step", self.placement)
         self.fused_rope = bool(fused_rope) and self._gpu and self._inv_freq is not None
         self._k = ops.bind(self.placement)  # kernels resolved once; arrays are checked on entry
         self._bufs = (None, None)  # (rows, activation buffers) of the last call
@@ -310,8 +319,9 @@ class DecoderLayer:
             w = self._w
             bufs["qkv_proj"] = self._many(((w.wq, w.bq, bufs["q"]), (w.wk, w.bk, bufs["k"]),
                                            (w.wv, w.bv, bufs["v"])))
-            bufs["gate_up_proj"] = self._many(((w.w_gate, None, bufs["gate"]),
-                                               (w.w_up, None, bufs["up"])))
+            if self._experts is None:
+                bufs["gate_up_proj"] = self._many(((w.w_gate, None, bufs["gate"]),
+                                                   (w.w_up, None, bufs["up"])))
         if n == 1 and self._bind_decode is not None:
             bufs["decode_step"] = self._bind_decode(cfg, self._w, bufs, self._inv_freq)
         self._bufs = (n, bufs)
@@ -375,6 +385,12 @@ class DecoderLayer:
                 x1 = k_.add(x, o, b["x1"])  # residual 1
         with region("Block/MlpNorm"):
             h2 = k_.rmsnorm(x1, w.mlp_norm, cfg.rms_norm_eps, b["h"])
+        if self._experts is not None:
+            with region("Block/Experts"):
+                d = moe_forward(h2, self._experts,
+                                lambda a, m, r: k_.linear(a, m, None, _rows_out(a, m), r),
+                                lambda g, u: k_.swiglu(g, u, g), role, self.expert_counts)
+            return k_.add(x1, d, result)
         if fused:  # GPU: gate, up and SwiGLU in one pass
             act = b["gate"]
             with region("Block/GateUpSwiGLU"):
@@ -409,6 +425,11 @@ class DecoderLayer:
         return (f"DecoderLayer(index={self.index}, placement={self.placement}, hidden={c.hidden_size}, "
                 f"heads={c.num_heads}/{c.num_kv_heads}x{c.head_dim}, mlp={c.intermediate_size}, "
                 f"qk_norm={self.weights.q_norm is not None})")
+
+
+def _rows_out(a, m) -> np.ndarray:
+    """A fresh float32 [rows of a, out features of m] array."""
+    return np.empty((a.shape[0], m.shape[0]), dtype=np.float32)
 
 
 @dataclasses.dataclass

@@ -7,6 +7,7 @@ from __future__ import annotations
 import glob
 import json
 import os
+import warnings
 
 import numpy as np
 
@@ -17,7 +18,8 @@ from .rope_scaling import rope_frequencies
 from .weights import ModelWeights, check_widths, head_shape_error, layer_weights
 
 ARCH_OF = {"LlamaForCausalLM": "llama", "Qwen2ForCausalLM": "qwen2", "Qwen3ForCausalLM": "qwen3",
-           "MistralForCausalLM": "llama"}
+           "MistralForCausalLM": "llama", "MixtralForCausalLM": "mixtral",
+           "Qwen3MoeForCausalLM": "qwen3moe"}
 P = "model.layers.{i}."
 NAMES = {
     "attn_norm": P + "input_layernorm.weight", "wq": P + "self_attn.q_proj.weight",
@@ -29,6 +31,15 @@ NAMES = {
     "bk": P + "self_attn.k_proj.bias", "bv": P + "self_attn.v_proj.bias",
 }
 
+
+# mixture-of-experts MLPs: router, then each expert's gate, up and down ({e}: the expert)
+EXPERT_NAMES = {
+    "mixtral": (P + "block_sparse_moe.gate.weight", P + "block_sparse_moe.experts.{e}.w1.weight",
+                P + "block_sparse_moe.experts.{e}.w3.weight",
+                P + "block_sparse_moe.experts.{e}.w2.weight"),
+    "qwen3moe": (P + "mlp.gate.weight", P + "mlp.experts.{e}.gate_proj.weight",
+                 P + "mlp.experts.{e}.up_proj.weight", P + "mlp.experts.{e}.down_proj.weight"),
+}
 
 def _bf16_to_f32(raw: np.ndarray) -> np.ndarray:
     return (raw.astype(np.uint32) << 16).view(np.float32)
@@ -114,6 +125,36 @@ class _Shards:
         return data.view(dtype).reshape(shape)
 
 
+def _moe_layers(c: dict, arch: str, n_layers: int):
+    """(indices of the mixture-of-experts layers, experts, experts per token, normalize)."""
+    if arch not in EXPERT_NAMES:
+        return set(), 0, 0, True
+    experts = c.get("num_experts", c.get("num_local_experts"))  # (transformers writes either)
+    if arch == "mixtral":
+        every, dense, normalize = 1, [], True
+    else:
+        every = c.get("decoder_sparse_step", 1)
+        dense, normalize = c.get("mlp_only_layers") or [], bool(c.get("norm_topk_prob", True))
+    top_k = c.get("num_experts_per_tok")
+    for name, v in (("the expert count", experts), ("num_experts_per_tok", top_k),
+                    ("decoder_sparse_step", every)):
+        if isinstance(v, bool) or not isinstance(v, int) or v < 1:
+            raise ValueError(f"{name} must be a positive integer, got {v!r}")
+    if top_k > experts:
+        raise ValueError(f"num_experts_per_tok {top_k} is more than the {experts} experts")
+    layers = {i for i in range(n_layers) if i not in dense and (i + 1) % every == 0}
+    return layers, experts, top_k, normalize
+
+
+def _experts(shards, arch: str, i: int, count: int, top_k: int, normalize: bool):
+    from ..moe import ExpertWeights
+
+    router, gate, up, down = (n.format(i=i, e="{e}") for n in EXPERT_NAMES[arch])
+    return ExpertWeights(shards.get(router), [shards.get(gate.format(e=e)) for e in range(count)],
+                         [shards.get(up.format(e=e)) for e in range(count)],
+                         [shards.get(down.format(e=e)) for e in range(count)], top_k, normalize)
+
+
 def read_safetensors_folder(folder) -> ModelWeights:
     folder = os.fspath(folder)
     cpath = os.path.join(folder, "config.json")
@@ -154,6 +195,14 @@ def read_safetensors_folder(folder) -> ModelWeights:
         if isinstance(max_pos, bool) or not isinstance(max_pos, int) or max_pos < 0:
             raise ValueError(f"max_position_embeddings must be a non-negative integer, got "
                              f"{max_pos!r}")
+        window = c.get("sliding_window")
+        if c.get("use_sliding_window", True) is not False and isinstance(window, int) \
+                and not isinstance(window, bool) and 0 < window and (not max_pos or window < max_pos):
+            # attention here sees every earlier token; within the window that is the same
+            warnings.warn(f"{folder}: sliding_window {window} is not implemented; the context is "
+                          f"capped at {window} tokens, where full attention gives the same "
+                          f"result", stacklevel=3)
+            max_pos = window
         inv_freq, attn_factor = rope_frequencies(head_dim, theta, scaling, max_pos)
         cfg = DecoderConfig(hidden_size=hidden, num_heads=heads, num_kv_heads=kv_heads,
                             head_dim=head_dim, intermediate_size=c["intermediate_size"],
@@ -170,9 +219,15 @@ def read_safetensors_folder(folder) -> ModelWeights:
         raise ModelLoadError(cpath, f"inconsistent config: {exc}") from None
     qk_norm = NAMES["q_norm"].format(i=0) in shards
     qkv_bias = NAMES["bq"].format(i=0) in shards
+    try:
+        moe_layers = _moe_layers(c, arch, n_layers)
+    except (TypeError, ValueError) as exc:
+        raise ModelLoadError(cpath, f"inconsistent config: {exc}") from None
     layers = []
     for i in range(n_layers):
-        lw = layer_weights(shards.get, i, cfg, qk_norm, qkv_bias, NAMES)
+        experts = (lambda j: _experts(shards, arch, j, *moe_layers[1:])) \
+            if i in moe_layers[0] else None
+        lw = layer_weights(shards.get, i, cfg, qk_norm, qkv_bias, NAMES, experts)
         try:
             lw.validated(cfg)
         except (ValueError, TypeError) as exc:

@@ -48,7 +48,9 @@ class ModelWeights:
         seen, total = set(), 0
         arrays = [self.embed, self.final_norm, self.lm_head]
         for lw in self.layers:
-            arrays += [a for a in vars(lw).values() if a is not None]
+            arrays += [a for k, a in vars(lw).items() if a is not None and k != "experts"]
+            if lw.experts is not None:
+                arrays += [lw.experts.router, *lw.experts.matrices()]
         for a in arrays:
             if id(a) not in seen:
                 seen.add(id(a))
@@ -77,8 +79,9 @@ def weight_formats(mw: ModelWeights) -> dict:
     """Format name ("float32", "q4_k", ...) -> (number of matrices, bytes)."""
     seen, table = set(), {}
     mats = [mw.embed, mw.lm_head] + [getattr(lw, n) for lw in mw.layers for n in LINEAR_WEIGHTS]
+    mats += [m for lw in mw.layers if lw.experts is not None for m in lw.experts.matrices()]
     for m in mats:
-        if id(m) in seen:
+        if m is None or id(m) in seen:
             continue
         seen.add(id(m))
         name = m.format.name if isinstance(m, QuantizedTensor) else "float32"
@@ -114,8 +117,16 @@ def convert_weights(mw: ModelWeights, target: "str | None") -> ModelWeights:
         done[id(m)] = new
         return new
 
-    layers = [dataclasses.replace(lw, **{n: conv(getattr(lw, n)) for n in LINEAR_WEIGHTS})
-              for lw in mw.layers]
+    def conv_layer(lw):
+        new = {n: conv(getattr(lw, n)) for n in LINEAR_WEIGHTS if getattr(lw, n) is not None}
+        ex = lw.experts
+        if ex is not None:
+            new["experts"] = dataclasses.replace(ex, gate=[conv(m) for m in ex.gate],
+                                                 up=[conv(m) for m in ex.up],
+                                                 down=[conv(m) for m in ex.down])
+        return dataclasses.replace(lw, **new)
+
+    layers = [conv_layer(lw) for lw in mw.layers]
     return dataclasses.replace(mw, embed=conv(mw.embed), lm_head=conv(mw.lm_head), layers=layers)
 
 
@@ -131,17 +142,20 @@ def check_widths(path, widths: dict, widest: int, where: str) -> None:
 
 
 def layer_weights(get, i: int, cfg: DecoderConfig, qk_norm: bool, qkv_bias: bool,
-                  names: dict) -> LayerWeights:
-    """Assemble layer ``i`` from ``get(name)`` with format-specific ``names`` templates."""
-    def opt(key):
-        return get(names[key].format(i=i)) if key in names else None
+                  names: dict, experts=None) -> LayerWeights:
+    """Assemble layer ``i`` from ``get(name)`` with format-specific ``names`` templates;
+    ``experts(i)``, when given, reads a mixture-of-experts MLP in place of the dense one."""
+    def need(key):
+        return get(names[key].format(i=i))
 
+    def opt(key, wanted):
+        return get(names[key].format(i=i)) if wanted and key in names else None
+
+    if experts is not None:
+        mlp = dict(w_gate=None, w_up=None, w_down=None, experts=experts(i))
+    else:
+        mlp = dict(w_gate=need("w_gate"), w_up=need("w_up"), w_down=need("w_down"))
     return LayerWeights(
-        attn_norm=get(names["attn_norm"].format(i=i)), wq=get(names["wq"].format(i=i)),
-        wk=get(names["wk"].format(i=i)), wv=get(names["wv"].format(i=i)),
-        wo=get(names["wo"].format(i=i)), mlp_norm=get(names["mlp_norm"].format(i=i)),
-        w_gate=get(names["w_gate"].format(i=i)), w_up=get(names["w_up"].format(i=i)),
-        w_down=get(names["w_down"].format(i=i)),
-        q_norm=opt("q_norm") if qk_norm else None, k_norm=opt("k_norm") if qk_norm else None,
-        bq=opt("bq") if qkv_bias else None, bk=opt("bk") if qkv_bias else None,
-        bv=opt("bv") if qkv_bias else None)
+        attn_norm=need("attn_norm"), wq=need("wq"), wk=need("wk"), wv=need("wv"), wo=need("wo"),
+        mlp_norm=need("mlp_norm"), q_norm=opt("q_norm", qk_norm), k_norm=opt("k_norm", qk_norm),
+        bq=opt("bq", qkv_bias), bk=opt("bk", qkv_bias), bv=opt("bv", qkv_bias), **mlp)
