@@ -189,9 +189,10 @@ class _Tensors:
     def __len__(self) -> int:
         return len(self.where)
 
-    def get(self, name: str, expected=None, reencoded: "list | None" = None):
+    def get(self, name: str, expected=None, reencoded: "list | None" = None, shape=None):
         """float32 for vectors and F32 matrices; a QuantizedTensor over the mapped bytes for the
-        native formats; decoded and re-encoded once for the other types."""
+        native formats; decoded and re-encoded once for the other types.  ``shape``: read a
+        tensor of more dimensions as this matrix (its rows in the file's order)."""
         if name not in self.where:
             raise ModelLoadError(self.path, f"missing tensor {name}")
         dims, ttype, start, nbytes = self.where[name]
@@ -199,7 +200,8 @@ class _Tensors:
         fmt = BY_GGML_TYPE.get(ttype)
         if fmt is None and tname != "F32":
             self._check_decodable(name, ttype, tname)
-        shape = tuple(reversed(dims))  # [out, in] for matrices
+        if shape is None:
+            shape = tuple(reversed(dims))  # [out, in] for matrices
         if expected is not None and shape != tuple(expected):
             raise ModelLoadError(self.path, f"tensor {name} has shape {shape}, the model config "
                                             f"needs {tuple(expected)}")
@@ -226,6 +228,23 @@ class _Tensors:
             reencoded.append((name, tname, target.name))
         return quantize(values, target)
 
+
+    def stacked(self, name: str, expected, reencoded: "list | None" = None) -> list:
+        """A 3-D tensor [E, rows, cols] (experts stacked, as llama.cpp stores them) as E
+        matrices [rows, cols], each a view of the file's rows (no copy for native formats)."""
+        if name not in self.where:
+            raise ModelLoadError(self.path, f"missing tensor {name}")
+        dims = self.where[name][0]
+        shape = tuple(reversed(dims))
+        if shape != tuple(expected):
+            raise ModelLoadError(self.path, f"tensor {name} has shape {shape}, the model config "
+                                            f"needs {tuple(expected)}")
+        e, rows, cols = shape
+        flat = self.get(name, None, reencoded, shape=(e * rows, cols))
+        if isinstance(flat, QuantizedTensor):
+            return [QuantizedTensor(flat.data[i * rows:(i + 1) * rows], flat.format, (rows, cols))
+                    for i in range(e)]
+        return [flat[i * rows:(i + 1) * rows] for i in range(e)]
 
     def _check_decodable(self, name: str, ttype: int, tname: str) -> None:
         quants = _gguf_quants(self.path)
@@ -311,6 +330,22 @@ def read_gguf(path) -> ModelWeights:
                             f"{arch}.attention.key_length": head_dim,
                             f"{arch}.feed_forward_length": meta("feed_forward_length")},
                      tensors.widest(), "the file")
+        n_experts = meta("expert_count", 0) or 0
+        top_k = meta("expert_used_count", 0) or 0
+        expert_ff = meta("expert_feed_forward_length") or meta("feed_forward_length")
+        if n_experts:
+            for key, v in (("expert_count", n_experts), ("expert_used_count", top_k),
+                           ("expert_feed_forward_length", expert_ff)):
+                if isinstance(v, bool) or not isinstance(v, int) or v < 1:
+                    raise ValueError(f"{arch}.{key} must be a positive integer, got {v!r}")
+            if top_k > n_experts:
+                raise ValueError(f"{arch}.expert_used_count {top_k} is more than the "
+                                 f"{n_experts} experts")
+            check_widths(path, {f"{arch}.expert_count": n_experts,
+                                f"{arch}.expert_feed_forward_length": expert_ff},
+                         tensors.widest(), "the file")
+        elif arch == "qwen3moe":
+            raise ValueError("qwen3moe.expert_count is missing")
         theta = float(meta("rope.freq_base", 10000.0))
         max_pos = meta("context_length", 0) or 0
         if isinstance(max_pos, bool) or not isinstance(max_pos, int) or max_pos < 0:
@@ -327,7 +362,8 @@ def read_gguf(path) -> ModelWeights:
         if factors is not None:  # Llama 3.1+: the converter stores the scaling as divisors
             inv_freq, scaling = inv_freq / factors, scaling or {"rope_type": "rope_freqs"}
         cfg = DecoderConfig(hidden_size=hidden, num_heads=heads, num_kv_heads=kv_heads,
-                            head_dim=head_dim, intermediate_size=meta("feed_forward_length"),
+                            head_dim=head_dim,
+                            intermediate_size=meta("feed_forward_length") or expert_ff,
                             rope_theta=theta,
                             rms_norm_eps=meta("attention.layer_norm_rms_epsilon", 1e-5),
                             rope_style="gptj" if arch == "llama" else "neox",
@@ -358,7 +394,24 @@ def read_gguf(path) -> ModelWeights:
         qkv_bias = "blk.0.attn_q.bias" in tensors
         expected = LayerWeights.expected_shapes(None, cfg)
         shapes = {NAMES[k].split(".", 2)[2]: v for k, v in expected.items()}
-        layers = [layer_weights(get_layer_tensor, i, cfg, qk_norm, qkv_bias, NAMES)
+        experts = None
+        if n_experts:
+            from ..moe import ExpertWeights
+
+            def experts(i):
+                p = f"blk.{i}."
+                if bar is not None:
+                    bar.update(4)
+                router = tensors.get(p + "ffn_gate_inp.weight", (n_experts, hidden), reencode)
+                up_shape = (n_experts, expert_ff, hidden)
+                return ExpertWeights(
+                    np.asarray(router, dtype=np.float32) if not isinstance(router, np.ndarray)
+                    else router,
+                    tensors.stacked(p + "ffn_gate_exps.weight", up_shape, reencode),
+                    tensors.stacked(p + "ffn_up_exps.weight", up_shape, reencode),
+                    tensors.stacked(p + "ffn_down_exps.weight", (n_experts, hidden, expert_ff),
+                                    reencode), top_k, True)
+        layers = [layer_weights(get_layer_tensor, i, cfg, qk_norm, qkv_bias, NAMES, experts)
                   for i in range(n_layers)]
         for i, lw in enumerate(layers):
             try:

@@ -1,0 +1,217 @@
+"""Mixture-of-experts models: tiny random Mixtral and Qwen3-MoE built with transformers, saved
+as safetensors and written as GGUF the way llama.cpp's converter does (experts stacked in
+ffn_*_exps tensors), against transformers' float32 logits; every expert chosen at least once;
+a batch against each row alone; a decode row reads only the experts it picked."""
+
+import numpy as np
+import pytest
+
+from hybrid import Engine
+from hybrid.models import Model, load_model, read_weights
+from hybrid.moe import ExpertWeights, route
+from hybrid.quant import QuantizedTensor
+from conftest import rel_err
+
+torch = pytest.importorskip("torch", reason="torch is a test-only reference")
+tf = pytest.importorskip("transformers", reason="transformers is a test-only reference")
+gguf = pytest.importorskip("gguf", reason="pip install '.[models]'")
+pytest.importorskip("safetensors", reason="pip install '.[models]'")
+
+from test_models_tiny import _write_tokenizer  # noqa: E402
+
+VOCAB, HEADS, KV_HEADS, HEAD_DIM, HIDDEN = 96, 4, 2, 16, 64
+
+
+def _build(kind):
+    torch.manual_seed(7)
+    common = dict(vocab_size=VOCAB, hidden_size=HIDDEN, num_hidden_layers=2,
+                  num_attention_heads=HEADS, num_key_value_heads=KV_HEADS, head_dim=HEAD_DIM,
+                  rms_norm_eps=1e-6, max_position_embeddings=256, tie_word_embeddings=False)
+    if kind == "mixtral":
+        cfg = tf.MixtralConfig(**common, num_local_experts=4, num_experts_per_tok=2,
+                               intermediate_size=48)
+        hf = tf.MixtralForCausalLM(cfg)
+    else:
+        cfg = tf.Qwen3MoeConfig(**common, num_experts=6, num_experts_per_tok=2,
+                                moe_intermediate_size=32, intermediate_size=48,
+                                norm_topk_prob=True, decoder_sparse_step=1, mlp_only_layers=[])
+        hf = tf.Qwen3MoeForCausalLM(cfg)
+    with torch.no_grad():
+        for n, p in hf.named_parameters():
+            p.copy_(1 + 0.2 * torch.randn_like(p) if "norm" in n else 0.2 * torch.randn_like(p))
+    return hf.eval()
+
+
+def _permute(w, n_head):
+    """llama.cpp's LlamaModel.permute (Q/K rows for adjacent-pair RoPE)."""
+    return w.reshape(n_head, 2, w.shape[0] // n_head // 2, *w.shape[1:]).swapaxes(1, 2) \
+        .reshape(w.shape)
+
+
+def _to_gguf(hf, kind, folder, path, q8_experts=False):
+    """What convert_hf_to_gguf.py writes from the saved folder: Mixtral as arch "llama" with
+    stacked experts and permuted Q/K; Qwen3-MoE as "qwen3moe"."""
+    from safetensors.numpy import load_file
+
+    cfg, sd = hf.config, load_file(str(folder / "model.safetensors"))
+    arch = "llama" if kind == "mixtral" else "qwen3moe"
+    n_exp = cfg.num_local_experts if kind == "mixtral" else cfg.num_experts
+    w = gguf.GGUFWriter(str(path), arch)
+    w.add_block_count(cfg.num_hidden_layers)
+    w.add_context_length(cfg.max_position_embeddings)
+    w.add_embedding_length(HIDDEN)
+    w.add_feed_forward_length(cfg.intermediate_size)
+    w.add_head_count(HEADS)
+    w.add_head_count_kv(KV_HEADS)
+    w.add_key_length(HEAD_DIM)
+    w.add_value_length(HEAD_DIM)
+    w.add_rope_freq_base(cfg.rope_parameters["rope_theta"])
+    w.add_layer_norm_rms_eps(cfg.rms_norm_eps)
+    w.add_expert_count(n_exp)
+    w.add_expert_used_count(cfg.num_experts_per_tok)
+    if kind != "mixtral":
+        w.add_expert_feed_forward_length(cfg.moe_intermediate_size)
+    w.add_tensor("token_embd.weight", sd["model.embed_tokens.weight"])
+    w.add_tensor("output_norm.weight", sd["model.norm.weight"])
+    w.add_tensor("output.weight", sd["lm_head.weight"])
+    mlp = "block_sparse_moe" if kind == "mixtral" else "mlp"
+    for i in range(cfg.num_hidden_layers):
+        p, b = f"model.layers.{i}.", f"blk.{i}."
+        q, k = sd[p + "self_attn.q_proj.weight"], sd[p + "self_attn.k_proj.weight"]
+        if kind == "mixtral":
+            q, k = _permute(q, HEADS), _permute(k, KV_HEADS)
+        else:
+            w.add_tensor(b + "attn_q_norm.weight", sd[p + "self_attn.q_norm.weight"])
+            w.add_tensor(b + "attn_k_norm.weight", sd[p + "self_attn.k_norm.weight"])
+        for name, t in (("attn_norm", sd[p + "input_layernorm.weight"]), ("attn_q", q),
+                        ("attn_k", k), ("attn_v", sd[p + "self_attn.v_proj.weight"]),
+                        ("attn_output", sd[p + "self_attn.o_proj.weight"]),
+                        ("ffn_norm", sd[p + "post_attention_layernorm.weight"]),
+                        ("ffn_gate_inp", sd[p + mlp + ".gate.weight"])):
+            w.add_tensor(b + name + ".weight", np.ascontiguousarray(t))
+        names = ("w1", "w3", "w2") if kind == "mixtral" else ("gate_proj", "up_proj", "down_proj")
+        for gname, hname in zip(("ffn_gate_exps", "ffn_up_exps", "ffn_down_exps"), names):
+            stack = np.stack([sd[f"{p}{mlp}.experts.{e}.{hname}.weight"] for e in range(n_exp)])
+            if q8_experts and gname != "ffn_down_exps":  # rows of 64: Q8_0 blocks, by gguf
+                q8 = gguf.GGMLQuantizationType.Q8_0
+                w.add_tensor(b + gname + ".weight", gguf.quants.quantize(stack, q8),
+                             raw_dtype=q8)
+            else:
+                w.add_tensor(b + gname + ".weight", stack)
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+
+
+@pytest.fixture(scope="module", params=["mixtral", "qwen3moe"])
+def moe(request, tmp_path_factory):
+    kind = request.param
+    hf = _build(kind)
+    folder = tmp_path_factory.mktemp(kind)
+    hf.save_pretrained(folder)
+    _write_tokenizer(folder)
+    _to_gguf(hf, kind, folder, folder / "model.gguf")
+    return kind, hf, folder
+
+
+def _logits(model, ids, split=12):
+    cache = model.new_cache()
+    return np.stack([model.forward(ids[:split], cache)]
+                    + [model.forward([t], cache) for t in ids[split:]])
+
+
+def test_logits_match_transformers(moe):
+    kind, hf, folder = moe
+    # fixed ids, long enough that every expert of every layer is chosen (checked below)
+    ids = [int(t) for t in np.random.default_rng(11).integers(3, VOCAB, 80)]
+    with torch.no_grad():
+        want = hf(torch.tensor([ids])).logits[0].numpy()[11:]
+    st = load_model(folder, kv_dtype="float32")
+    assert rel_err(_logits(st, ids), want) < 1e-4
+    mw = read_weights(folder / "model.gguf")
+    assert mw.arch == ("llama" if kind == "mixtral" else "qwen3moe")
+    gg = Model(mw, None, kv_dtype="float32")
+    assert rel_err(_logits(gg, ids), want) < 1e-4
+    for layer in st.layers:  # several experts, each chosen at least once
+        assert layer.expert_counts.min() > 0, layer.expert_counts
+
+
+def test_quantized_experts_stay_in_the_file(moe, tmp_path):
+    """Q8_0 stacked experts become one QuantizedTensor per expert over the file's bytes (no
+    copy), each decoding as gguf.quants decodes that expert's slice."""
+    kind, hf, folder = moe
+    path = tmp_path / "q8.gguf"
+    _to_gguf(hf, kind, folder, path, q8_experts=True)
+    mw = read_weights(path)
+    ex = mw.layers[1].experts
+    for m in ex.gate + ex.up:
+        assert isinstance(m, QuantizedTensor) and m.format.name == "q8_0"
+        assert not m.data.flags.owndata and not m.data.flags.writeable  # the read-only map
+    reader = gguf.GGUFReader(str(path))
+    t = next(t for t in reader.tensors if t.name == "blk.1.ffn_up_exps.weight")
+    want = gguf.quants.dequantize(t.data, t.tensor_type)
+    for e, m in enumerate(ex.up):
+        assert np.array_equal(m.dequantize(), want[e])
+    model = Model(mw, None, kv_dtype="float32")
+    ids = [5, 17, 33, 2, 90, 41]
+    with torch.no_grad():
+        ref = hf(torch.tensor([ids])).logits[0, -1].numpy()
+    assert rel_err(model.logits(ids), ref) < 5e-2  # Q8_0 experts: close, not exact
+
+
+def test_batch_equals_each_row_alone(moe, rng):
+    """Greedy tokens of 6 prompts in one engine equal each prompt alone (q8_0 weights: the
+    integer kernels are batch invariant; the routing is per row)."""
+    kind, hf, folder = moe
+    model = load_model(folder, weights="q8_0")
+    prompts = [[int(t) for t in rng.integers(3, VOCAB, int(n))] for n in rng.integers(3, 30, 6)]
+    alone = [model.generate(p, 10, stop_tokens=[]) for p in prompts]
+    batch = Engine(model, max_batch=6, kv_memory="32MiB").generate(prompts, 10, stop_tokens=[])
+    assert batch == alone
+
+
+def test_a_decode_row_reads_only_its_experts(moe, rng):
+    """Every expert the row did not pick is replaced by NaN weights: the row's logits do not
+    change (they would be NaN had any of them been read)."""
+    kind, hf, folder = moe
+    model = load_model(folder, kv_dtype="float32")
+    ids = [int(t) for t in rng.integers(3, VOCAB, 9)]
+    cache = model.new_cache()
+    model.forward(ids[:8], cache)
+    before = [layer.expert_counts.copy() for layer in model.layers]
+    want = model.forward(ids[8:], cache)
+    cache.truncate(8)
+    picked = [layer.expert_counts - b for layer, b in zip(model.layers, before)]
+    assert all(p.sum() == layer.weights.experts.top_k for p, layer in zip(picked, model.layers))
+    for layer, p in zip(model.layers, picked):
+        ex = layer._experts
+        for e in np.flatnonzero(p == 0):
+            for mats in (ex.gate, ex.up, ex.down):
+                mats[e] = np.full_like(mats[e], np.nan)
+    got = model.forward(ids[8:], cache)
+    assert np.array_equal(got, want)
+
+
+def test_routing_and_checks():
+    rng = np.random.default_rng(3)
+    e, h = 5, 8
+    router = rng.standard_normal((e, h)).astype(np.float32)
+    mats = [np.zeros((4, h), np.float32) for _ in range(e)]
+    down = [np.zeros((h, 4), np.float32) for _ in range(e)]
+    ex = ExpertWeights(router, mats, mats, down, top_k=2, normalize=True).validated(h)
+    x = rng.standard_normal((3, h)).astype(np.float32)
+    ids, w = route(x, ex)
+    s = x.astype(np.float64) @ router.T.astype(np.float64)
+    p = np.exp(s - s.max(1, keepdims=True))
+    p /= p.sum(1, keepdims=True)
+    want_ids = np.argsort(-s, axis=1, kind="stable")[:, :2]
+    assert (ids == want_ids).all()
+    top = np.take_along_axis(p, want_ids, 1)
+    assert np.allclose(w, top / top.sum(1, keepdims=True), rtol=1e-6)
+    with pytest.raises(ValueError, match="top_k must be in"):
+        ExpertWeights(router, mats, mats, down, top_k=6).validated(h)
+    with pytest.raises(ValueError, match="router has shape"):
+        ExpertWeights(router[:4], mats, mats, down, top_k=2).validated(h)
+    with pytest.raises(ValueError, match=r"down\[0\] has shape"):
+        ExpertWeights(router, mats, mats, mats, top_k=2).validated(h)
