@@ -53,7 +53,8 @@ def read_weights(path=None, weights: "str | None" = None) -> ModelWeights:
 def load_model(path=None, *, weights: "str | None" = None, gpu_layers: int = 0, placements=None,
                kv_dtype: str = "float16", kv_on_cpu: bool = False, block_size: int = 16,
                max_tokens=None) -> Model:
-    """Load a Llama-family model (Llama 2/3, SmolLM2, Qwen2, Qwen3) and its tokenizer.
+    """Load a Llama-family model (Llama 2/3, SmolLM2, Qwen2, Qwen3, Mistral; Mixtral and
+    Qwen3-MoE) and its tokenizer.
 
     path: a .gguf file, a Hugging Face folder (config.json + *.safetensors + tokenizer.json), or
     None for the embedded SmolLM2-135M-Instruct.  weights: None keeps the file's encodings (GGUF

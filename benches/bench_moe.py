@@ -1,0 +1,184 @@
+"""A Qwen3-30B-A3B-shaped mixture of experts (hidden 2048, 32/4 heads of 128, 128 experts of
+768, 8 per token, QK-norm), 2 layers with random weights and SmolLM2's vocabulary, 2 threads.
+
+The file is made here: float16 written with the gguf package, then Q4_K_M by llama.cpp's own
+quantizer where llama-cpp-python is installed (else Q4_K by hybrid's quantizer, whose bytes
+equal llama.cpp's reference quantizer's).  Measured on the same file in the same run: decode
+tokens/s (one stream, 64 tokens after a 32-token prompt) and prefill tokens/s (128 tokens), for
+hybrid and llama.cpp; the ratios; and hybrid's resident memory against the file's size.
+Targets: decode >= 1.1x llama.cpp, prefill >= 1.0x, resident memory <= file + 64 MB.
+"""
+
+import os
+import time
+
+import numpy as np
+import pytest
+
+import hybrid
+from conftest import RESULTS, THREADS, record_ratio
+
+gguf = pytest.importorskip("gguf")
+
+LAYERS, HIDDEN, HEADS, KV_HEADS, HEAD_DIM = 2, 2048, 32, 4, 128
+EXPERTS, TOP_K, EXPERT_FF = 128, 8, 768
+PROMPT, NEW, PREFILL = 32, 64, 128
+_tps: dict = {}
+
+
+def _tokenizer_fields(writer):
+    from hybrid.models import default_model_path
+
+    reader = gguf.GGUFReader(default_model_path(), "r")
+    for key, field in reader.fields.items():
+        if not key.startswith("tokenizer."):
+            continue
+        kind = field.types[0]
+        if kind == gguf.GGUFValueType.ARRAY:
+            sub = field.types[-1]
+            value = ([bytes(field.parts[i]) for i in field.data] if sub == gguf.GGUFValueType.STRING
+                     else [field.parts[i].tolist()[0] for i in field.data])
+            writer.add_key_value(key, value, kind, sub_type=sub)
+        elif kind == gguf.GGUFValueType.STRING:
+            writer.add_key_value(key, bytes(field.parts[field.data[0]]), kind)
+        else:
+            writer.add_key_value(key, field.parts[field.data[0]].tolist()[0], kind)
+    return len(reader.fields["tokenizer.ggml.tokens"].data)
+
+
+def _write(path, quantize_here: bool):
+    """The model as a GGUF: float16 matrices, or Q4_K ones quantized by hybrid."""
+    rng = np.random.default_rng(0)
+    w = gguf.GGUFWriter(path, "qwen3moe")
+    vocab = _tokenizer_fields(w)
+    w.add_block_count(LAYERS)
+    w.add_context_length(4096)
+    w.add_embedding_length(HIDDEN)
+    w.add_feed_forward_length(6144)
+    w.add_expert_feed_forward_length(EXPERT_FF)
+    w.add_expert_count(EXPERTS)
+    w.add_expert_used_count(TOP_K)
+    w.add_head_count(HEADS)
+    w.add_head_count_kv(KV_HEADS)
+    w.add_key_length(HEAD_DIM)
+    w.add_value_length(HEAD_DIM)
+    w.add_rope_freq_base(1e6)
+    w.add_layer_norm_rms_eps(1e-6)
+    q4k = gguf.GGMLQuantizationType.Q4_K
+
+    def mat(*shape):
+        a = (rng.standard_normal(shape, dtype=np.float32) * 0.02)
+        if not quantize_here:
+            return a.astype(np.float16)
+        rows = a.reshape(-1, shape[-1])
+        q = hybrid.quantize(rows, "q4_k").data
+        return q.reshape(*shape[:-1], q.shape[-1])
+
+    def add(name, a):
+        if quantize_here and a.dtype == np.uint8:
+            w.add_tensor(name, a, raw_dtype=q4k)
+        else:
+            w.add_tensor(name, a)
+
+    ones = np.ones(HIDDEN, np.float32)
+    add("token_embd.weight", mat(vocab, HIDDEN))
+    w.add_tensor("output_norm.weight", ones)
+    add("output.weight", mat(vocab, HIDDEN))
+    for i in range(LAYERS):
+        p = f"blk.{i}."
+        w.add_tensor(p + "attn_norm.weight", ones)
+        w.add_tensor(p + "ffn_norm.weight", ones)
+        w.add_tensor(p + "attn_q_norm.weight", np.ones(HEAD_DIM, np.float32))
+        w.add_tensor(p + "attn_k_norm.weight", np.ones(HEAD_DIM, np.float32))
+        add(p + "attn_q.weight", mat(HEADS * HEAD_DIM, HIDDEN))
+        add(p + "attn_k.weight", mat(KV_HEADS * HEAD_DIM, HIDDEN))
+        add(p + "attn_v.weight", mat(KV_HEADS * HEAD_DIM, HIDDEN))
+        add(p + "attn_output.weight", mat(HIDDEN, HEADS * HEAD_DIM))
+        w.add_tensor(p + "ffn_gate_inp.weight",
+                     rng.standard_normal((EXPERTS, HIDDEN), dtype=np.float32) * 0.02)
+        add(p + "ffn_gate_exps.weight", mat(EXPERTS, EXPERT_FF, HIDDEN))
+        add(p + "ffn_up_exps.weight", mat(EXPERTS, EXPERT_FF, HIDDEN))
+        add(p + "ffn_down_exps.weight", mat(EXPERTS, HIDDEN, EXPERT_FF))
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+    return path
+
+
+@pytest.fixture(scope="module")
+def moe_file(tmp_path_factory):
+    d = tmp_path_factory.mktemp("moe")
+    try:
+        import llama_cpp  # noqa: F401
+        import gguf_models
+    except ImportError:
+        return _write(str(d / "moe-q4_k.gguf"), True), "Q4_K (hybrid's quantizer)"
+    src = _write(str(d / "moe-f16.gguf"), False)
+    dst = gguf_models.llama_quantize(src, str(d / "moe-q4_k_m.gguf"), "Q4_K_M")
+    os.remove(src)
+    return dst, "Q4_K_M (llama.cpp's quantizer)"
+
+
+def _rss() -> int:
+    with open("/proc/self/statm") as f:
+        return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+
+
+def test_hybrid_moe(benchmark, moe_file):
+    path, how = moe_file
+    base = _rss()  # the process before the model (the file was written in this process)
+    model = hybrid.load_model(path)
+    rng = np.random.default_rng(1)
+    prompt = [int(t) for t in rng.integers(100, 20000, PROMPT)]
+    long = [int(t) for t in rng.integers(100, 20000, PREFILL)]
+    model.generate(prompt, 4, stop_tokens=[])  # warm
+    t0 = time.perf_counter()
+    model.forward(long, model.new_cache())
+    prefill = PREFILL / (time.perf_counter() - t0)
+    model.generate(prompt, NEW, stop_tokens=[])
+    decode = model.last_stats.decode_tps
+    rss, size = _rss() - base, os.path.getsize(path)
+    benchmark.pedantic(lambda: None, rounds=1)
+    _tps["hybrid decode"], _tps["hybrid prefill"] = decode, prefill
+    RESULTS.append(("moe", f"hybrid decode ({how})", decode, "tok/s", ""))
+    RESULTS.append(("moe", "hybrid prefill 128", prefill, "tok/s", ""))
+    RESULTS.append(("moe", "resident memory over the file size", (rss - size) / 2**20, "MiB",
+                    f"file {size / 2**20:.0f} MiB, the model's resident growth "
+                    f"{rss / 2**20:.0f} MiB (target <= +64)"))
+    _ratios()
+
+
+def test_llama_cpp_moe(benchmark, moe_file):
+    llama_cpp = pytest.importorskip("llama_cpp", reason="llama-cpp-python is not installed "
+                                                        "(an optional peer)")
+    path, _ = moe_file
+    llm = llama_cpp.Llama(model_path=path, n_ctx=1024, n_threads=THREADS, n_batch=512,
+                          verbose=False)
+    rng = np.random.default_rng(1)
+    prompt = [int(t) for t in rng.integers(100, 20000, PROMPT)]
+    long = [int(t) for t in rng.integers(100, 20000, PREFILL)]
+    llm.eval(prompt[:4])
+    llm.reset()
+    t0 = time.perf_counter()
+    llm.eval(long)
+    prefill = PREFILL / (time.perf_counter() - t0)
+    llm.reset()
+    llm.eval(prompt)
+    tok = prompt[-1]
+    t0 = time.perf_counter()
+    for _ in range(NEW):
+        llm.eval([tok])
+        tok = int(np.argmax(llm.scores[llm.n_tokens - 1]))
+    decode = NEW / (time.perf_counter() - t0)
+    benchmark.pedantic(lambda: None, rounds=1)
+    _tps["llama.cpp decode"], _tps["llama.cpp prefill"] = decode, prefill
+    RESULTS.append(("moe", "llama.cpp decode", decode, "tok/s", ""))
+    RESULTS.append(("moe", "llama.cpp prefill 128", prefill, "tok/s", ""))
+    _ratios()
+
+
+def _ratios():
+    for what, target in (("decode", 1.1), ("prefill", 1.0)):
+        record_ratio("moe", f"hybrid / llama.cpp {what}", _tps.get(f"hybrid {what}"),
+                     _tps.get(f"llama.cpp {what}"), f"target >= {target}")
