@@ -66,7 +66,9 @@ class ExpertWeights:
         conv = [[m if isinstance(m, QuantizedTensor)
                  else np.ascontiguousarray(m, dtype=np.float32) for m in mats]
                 for mats in (self.gate, self.up, self.down)]
-        return ExpertWeights(router, *conv, top_k=self.top_k, normalize=bool(self.normalize))
+        out = ExpertWeights(router, *conv, top_k=self.top_k, normalize=bool(self.normalize))
+        out.router64 = router.astype(np.float64)  # what the routing multiplies with
+        return out
 
     def matrices(self) -> list:
         return [*self.gate, *self.up, *self.down]
@@ -75,7 +77,9 @@ class ExpertWeights:
 def route(h: np.ndarray, experts: ExpertWeights):
     """(ids [n, k] int64, weights [n, k] float32): each row's experts, best first (ties: the
     lower id), and their weights."""
-    router = experts.router.astype(np.float64)
+    router = getattr(experts, "router64", None)
+    if router is None:
+        router = experts.router.astype(np.float64)
     n, k = h.shape[0], experts.top_k
     ids = np.empty((n, k), dtype=np.int64)
     weights = np.empty((n, k), dtype=np.float32)
