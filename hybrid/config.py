@@ -30,6 +30,9 @@ class DecoderConfig:
     rotary embedding off.  ``rope_style`` is ``"neox"`` (rotate-half: Llama, Qwen; default) or
     ``"gptj"`` (adjacent pairs).  ``rope_inv_freq`` overrides the per-pair frequencies (scaled RoPE);
     ``attn_scale`` overrides the softmax scale 1/sqrt(head_dim) (YaRN's attention factor).
+    ``rope_dims`` < head_dim rotates only each head's first rope_dims dimensions (partial rotary,
+    Phi-4); ``rope_attn_factor`` then multiplies the rotated part's cos and sin (LongRoPE's
+    attention factor), which scales that part of every score by its square.
     """
 
     hidden_size: int
@@ -42,6 +45,8 @@ class DecoderConfig:
     rope_style: str = "neox"
     rope_inv_freq: "np.ndarray | None" = None
     attn_scale: "float | None" = None  # softmax scale; None: 1/sqrt(head_dim)
+    rope_dims: int = 0  # rotated dimensions of a head; 0: all
+    rope_attn_factor: float = 1.0
 
     def __post_init__(self):
         self.hidden_size = _positive_int("hidden_size", self.hidden_size)
@@ -69,6 +74,21 @@ class DecoderConfig:
                              f"{self.rope_theta}")
         if self.rope_enabled and self.head_dim % 2:
             raise ValueError(f"RoPE needs an even head_dim, got {self.head_dim}")
+        if not self.rope_dims:
+            self.rope_dims = self.head_dim
+        self.rope_dims = _positive_int("rope_dims", self.rope_dims)
+        if self.rope_dims > self.head_dim or self.rope_dims % 2:
+            raise ValueError(f"rope_dims must be even and at most head_dim ({self.head_dim}), "
+                             f"got {self.rope_dims}")
+        self.rope_attn_factor = float(self.rope_attn_factor)
+        if not (math.isfinite(self.rope_attn_factor) and self.rope_attn_factor > 0):
+            raise ValueError(f"rope_attn_factor must be a finite number > 0, got "
+                             f"{self.rope_attn_factor}")
+        if self.rope_dims == self.head_dim and self.rope_attn_factor != 1.0:
+            # every dimension rotated: the factor scales whole scores, i.e. the softmax scale
+            if self.attn_scale is None:
+                self.attn_scale = self.rope_attn_factor ** 2 / math.sqrt(self.head_dim)
+            self.rope_attn_factor = 1.0
         self.rms_norm_eps = float(self.rms_norm_eps)
         if not (math.isfinite(self.rms_norm_eps) and 0 < self.rms_norm_eps < 1):
             raise ValueError(f"rms_norm_eps must be a finite number in (0, 1), got "
@@ -79,13 +99,17 @@ class DecoderConfig:
                 raise ValueError(f"attn_scale must be a finite number > 0, got {self.attn_scale}")
         if self.rope_inv_freq is not None:
             f = np.ascontiguousarray(self.rope_inv_freq, dtype=np.float64)
-            if f.shape != (self.head_dim // 2,):
-                raise ValueError(f"rope_inv_freq must have shape ({self.head_dim // 2},), "
+            if f.shape != (self.rope_dims // 2,):
+                raise ValueError(f"rope_inv_freq must have shape ({self.rope_dims // 2},), "
                                  f"got {f.shape}")
             if not (np.isfinite(f).all() and (f > 0).all()):
                 raise ValueError("rope_inv_freq must hold finite frequencies > 0 (the RoPE "
                                  "scaling parameters give others)")
             self.rope_inv_freq = f
+
+    @property
+    def partial_rotary(self) -> bool:
+        return self.rope_dims < self.head_dim
 
     @property
     def rope_enabled(self) -> bool:
@@ -108,14 +132,14 @@ class DecoderConfig:
         return self.num_heads // self.num_kv_heads
 
     def inv_freq(self) -> np.ndarray:
-        """[head_dim/2] float64 angle per position of each rotated pair."""
+        """[rope_dims/2] float64 angle per position of each rotated pair."""
         if self.attn_scale is not None:
             self.attn_scale = float(self.attn_scale)
             if not self.attn_scale > 0:
                 raise ValueError(f"attn_scale must be > 0, got {self.attn_scale}")
         if self.rope_inv_freq is not None:
             return self.rope_inv_freq
-        d = self.head_dim
+        d = self.rope_dims
         return 1.0 / (self.rope_theta ** (np.arange(0, d, 2, dtype=np.float64) / d))
 
 

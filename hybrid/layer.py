@@ -63,9 +63,11 @@ class DecoderLayer:
         self._inv_freq = config.inv_freq() if config.rope_enabled else None
         self._gpu = not self.placement.is_cpu
         self._experts = self.weights.experts  # a mixture-of-experts MLP (CPU only)
-        if self._experts is not None and self._gpu:
-            raise ValueError(f"layer {self.index}: mixture-of-experts layers run on the cpu, not "
-                             f"{self.placement}")
+        for what, used in (("mixture-of-experts", self._experts is not None),
+                           ("partial-rotary", config.partial_rotary)):
+            if used and self._gpu:
+                raise ValueError(f"layer {self.index}: {what} layers run on the cpu, not "
+                                 f"{self.placement}")
         self.expert_counts = None if self._experts is None else \
             np.zeros(self._experts.num_experts, dtype=np.int64)  # rows routed to each expert
         # the weights on the layer's device (the same arrays on the cpu); on a GPU the Q/K/V and
@@ -86,7 +88,7 @@ class DecoderLayer:
             self._many = registry.optional("bind_linear_many", self.placement)
             # a decode row in two native calls around the attention (when not profiling; the
             # native epilogue knows only the dense MLP)
-            if self._experts is None:
+            if self._experts is None and not config.partial_rotary:
                 self._bind_decode = registry.optional("bind_decode_step", self.placement)
         self.fused_rope = bool(fused_rope) and self._gpu and self._inv_freq is not None
         self._k = ops.bind(self.placement)  # kernels resolved once; arrays are checked on entry
@@ -362,11 +364,29 @@ class DecoderLayer:
                 k_.rmsnorm(k.reshape(n * KVH, D), w.k_norm, eps, k.reshape(n * KVH, D))
         if self._inv_freq is not None and rotate:
             neox = cfg.rope_style == "neox"
+            if cfg.partial_rotary:
+                with region("Block/RoPE_QK"):
+                    self._rope_part(q, pos, H, cfg.rope_attn_factor ** 2)
+                    self._rope_part(k, pos, KVH, 1.0)
+                return q, k, v
             with region("Block/RoPE_Q"):
                 k_.rope(q, pos, self._inv_freq, H, D, neox)
             with region("Block/RoPE_K"):
                 k_.rope(k, pos, self._inv_freq, KVH, D, neox)
         return q, k, v
+
+    def _rope_part(self, x, pos, heads: int, scale: float) -> None:
+        """Rotate the first rope_dims dimensions of each head of x [n, heads*head_dim] in place
+        (the rest pass through), those dimensions then multiplied by ``scale`` (a query's share
+        of the rotated part's attention factor)."""
+        cfg = self.config
+        n, D, R = x.shape[0], cfg.head_dim, cfg.rope_dims
+        view = x.reshape(n, heads, D)
+        part = np.ascontiguousarray(view[:, :, :R]).reshape(n, heads * R)
+        self._k.rope(part, pos, self._inv_freq, heads, R, cfg.rope_style == "neox")
+        if scale != 1.0:
+            part *= np.float32(scale)
+        view[:, :, :R] = part.reshape(n, heads, R)
 
     def _finish(self, x, att, result, role: str, native: bool):
         """O projection and residual, then the MLP block and its residual (into ``result``);

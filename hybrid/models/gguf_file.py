@@ -28,7 +28,8 @@ from ..quant import FORMATS, QuantizedTensor, fallback_for, quantize
 from ..quant.formats import BY_GGML_TYPE
 from .errors import ModelLoadError
 from .rope_scaling import rope_frequencies
-from .weights import ARCHITECTURES, ModelWeights, check_widths, head_shape_error, layer_weights
+from .weights import (ARCHITECTURES, ModelWeights, check_widths, head_shape_error, layer_weights,
+                      split_fused)
 
 GGUF_MAGIC = b"GGUF"
 
@@ -41,6 +42,12 @@ NAMES = {
     "k_norm": "blk.{i}.attn_k_norm.weight", "bq": "blk.{i}.attn_q.bias",
     "bk": "blk.{i}.attn_k.bias", "bv": "blk.{i}.attn_v.bias",
 }
+
+
+# Phi-3: Q/K/V fused in attn_qkv, gate and up in ffn_up (read as views: weights.split_fused)
+PHI3_NAMES = dict(NAMES, wq="blk.{i}.attn_qkv.weight@q", wk="blk.{i}.attn_qkv.weight@k",
+                  wv="blk.{i}.attn_qkv.weight@v", w_gate="blk.{i}.ffn_up.weight@gate",
+                  w_up="blk.{i}.ffn_up.weight@up")
 
 
 def _gguf_quants(path):
@@ -351,14 +358,30 @@ def read_gguf(path) -> ModelWeights:
         if isinstance(max_pos, bool) or not isinstance(max_pos, int) or max_pos < 0:
             raise ValueError(f"{arch}.context_length must be a non-negative integer, got "
                              f"{max_pos!r}")
+        window = meta("attention.sliding_window")
+        if isinstance(window, int) and not isinstance(window, bool) and 0 < window \
+                and (not max_pos or window < max_pos):
+            warnings.warn(f"{path}: {arch}.attention.sliding_window {window} is not implemented; "
+                          f"the context is capped at {window} tokens, where full attention gives "
+                          f"the same result", stacklevel=3)
+            max_pos = window
+        rope_dims = meta("rope.dimension_count", head_dim)
         scaling = None
         kind = meta("rope.scaling.type")
         if kind and kind != "none":
             scaling = {"rope_type": kind, "factor": meta("rope.scaling.factor", 1.0),
                        "original_max_position_embeddings":
                            meta("rope.scaling.original_context_length")}
-        inv_freq, attn_factor = rope_frequencies(head_dim, theta, scaling, max_pos)
-        factors = _rope_factors(path, tensors, head_dim)
+        if "rope_factors_long.weight" in tensors:  # Phi-3's LongRoPE, as tensors
+            half = (rope_dims // 2,)
+            scaling = {"rope_type": "longrope",
+                       "short_factor": tensors.get("rope_factors_short.weight", half),
+                       "long_factor": tensors.get("rope_factors_long.weight", half),
+                       "original_max_position_embeddings":
+                           meta("rope.scaling.original_context_length"),
+                       "attention_factor": meta("rope.scaling.attn_factor")}
+        inv_freq, attn_factor = rope_frequencies(rope_dims, theta, scaling, max_pos)
+        factors = _rope_factors(path, tensors, rope_dims)
         if factors is not None:  # Llama 3.1+: the converter stores the scaling as divisors
             inv_freq, scaling = inv_freq / factors, scaling or {"rope_type": "rope_freqs"}
         cfg = DecoderConfig(hidden_size=hidden, num_heads=heads, num_kv_heads=kv_heads,
@@ -367,9 +390,8 @@ def read_gguf(path) -> ModelWeights:
                             rope_theta=theta,
                             rms_norm_eps=meta("attention.layer_norm_rms_epsilon", 1e-5),
                             rope_style="gptj" if arch == "llama" else "neox",
-                            rope_inv_freq=inv_freq if scaling else None,
-                            attn_scale=attn_factor ** 2 / np.sqrt(head_dim)
-                            if attn_factor != 1.0 else None)
+                            rope_inv_freq=inv_freq if scaling else None, rope_dims=rope_dims,
+                            rope_attn_factor=attn_factor)
     except ModelLoadError:
         raise
     except (TypeError, ValueError, ZeroDivisionError) as exc:
@@ -390,6 +412,8 @@ def read_gguf(path) -> ModelWeights:
         return get(name, shapes.get(name.split(".", 2)[2]))  # "attn_q.weight" -> its shape
 
     try:
+        names = PHI3_NAMES if arch == "phi3" else NAMES
+        read_layer = split_fused(get_layer_tensor, cfg, path, get_fused=get)
         qk_norm = "blk.0.attn_q_norm.weight" in tensors
         qkv_bias = "blk.0.attn_q.bias" in tensors
         expected = LayerWeights.expected_shapes(None, cfg)
@@ -411,7 +435,7 @@ def read_gguf(path) -> ModelWeights:
                     tensors.stacked(p + "ffn_up_exps.weight", up_shape, reencode),
                     tensors.stacked(p + "ffn_down_exps.weight", (n_experts, hidden, expert_ff),
                                     reencode), top_k, True)
-        layers = [layer_weights(get_layer_tensor, i, cfg, qk_norm, qkv_bias, NAMES, experts)
+        layers = [layer_weights(read_layer, i, cfg, qk_norm, qkv_bias, names, experts)
                   for i in range(n_layers)]
         for i, lw in enumerate(layers):
             try:

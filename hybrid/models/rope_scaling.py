@@ -1,4 +1,5 @@
-"""RoPE frequencies with the scaling schemes found in real configs (default, linear, llama3, yarn).
+"""RoPE frequencies with the scaling schemes found in real configs (default, linear, llama3, yarn,
+longrope).
 
 Each function returns ``(inv_freq [head_dim/2] float64, attention_factor)``; ``attention_factor``
 multiplies cos and sin (yarn), which scales every score by its square.  The formulas follow
@@ -84,5 +85,20 @@ def _frequencies(head_dim: int, theta: float, scaling: "dict | None",
         extrapolation = 1 - ramp
         out = (inv / factor) * (1 - extrapolation) + inv * extrapolation
         return out, float(attn)
+    if kind == "longrope":
+        # Phi-3/4: per-pair divisors, the long ones where the context exceeds the original (the
+        # choice llama.cpp makes once for the context; transformers makes it per call)
+        old_ctx = float(scaling["original_max_position_embeddings"])
+        long = bool(max_position) and max_position > old_ctx
+        factors = np.asarray(scaling["long_factor" if long else "short_factor"], dtype=np.float64)
+        if factors.shape != inv.shape or not (np.isfinite(factors).all() and (factors > 0).all()):
+            raise ValueError(f"rope_scaling {'long' if long else 'short'}_factor must hold "
+                             f"{inv.shape[0]} finite numbers > 0")
+        attn = scaling.get("attention_factor")
+        if attn is None:
+            factor = float(scaling.get("factor") or (max_position / old_ctx if max_position
+                                                     else 1.0))
+            attn = math.sqrt(1 + math.log(factor) / math.log(old_ctx)) if factor > 1 else 1.0
+        return inv / factors, float(attn)
     raise ValueError(f"unsupported RoPE scaling type {kind!r} (supported: default, linear, "
-                     f"llama3, yarn)")
+                     f"llama3, yarn, longrope)")

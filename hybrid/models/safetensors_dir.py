@@ -15,11 +15,11 @@ from ..config import DecoderConfig
 from ..quant import QuantizedTensor
 from .errors import ModelLoadError
 from .rope_scaling import rope_frequencies
-from .weights import ModelWeights, check_widths, head_shape_error, layer_weights
+from .weights import ModelWeights, check_widths, head_shape_error, layer_weights, split_fused
 
 ARCH_OF = {"LlamaForCausalLM": "llama", "Qwen2ForCausalLM": "qwen2", "Qwen3ForCausalLM": "qwen3",
            "MistralForCausalLM": "llama", "MixtralForCausalLM": "mixtral",
-           "Qwen3MoeForCausalLM": "qwen3moe"}
+           "Qwen3MoeForCausalLM": "qwen3moe", "Phi3ForCausalLM": "phi3"}
 P = "model.layers.{i}."
 NAMES = {
     "attn_norm": P + "input_layernorm.weight", "wq": P + "self_attn.q_proj.weight",
@@ -40,6 +40,12 @@ EXPERT_NAMES = {
     "qwen3moe": (P + "mlp.gate.weight", P + "mlp.experts.{e}.gate_proj.weight",
                  P + "mlp.experts.{e}.up_proj.weight", P + "mlp.experts.{e}.down_proj.weight"),
 }
+
+# Phi-3: Q/K/V and gate/up fused, read as views of their rows (weights.split_fused)
+PHI3_NAMES = dict(NAMES, wq=P + "self_attn.qkv_proj.weight@q", wk=P + "self_attn.qkv_proj.weight@k",
+                  wv=P + "self_attn.qkv_proj.weight@v", w_gate=P + "mlp.gate_up_proj.weight@gate",
+                  w_up=P + "mlp.gate_up_proj.weight@up")
+
 
 def _bf16_to_f32(raw: np.ndarray) -> np.ndarray:
     return (raw.astype(np.uint32) << 16).view(np.float32)
@@ -191,6 +197,14 @@ def read_safetensors_folder(folder) -> ModelWeights:
         theta = float(rope.get("rope_theta", c.get("rope_theta", 10000.0)))
         scaling = c.get("rope_scaling") or (rope if rope.get("rope_type", "default") != "default"
                                             else None)
+        if scaling and "original_max_position_embeddings" in c:  # (older Phi-3 configs)
+            scaling = dict(scaling, original_max_position_embeddings=scaling.get(
+                "original_max_position_embeddings") or c["original_max_position_embeddings"])
+        partial = rope.get("partial_rotary_factor", c.get("partial_rotary_factor", 1.0))
+        if isinstance(partial, bool) or not isinstance(partial, (int, float)) \
+                or not 0 < partial <= 1:
+            raise ValueError(f"partial_rotary_factor must be in (0, 1], got {partial!r}")
+        rope_dims = int(head_dim * partial)
         max_pos = c.get("max_position_embeddings") or 0
         if isinstance(max_pos, bool) or not isinstance(max_pos, int) or max_pos < 0:
             raise ValueError(f"max_position_embeddings must be a non-negative integer, got "
@@ -203,13 +217,12 @@ def read_safetensors_folder(folder) -> ModelWeights:
                           f"capped at {window} tokens, where full attention gives the same "
                           f"result", stacklevel=3)
             max_pos = window
-        inv_freq, attn_factor = rope_frequencies(head_dim, theta, scaling, max_pos)
+        inv_freq, attn_factor = rope_frequencies(rope_dims, theta, scaling, max_pos)
         cfg = DecoderConfig(hidden_size=hidden, num_heads=heads, num_kv_heads=kv_heads,
                             head_dim=head_dim, intermediate_size=c["intermediate_size"],
                             rope_theta=theta, rms_norm_eps=c.get("rms_norm_eps", 1e-6),
-                            rope_inv_freq=inv_freq if scaling else None,
-                            attn_scale=attn_factor ** 2 / np.sqrt(head_dim)
-                            if attn_factor != 1.0 else None)
+                            rope_inv_freq=inv_freq if scaling else None, rope_dims=rope_dims,
+                            rope_attn_factor=attn_factor)
         n_layers = c["num_hidden_layers"]
         if not isinstance(n_layers, int) or n_layers < 1:
             raise ValueError(f"num_hidden_layers must be a positive integer, got {n_layers!r}")
@@ -217,8 +230,10 @@ def read_safetensors_folder(folder) -> ModelWeights:
         raise
     except (TypeError, ValueError, KeyError, AttributeError, ZeroDivisionError) as exc:
         raise ModelLoadError(cpath, f"inconsistent config: {exc}") from None
+    names = PHI3_NAMES if arch == "phi3" else NAMES
     qk_norm = NAMES["q_norm"].format(i=0) in shards
     qkv_bias = NAMES["bq"].format(i=0) in shards
+    get = split_fused(shards.get, cfg, folder)
     try:
         moe_layers = _moe_layers(c, arch, n_layers)
     except (TypeError, ValueError) as exc:
@@ -227,7 +242,7 @@ def read_safetensors_folder(folder) -> ModelWeights:
     for i in range(n_layers):
         experts = (lambda j: _experts(shards, arch, j, *moe_layers[1:])) \
             if i in moe_layers[0] else None
-        lw = layer_weights(shards.get, i, cfg, qk_norm, qkv_bias, NAMES, experts)
+        lw = layer_weights(get, i, cfg, qk_norm, qkv_bias, names, experts)
         try:
             lw.validated(cfg)
         except (ValueError, TypeError) as exc:

@@ -14,7 +14,7 @@ from ..config import LINEAR_WEIGHTS, DecoderConfig, LayerWeights
 from ..quant import QuantizedTensor, dequantize, fallback_for, get_format, quantize
 from .errors import ModelLoadError
 
-ARCHITECTURES = ("llama", "qwen2", "qwen3", "qwen3moe")
+ARCHITECTURES = ("llama", "qwen2", "qwen3", "qwen3moe", "phi3")
 
 
 @dataclass
@@ -139,6 +139,38 @@ def check_widths(path, widths: dict, widest: int, where: str) -> None:
         if isinstance(value, int) and value > widest:
             raise ModelLoadError(path, f"{key} = {value} is wider than any tensor in {where} "
                                        f"(widest dimension {widest})")
+
+
+def row_range(t, lo: int, hi: int):
+    """Rows lo..hi of a matrix as a view (a QuantizedTensor's rows are whole blocks)."""
+    if isinstance(t, QuantizedTensor):
+        return QuantizedTensor(t.data[lo:hi], t.format, (hi - lo, t.shape[1]))
+    return t[lo:hi]
+
+
+def split_fused(get, cfg: DecoderConfig, path, get_fused=None):
+    """``get`` that also reads "NAME@part": a part of a fused matrix (Phi-3's qkv_proj and
+    gate_up_proj) as a view of its rows, the matrix read by ``get_fused`` (default ``get``).
+    Parts: q, k, v of [q_size + 2*kv_size, hidden]; gate, up of [2*intermediate, hidden]."""
+    fused: dict = {}
+    get_fused = get_fused or get
+
+    def read(name):
+        base, _, part = name.partition("@")
+        if not part:
+            return get(name)
+        if base not in fused:
+            fused[base] = get_fused(base)
+        t = fused[base]
+        q, kv, inter = cfg.q_size, cfg.kv_size, cfg.intermediate_size
+        total = q + 2 * kv if part in "qkv" else 2 * inter
+        if len(t.shape) != 2 or t.shape[0] != total or t.shape[1] != cfg.hidden_size:
+            raise ModelLoadError(path, f"tensor {base} has shape {tuple(t.shape)}, the model "
+                                       f"config needs ({total}, {cfg.hidden_size})")
+        lo, hi = {"q": (0, q), "k": (q, q + kv), "v": (q + kv, total),
+                  "gate": (0, inter), "up": (inter, total)}[part]
+        return row_range(t, lo, hi)
+    return read
 
 
 def layer_weights(get, i: int, cfg: DecoderConfig, qk_norm: bool, qkv_bias: bool,
