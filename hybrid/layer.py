@@ -58,16 +58,16 @@ class DecoderLayer:
         self.weights = weights.validated(config)
         self.index = int(index)
         self.placement = Placement.parse(placement)
+        self._experts = self.weights.experts  # a mixture-of-experts MLP (CPU only)
+        for what, used in (("mixture-of-experts", self._experts is not None),
+                           ("partial-rotary", config.partial_rotary)):
+            if used and not self.placement.is_cpu:
+                raise ValueError(f"layer {self.index}: {what} layers run on the cpu, not "
+                                 f"{self.placement}")
         registry.require(self.placement)  # e.g. cuda:0 without a CUDA backend: says why
         self.scratch = scratch if scratch is not None else Scratch()
         self._inv_freq = config.inv_freq() if config.rope_enabled else None
         self._gpu = not self.placement.is_cpu
-        self._experts = self.weights.experts  # a mixture-of-experts MLP (CPU only)
-        for what, used in (("mixture-of-experts", self._experts is not None),
-                           ("partial-rotary", config.partial_rotary)):
-            if used and self._gpu:
-                raise ValueError(f"layer {self.index}: {what} layers run on the cpu, not "
-                                 f"{self.placement}")
         self.expert_counts = None if self._experts is None else \
             np.zeros(self._experts.num_experts, dtype=np.int64)  # rows routed to each expert
         # the weights on the layer's device (the same arrays on the cpu); on a GPU the Q/K/V and

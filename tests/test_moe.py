@@ -215,3 +215,11 @@ def test_routing_and_checks():
         ExpertWeights(router[:4], mats, mats, down, top_k=2).validated(h)
     with pytest.raises(ValueError, match=r"down\[0\] has shape"):
         ExpertWeights(router, mats, mats, mats, top_k=2).validated(h)
+
+
+def test_moe_layers_refuse_a_gpu(moe):
+    kind, hf, folder = moe
+    mw = read_weights(folder)
+    with pytest.raises(ValueError, match="mixture-of-experts layers run on the cpu"):
+        from hybrid.layer import DecoderLayer
+        DecoderLayer(mw.config, mw.layers[0], placement="cuda:0")

@@ -183,11 +183,13 @@ def layer_weights(get, i: int, cfg: DecoderConfig, qk_norm: bool, qkv_bias: bool
     def opt(key, wanted):
         return get(names[key].format(i=i)) if wanted and key in names else None
 
+    # read in the file's order: attention, MLP, then the optional tensors
+    attn = dict(attn_norm=need("attn_norm"), wq=need("wq"), wk=need("wk"), wv=need("wv"),
+                wo=need("wo"), mlp_norm=need("mlp_norm"))
     if experts is not None:
         mlp = dict(w_gate=None, w_up=None, w_down=None, experts=experts(i))
     else:
         mlp = dict(w_gate=need("w_gate"), w_up=need("w_up"), w_down=need("w_down"))
     return LayerWeights(
-        attn_norm=need("attn_norm"), wq=need("wq"), wk=need("wk"), wv=need("wv"), wo=need("wo"),
-        mlp_norm=need("mlp_norm"), q_norm=opt("q_norm", qk_norm), k_norm=opt("k_norm", qk_norm),
-        bq=opt("bq", qkv_bias), bk=opt("bk", qkv_bias), bv=opt("bv", qkv_bias), **mlp)
+        **attn, **mlp, q_norm=opt("q_norm", qk_norm), k_norm=opt("k_norm", qk_norm),
+        bq=opt("bq", qkv_bias), bk=opt("bk", qkv_bias), bv=opt("bv", qkv_bias))
