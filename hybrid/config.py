@@ -33,6 +33,8 @@ class DecoderConfig:
     ``rope_dims`` < head_dim rotates only each head's first rope_dims dimensions (partial rotary,
     Phi-4); ``rope_attn_factor`` then multiplies the rotated part's cos and sin (LongRoPE's
     attention factor), which scales that part of every score by its square.
+    ``sliding_window`` > 0: each token attends to itself and the window - 1 tokens before it
+    (Mistral, Phi-3-mini), on the CPU.
     """
 
     hidden_size: int
@@ -47,6 +49,7 @@ class DecoderConfig:
     attn_scale: "float | None" = None  # softmax scale; None: 1/sqrt(head_dim)
     rope_dims: int = 0  # rotated dimensions of a head; 0: all
     rope_attn_factor: float = 1.0
+    sliding_window: int = 0  # > 0: a token attends to the last sliding_window positions only
 
     def __post_init__(self):
         self.hidden_size = _positive_int("hidden_size", self.hidden_size)
@@ -80,6 +83,11 @@ class DecoderConfig:
         if self.rope_dims > self.head_dim or self.rope_dims % 2:
             raise ValueError(f"rope_dims must be even and at most head_dim ({self.head_dim}), "
                              f"got {self.rope_dims}")
+        if isinstance(self.sliding_window, bool) or not isinstance(
+                self.sliding_window, (int, np.integer)) or self.sliding_window < 0:
+            raise ValueError(f"sliding_window must be an integer >= 0 (0: none), got "
+                             f"{self.sliding_window!r}")
+        self.sliding_window = int(self.sliding_window)
         self.rope_attn_factor = float(self.rope_attn_factor)
         if not (math.isfinite(self.rope_attn_factor) and self.rope_attn_factor > 0):
             raise ValueError(f"rope_attn_factor must be a finite number > 0, got "

@@ -60,7 +60,8 @@ class DecoderLayer:
         self.placement = Placement.parse(placement)
         self._experts = self.weights.experts  # a mixture-of-experts MLP (CPU only)
         for what, used in (("mixture-of-experts", self._experts is not None),
-                           ("partial-rotary", config.partial_rotary)):
+                           ("partial-rotary", config.partial_rotary),
+                           ("sliding-window", config.sliding_window > 0)):
             if used and not self.placement.is_cpu:
                 raise ValueError(f"layer {self.index}: {what} layers run on the cpu, not "
                                  f"{self.placement}")
@@ -185,7 +186,7 @@ class DecoderLayer:
 
         def attention(qq, o, rope):  # rows at positions start.. over the cache layer
             return ops.paged_attention(qq, cache, layer, scale=self.config.softmax_scale, out=o,
-                                       rope=rope)
+                                       rope=rope, window=self.config.sliding_window)
 
         with region("Block/Attention"):
             try:
@@ -218,7 +219,7 @@ class DecoderLayer:
         with region("Block/Attention"):  # K/V rows into their slots, then attention
             att = self._buffers(T)["att"]  # [T, H*D]
             self._k.attend_step(batch, self.index, q, k, v, self.config.num_heads, self._scale,
-                                att)
+                                att, self.config.sliding_window)
             batch.wrote_layer(self.index)
         return self._leave(self._finish(x, att, self._result(x, out, host_out), role, native),
                            host_out)

@@ -194,7 +194,7 @@ def _attention_shape(q: np.ndarray, cache: PagedKVCache) -> int:
 
 
 def paged_attention(q, cache: PagedKVCache, layer: int, *, scale: "float | None" = None,
-                    out=None, rope=None):
+                    out=None, rope=None, window: int = 0):
     """Causal attention of q [n_tokens, num_heads*head_dim] over one layer of ``cache``.
 
     Row i is the token at position ``cache.seq_len + i`` and attends to positions
@@ -203,8 +203,12 @@ def paged_attention(q, cache: PagedKVCache, layer: int, *, scale: "float | None"
     Runs on the backend of the device where that cache layer lives; q (and out) must be there.
     ``rope`` = (inv_freq [head_dim/2], neox) rotates q and every key by its position inside the
     kernel (CUDA only; the layer's K must then be cached unrotated, as DecoderLayer does).
+    ``window`` > 0: each row sees only the last ``window`` positions (sliding-window attention;
+    CPU only).
     """
     q = as_f32("q", q, 2)
+    if isinstance(window, bool) or not isinstance(window, (int, np.integer)) or window < 0:
+        raise ValueError(f"paged_attention: window must be an integer >= 0, got {window!r}")
     where = _where("paged_attention", cache.placement(layer), q=q)
     num_heads = _attention_shape(q, cache)
     n = q.shape[0]
@@ -218,6 +222,10 @@ def paged_attention(q, cache: PagedKVCache, layer: int, *, scale: "float | None"
     k_ptrs, v_ptrs = cache.block_pointers(layer)
     s = 1.0 / math.sqrt(cache.head_dim) if scale is None else float(scale)
     extra = {} if rope is None else {"rope": _rope_arg(rope, cache.head_dim, where)}
+    if window:
+        if not where.is_cpu:
+            raise ValueError("paged_attention: sliding-window attention runs on the cpu only")
+        extra["window"] = int(window)
     registry.lookup("paged_attention", where)(
         q, start, k_ptrs, v_ptrs, num_heads, cache.num_kv_heads, cache.head_dim,
         cache.block_size, cache.head_stride, cache.dtype == np.float16, s, o, **extra)

@@ -67,11 +67,12 @@ def linear(x, weight, bias=None) -> np.ndarray:
 
 
 def attention(q, k, v, q_positions, num_heads: int, num_kv_heads: int, head_dim: int,
-              scale: "float | None" = None) -> np.ndarray:
+              scale: "float | None" = None, window: int = 0) -> np.ndarray:
     """Causal GQA attention over dense keys.
 
-    q [n, H*D]; k, v [kv_len, KVH*D]; query row i sees key positions 0 .. q_positions[i].
-    Query head h reads KV head h // G.  Returns [n, H*D].
+    q [n, H*D]; k, v [kv_len, KVH*D]; query row i sees key positions 0 .. q_positions[i] (with a
+    sliding ``window`` > 0, the last ``window`` of them).  Query head h reads KV head h // G.
+    Returns [n, H*D].
     """
     q = _f64(q).reshape(-1, num_heads, head_dim)
     k = _f64(k).reshape(-1, num_kv_heads, head_dim)
@@ -80,11 +81,12 @@ def attention(q, k, v, q_positions, num_heads: int, num_kv_heads: int, head_dim:
     scale = 1.0 / np.sqrt(head_dim) if scale is None else scale
     out = np.zeros_like(q)
     for i, p in enumerate(np.asarray(q_positions)):
+        lo = max(0, p + 1 - window) if window > 0 else 0
         for h in range(num_heads):
             kh = h // g
-            s = (k[: p + 1, kh] @ q[i, h]) * scale  # [p+1]
+            s = (k[lo: p + 1, kh] @ q[i, h]) * scale  # [p+1-lo]
             w = np.exp(s - s.max())
-            out[i, h] = (w / w.sum()) @ v[: p + 1, kh]
+            out[i, h] = (w / w.sum()) @ v[lo: p + 1, kh]
     return out.reshape(-1, num_heads * head_dim)
 
 
@@ -102,14 +104,15 @@ def gather_blocks(blocks, kv_len: int) -> np.ndarray:
 
 
 def paged_attention(q, k_blocks, v_blocks, start_pos: int, num_heads: int, num_kv_heads: int,
-                    head_dim: int, scale: "float | None" = None) -> np.ndarray:
+                    head_dim: int, scale: "float | None" = None, window: int = 0) -> np.ndarray:
     """Causal attention of q [n, H*D] whose row i sits at position start_pos + i, over the keys and
     values found by walking the block lists (only positions < start_pos + n are read)."""
     n = np.asarray(q).shape[0]
     kv_len = start_pos + n
     k = gather_blocks(k_blocks, kv_len)
     v = gather_blocks(v_blocks, kv_len)
-    return attention(q, k, v, np.arange(start_pos, kv_len), num_heads, num_kv_heads, head_dim, scale)
+    return attention(q, k, v, np.arange(start_pos, kv_len), num_heads, num_kv_heads, head_dim, scale,
+                     window)
 
 
 def paged_attention_batch(q, k_blocks_per_seq, v_blocks_per_seq, kv_lens, num_heads: int,

@@ -357,3 +357,32 @@ def test_ragged_step_rejects_bad_descriptions(rng):
     with pytest.raises(ValueError, match="planned T"):
         plan.layer(q[:4], k[:4], k[:4], cache.pool.k_addr[0], cache.pool.v_addr[0], out[:4])
     assert not out.any()  # nothing was written
+
+
+@pytest.mark.parametrize("dtype", ["float32", "float16"])
+@pytest.mark.parametrize("head_dim,group", [(64, 4), (40, 3), (8, 1), (128, 8)])
+@pytest.mark.parametrize("window", [1, 7, BS, BS + 3, 10_000])
+def test_sliding_window(rng, dtype, head_dim, group, window):
+    """Each row sees only the last `window` positions: prefill rows, rows after a history, and
+    long-context decode rows whose key range is split across threads."""
+    kvh = 2
+    h = kvh * group
+    for past, n in [(0, 3 * BS + 5), (2 * BS + 3, 9), (3000, 1)]:
+        cache = _cache(kvh, head_dim, BS, dtype)
+        if past:
+            _fill(cache, rng, past)
+            cache.commit(past)
+        _fill(cache, rng, n)
+        q = rng.standard_normal((n, h * head_dim), dtype=np.float32) * 2
+        kb, vb = cache.blocks(0)
+        want = ref.paged_attention(q, kb, vb, past, h, kvh, head_dim, window=window)
+        got = ops.paged_attention(q, cache, 0, window=window)
+        assert rel_err(got, want) < TOL[dtype], (past, n)
+        hybrid.set_num_threads(1)
+        try:
+            assert np.array_equal(ops.paged_attention(q, cache, 0, window=window), got) \
+                or rel_err(ops.paged_attention(q, cache, 0, window=window), want) < TOL[dtype]
+        finally:
+            hybrid.set_num_threads(None)
+    with pytest.raises(ValueError, match="window must be an integer >= 0"):
+        ops.paged_attention(q, cache, 0, window=-1)

@@ -10,6 +10,7 @@ cdef extern from "attention_core.h" nogil:
         int kv_f16
         long head_stride
         float scale
+        long window
     ctypedef struct hy_attn_scratch:
         float *q
         float *kbuf

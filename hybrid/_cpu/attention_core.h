@@ -30,6 +30,7 @@ typedef struct {
     int kv_f16;        /* 1: blocks hold IEEE float16, 0: float32 */
     long head_stride;  /* elements from one KV head's rows to the next head's inside a block */
     float scale;       /* softmax scale, usually 1/sqrt(D) */
+    long window;       /* > 0: a row at position p sees keys p - window + 1 .. p only */
 } hy_attn_shape;
 
 /* Per-thread scratch, sized for the largest task (rows_per_tile * group query vectors). */
@@ -100,7 +101,8 @@ static inline void hy_attn_update(const hy_attn_shape *sh, hy_attn_scratch *w, i
 
 /* Run one task.
  *   q        [n_rows, H*D] float32, all query rows of the call
- *   row_pos  [n_rows] int64: position of each row; it sees keys 0..row_pos inclusive
+ *   row_pos  [n_rows] int64: position of each row; it sees keys 0..row_pos inclusive (with a
+ *            sliding window, row_pos - window + 1 .. row_pos)
  *   r0, r1   the tile's rows; row_pos is non-decreasing inside a tile
  *   kblk/vblk  this sequence's K and V block addresses
  *   g0, g1   KV heads [g0, g1); KV head g serves query heads g*G .. g*G+G-1
@@ -153,7 +155,7 @@ static inline void hy_attn_task(const hy_attn_shape *sh, hy_attn_scratch *w, con
                 v = w->vbuf;
             }
 #ifdef HY_AVX512
-            if (mode != HY_ROWS_GENERIC && D % 16 == 0) {
+            if (mode != HY_ROWS_GENERIC && D % 16 == 0 && sh->window <= 0) {
                 /* rows that see part of the chunk one by one, then every row that sees all of
                  * it as one run of query vectors, four per pass (the layout of w->q keeps a KV
                  * head's vectors of consecutive rows contiguous) */
@@ -180,9 +182,20 @@ static inline void hy_attn_task(const hy_attn_shape *sh, hy_attn_scratch *w, con
                 long see = row_pos[r] + 1 - base; /* rows of this chunk visible to row r */
                 if (see <= 0) continue;
                 int cr = see < c ? (int)see : c;
+                const void *kr = k, *vr = v;
+                if (sh->window > 0) { /* rows before the window: skipped */
+                    long skip = row_pos[r] - sh->window + 1 - base;
+                    if (skip >= cr) continue;
+                    if (skip > 0) {
+                        size_t eb = (size_t)skip * D * (mode == HY_ROWS_GENERIC ? 4 : esize);
+                        kr = (const char *)k + eb;
+                        vr = (const char *)v + eb;
+                        cr -= (int)skip;
+                    }
+                }
                 int i = (int)(((g - g0) * nrows + (r - r0)) * G), iend = i + G;
-                for (; i + 4 <= iend; i += 4) hy_attn_update(sh, w, i, 4, k, v, cr, mode);
-                for (; i < iend; i++) hy_attn_update(sh, w, i, 1, k, v, cr, mode);
+                for (; i + 4 <= iend; i += 4) hy_attn_update(sh, w, i, 4, kr, vr, cr, mode);
+                for (; i < iend; i++) hy_attn_update(sh, w, i, 1, kr, vr, cr, mode);
             }
         }
     }
