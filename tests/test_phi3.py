@@ -141,22 +141,3 @@ def test_partial_rotary_leaves_the_other_dimensions(rng):
     assert rel_err(v[:, :, :6].reshape(5, 24), want) < 1e-6
     with pytest.raises(ValueError, match="rope_dims must be even"):
         DecoderConfig(hidden_size=64, num_heads=4, head_dim=16, rope_dims=7)
-
-
-def test_a_sliding_window_caps_the_context(tmp_path):
-    """A Mistral-style sliding_window shorter than the context is not implemented: the loader
-    says so and caps the context at the window (where full attention is the same)."""
-    import json
-
-    hf = _build(1.0)
-    folder = tmp_path / "windowed"
-    hf.save_pretrained(folder)
-    _write_tokenizer(folder)
-    conf = json.loads((folder / "config.json").read_text())
-    conf.update(sliding_window=48, use_sliding_window=True)
-    (folder / "config.json").write_text(json.dumps(conf))
-    with pytest.warns(UserWarning, match="sliding_window 48 is not implemented"):
-        model = load_model(folder)
-    assert model.max_position == 48
-    with pytest.raises(ValueError, match="exceed the model's context length 48"):
-        model.logits(list(range(3, 52)))

@@ -358,13 +358,12 @@ def read_gguf(path) -> ModelWeights:
         if isinstance(max_pos, bool) or not isinstance(max_pos, int) or max_pos < 0:
             raise ValueError(f"{arch}.context_length must be a non-negative integer, got "
                              f"{max_pos!r}")
-        window = meta("attention.sliding_window")
-        if isinstance(window, int) and not isinstance(window, bool) and 0 < window \
-                and (not max_pos or window < max_pos):
-            warnings.warn(f"{path}: {arch}.attention.sliding_window {window} is not implemented; "
-                          f"the context is capped at {window} tokens, where full attention gives "
-                          f"the same result", stacklevel=3)
-            max_pos = window
+        window = meta("attention.sliding_window", 0) or 0
+        if isinstance(window, bool) or not isinstance(window, int) or window < 0:
+            raise ValueError(f"{arch}.attention.sliding_window must be a non-negative integer, "
+                             f"got {window!r}")
+        if max_pos and window >= max_pos:
+            window = 0  # wider than the context: plain causal attention
         rope_dims = meta("rope.dimension_count", head_dim)
         scaling = None
         kind = meta("rope.scaling.type")
@@ -391,7 +390,7 @@ def read_gguf(path) -> ModelWeights:
                             rms_norm_eps=meta("attention.layer_norm_rms_epsilon", 1e-5),
                             rope_style="gptj" if arch == "llama" else "neox",
                             rope_inv_freq=inv_freq if scaling else None, rope_dims=rope_dims,
-                            rope_attn_factor=attn_factor)
+                            rope_attn_factor=attn_factor, sliding_window=window)
     except ModelLoadError:
         raise
     except (TypeError, ValueError, ZeroDivisionError) as exc:

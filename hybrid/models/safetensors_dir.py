@@ -7,7 +7,6 @@ from __future__ import annotations
 import glob
 import json
 import os
-import warnings
 
 import numpy as np
 
@@ -210,19 +209,18 @@ def read_safetensors_folder(folder) -> ModelWeights:
             raise ValueError(f"max_position_embeddings must be a non-negative integer, got "
                              f"{max_pos!r}")
         window = c.get("sliding_window")
-        if c.get("use_sliding_window", True) is not False and isinstance(window, int) \
-                and not isinstance(window, bool) and 0 < window and (not max_pos or window < max_pos):
-            # attention here sees every earlier token; within the window that is the same
-            warnings.warn(f"{folder}: sliding_window {window} is not implemented; the context is "
-                          f"capped at {window} tokens, where full attention gives the same "
-                          f"result", stacklevel=3)
-            max_pos = window
+        if c.get("use_sliding_window", True) is False or window is None:
+            window = 0  # (Qwen2 configs name a window they do not use)
+        if isinstance(window, bool) or not isinstance(window, int) or window < 0:
+            raise ValueError(f"sliding_window must be a non-negative integer, got {window!r}")
+        if max_pos and window >= max_pos:
+            window = 0  # wider than the context: plain causal attention
         inv_freq, attn_factor = rope_frequencies(rope_dims, theta, scaling, max_pos)
         cfg = DecoderConfig(hidden_size=hidden, num_heads=heads, num_kv_heads=kv_heads,
                             head_dim=head_dim, intermediate_size=c["intermediate_size"],
                             rope_theta=theta, rms_norm_eps=c.get("rms_norm_eps", 1e-6),
                             rope_inv_freq=inv_freq if scaling else None, rope_dims=rope_dims,
-                            rope_attn_factor=attn_factor)
+                            rope_attn_factor=attn_factor, sliding_window=window)
         n_layers = c["num_hidden_layers"]
         if not isinstance(n_layers, int) or n_layers < 1:
             raise ValueError(f"num_hidden_layers must be a positive integer, got {n_layers!r}")
