@@ -28,27 +28,10 @@ from ..quant import FORMATS, QuantizedTensor, fallback_for, quantize
 from ..quant.formats import BY_GGML_TYPE
 from .errors import ModelLoadError
 from .rope_scaling import rope_frequencies
-from .weights import (ARCHITECTURES, ModelWeights, check_widths, head_shape_error, layer_weights,
-                      split_fused)
+from .architectures import GGUF_EXPERTS, GGUF_LAYER, by_gguf_name, gguf_names
+from .weights import ModelWeights, check_widths, head_shape_error, layer_weights, split_fused
 
 GGUF_MAGIC = b"GGUF"
-
-NAMES = {
-    "attn_norm": "blk.{i}.attn_norm.weight", "wq": "blk.{i}.attn_q.weight",
-    "wk": "blk.{i}.attn_k.weight", "wv": "blk.{i}.attn_v.weight",
-    "wo": "blk.{i}.attn_output.weight", "mlp_norm": "blk.{i}.ffn_norm.weight",
-    "w_gate": "blk.{i}.ffn_gate.weight", "w_up": "blk.{i}.ffn_up.weight",
-    "w_down": "blk.{i}.ffn_down.weight", "q_norm": "blk.{i}.attn_q_norm.weight",
-    "k_norm": "blk.{i}.attn_k_norm.weight", "bq": "blk.{i}.attn_q.bias",
-    "bk": "blk.{i}.attn_k.bias", "bv": "blk.{i}.attn_v.bias",
-}
-
-
-# Phi-3: Q/K/V fused in attn_qkv, gate and up in ffn_up (read as views: weights.split_fused)
-PHI3_NAMES = dict(NAMES, wq="blk.{i}.attn_qkv.weight@q", wk="blk.{i}.attn_qkv.weight@k",
-                  wv="blk.{i}.attn_qkv.weight@v", w_gate="blk.{i}.ffn_up.weight@gate",
-                  w_up="blk.{i}.ffn_up.weight@up")
-
 
 def _gguf_quants(path):
     """gguf.quants, for the types without native kernels (decoded once, then re-encoded)."""
@@ -315,9 +298,10 @@ def read_gguf(path) -> ModelWeights:
     header, tensors = _open(path)
     md = header.metadata
     arch = md.get("general.architecture")
-    if arch not in ARCHITECTURES:
+    spec = by_gguf_name(arch)
+    if spec is None:
         raise ModelLoadError(path, f"unsupported architecture {arch!r} (supported: "
-                                   f"{', '.join(ARCHITECTURES)})")
+                                   f"{', '.join(gguf_names())})")
 
     def meta(key, default=None):
         return md.get(f"{arch}.{key}", default)
@@ -351,8 +335,8 @@ def read_gguf(path) -> ModelWeights:
             check_widths(path, {f"{arch}.expert_count": n_experts,
                                 f"{arch}.expert_feed_forward_length": expert_ff},
                          tensors.widest(), "the file")
-        elif arch == "qwen3moe":
-            raise ValueError("qwen3moe.expert_count is missing")
+        elif spec.gguf_experts_required:
+            raise ValueError(f"{arch}.expert_count is missing")
         theta = float(meta("rope.freq_base", 10000.0))
         max_pos = meta("context_length", 0) or 0
         if isinstance(max_pos, bool) or not isinstance(max_pos, int) or max_pos < 0:
@@ -388,7 +372,7 @@ def read_gguf(path) -> ModelWeights:
                             intermediate_size=meta("feed_forward_length") or expert_ff,
                             rope_theta=theta,
                             rms_norm_eps=meta("attention.layer_norm_rms_epsilon", 1e-5),
-                            rope_style="gptj" if arch == "llama" else "neox",
+                            rope_style=spec.gguf_rope_style,
                             rope_inv_freq=inv_freq if scaling else None, rope_dims=rope_dims,
                             rope_attn_factor=attn_factor, sliding_window=window)
     except ModelLoadError:
@@ -411,29 +395,27 @@ def read_gguf(path) -> ModelWeights:
         return get(name, shapes.get(name.split(".", 2)[2]))  # "attn_q.weight" -> its shape
 
     try:
-        names = PHI3_NAMES if arch == "phi3" else NAMES
+        names = spec.gguf_layer
         read_layer = split_fused(get_layer_tensor, cfg, path, get_fused=get)
-        qk_norm = "blk.0.attn_q_norm.weight" in tensors
-        qkv_bias = "blk.0.attn_q.bias" in tensors
+        qk_norm = names["q_norm"].format(i=0) in tensors
+        qkv_bias = names["bq"].format(i=0) in tensors
         expected = LayerWeights.expected_shapes(None, cfg)
-        shapes = {NAMES[k].split(".", 2)[2]: v for k, v in expected.items()}
+        shapes = {GGUF_LAYER[k].split(".", 2)[2]: v for k, v in expected.items()}
         experts = None
         if n_experts:
             from ..moe import ExpertWeights
 
             def experts(i):
-                p = f"blk.{i}."
                 if bar is not None:
                     bar.update(4)
-                router = tensors.get(p + "ffn_gate_inp.weight", (n_experts, hidden), reencode)
+                router, gate, up, down = (n.format(i=i) for n in GGUF_EXPERTS)
                 up_shape = (n_experts, expert_ff, hidden)
+                r = tensors.get(router, (n_experts, hidden), reencode)
                 return ExpertWeights(
-                    np.asarray(router, dtype=np.float32) if not isinstance(router, np.ndarray)
-                    else router,
-                    tensors.stacked(p + "ffn_gate_exps.weight", up_shape, reencode),
-                    tensors.stacked(p + "ffn_up_exps.weight", up_shape, reencode),
-                    tensors.stacked(p + "ffn_down_exps.weight", (n_experts, hidden, expert_ff),
-                                    reencode), top_k, True)
+                    r if isinstance(r, np.ndarray) else np.asarray(r, dtype=np.float32),
+                    tensors.stacked(gate, up_shape, reencode),
+                    tensors.stacked(up, up_shape, reencode),
+                    tensors.stacked(down, (n_experts, hidden, expert_ff), reencode), top_k, True)
         layers = [layer_weights(read_layer, i, cfg, qk_norm, qkv_bias, names, experts)
                   for i in range(n_layers)]
         for i, lw in enumerate(layers):

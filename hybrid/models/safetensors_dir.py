@@ -13,38 +13,9 @@ import numpy as np
 from ..config import DecoderConfig
 from ..quant import QuantizedTensor
 from .errors import ModelLoadError
+from .architectures import by_hf_classes, hf_class_names
 from .rope_scaling import rope_frequencies
 from .weights import ModelWeights, check_widths, head_shape_error, layer_weights, split_fused
-
-ARCH_OF = {"LlamaForCausalLM": "llama", "Qwen2ForCausalLM": "qwen2", "Qwen3ForCausalLM": "qwen3",
-           "MistralForCausalLM": "llama", "MixtralForCausalLM": "mixtral",
-           "Qwen3MoeForCausalLM": "qwen3moe", "Phi3ForCausalLM": "phi3"}
-P = "model.layers.{i}."
-NAMES = {
-    "attn_norm": P + "input_layernorm.weight", "wq": P + "self_attn.q_proj.weight",
-    "wk": P + "self_attn.k_proj.weight", "wv": P + "self_attn.v_proj.weight",
-    "wo": P + "self_attn.o_proj.weight", "mlp_norm": P + "post_attention_layernorm.weight",
-    "w_gate": P + "mlp.gate_proj.weight", "w_up": P + "mlp.up_proj.weight",
-    "w_down": P + "mlp.down_proj.weight", "q_norm": P + "self_attn.q_norm.weight",
-    "k_norm": P + "self_attn.k_norm.weight", "bq": P + "self_attn.q_proj.bias",
-    "bk": P + "self_attn.k_proj.bias", "bv": P + "self_attn.v_proj.bias",
-}
-
-
-# mixture-of-experts MLPs: router, then each expert's gate, up and down ({e}: the expert)
-EXPERT_NAMES = {
-    "mixtral": (P + "block_sparse_moe.gate.weight", P + "block_sparse_moe.experts.{e}.w1.weight",
-                P + "block_sparse_moe.experts.{e}.w3.weight",
-                P + "block_sparse_moe.experts.{e}.w2.weight"),
-    "qwen3moe": (P + "mlp.gate.weight", P + "mlp.experts.{e}.gate_proj.weight",
-                 P + "mlp.experts.{e}.up_proj.weight", P + "mlp.experts.{e}.down_proj.weight"),
-}
-
-# Phi-3: Q/K/V and gate/up fused, read as views of their rows (weights.split_fused)
-PHI3_NAMES = dict(NAMES, wq=P + "self_attn.qkv_proj.weight@q", wk=P + "self_attn.qkv_proj.weight@k",
-                  wv=P + "self_attn.qkv_proj.weight@v", w_gate=P + "mlp.gate_up_proj.weight@gate",
-                  w_up=P + "mlp.gate_up_proj.weight@up")
-
 
 def _bf16_to_f32(raw: np.ndarray) -> np.ndarray:
     return (raw.astype(np.uint32) << 16).view(np.float32)
@@ -130,19 +101,18 @@ class _Shards:
         return data.view(dtype).reshape(shape)
 
 
-def _moe_layers(c: dict, arch: str, n_layers: int):
+def _moe_layers(c: dict, arch, n_layers: int):
     """(indices of the mixture-of-experts layers, experts, experts per token, normalize)."""
-    if arch not in EXPERT_NAMES:
+    ex = arch.hf_experts
+    if ex is None:
         return set(), 0, 0, True
     experts = c.get("num_experts", c.get("num_local_experts"))  # (transformers writes either)
-    if arch == "mixtral":
-        every, dense, normalize = 1, [], True
-    else:
-        every = c.get("decoder_sparse_step", 1)
-        dense, normalize = c.get("mlp_only_layers") or [], bool(c.get("norm_topk_prob", True))
+    every = c.get(ex.sparse_step_key, 1) if ex.sparse_step_key else 1
+    dense = (c.get(ex.dense_key) or []) if ex.dense_key else []
+    normalize = bool(c.get(ex.normalize_key, ex.normalize)) if ex.normalize_key else ex.normalize
     top_k = c.get("num_experts_per_tok")
     for name, v in (("the expert count", experts), ("num_experts_per_tok", top_k),
-                    ("decoder_sparse_step", every)):
+                    (ex.sparse_step_key or "the sparse step", every)):
         if isinstance(v, bool) or not isinstance(v, int) or v < 1:
             raise ValueError(f"{name} must be a positive integer, got {v!r}")
     if top_k > experts:
@@ -151,10 +121,10 @@ def _moe_layers(c: dict, arch: str, n_layers: int):
     return layers, experts, top_k, normalize
 
 
-def _experts(shards, arch: str, i: int, count: int, top_k: int, normalize: bool):
+def _experts(shards, arch, i: int, count: int, top_k: int, normalize: bool):
     from ..moe import ExpertWeights
 
-    router, gate, up, down = (n.format(i=i, e="{e}") for n in EXPERT_NAMES[arch])
+    router, gate, up, down = (n.format(i=i, e="{e}") for n in arch.hf_experts.names)
     return ExpertWeights(shards.get(router), [shards.get(gate.format(e=e)) for e in range(count)],
                          [shards.get(up.format(e=e)) for e in range(count)],
                          [shards.get(down.format(e=e)) for e in range(count)], top_k, normalize)
@@ -174,10 +144,10 @@ def read_safetensors_folder(folder) -> ModelWeights:
         raise ModelLoadError(cpath, "not a JSON object")
     archs = c.get("architectures") or []
     archs = archs if isinstance(archs, list) else [archs]
-    arch = next((ARCH_OF[a] for a in archs if isinstance(a, str) and a in ARCH_OF), None)
+    arch = by_hf_classes(archs)
     if arch is None:
         raise ModelLoadError(cpath, f"unsupported architecture {archs or c.get('model_type')!r} "
-                                    f"(supported: {', '.join(sorted(ARCH_OF))})")
+                                    f"(supported: {', '.join(hf_class_names())})")
     missing = [k for k in ("hidden_size", "num_attention_heads", "num_hidden_layers",
                            "intermediate_size") if k not in c]
     if missing:
@@ -228,9 +198,9 @@ def read_safetensors_folder(folder) -> ModelWeights:
         raise
     except (TypeError, ValueError, KeyError, AttributeError, ZeroDivisionError) as exc:
         raise ModelLoadError(cpath, f"inconsistent config: {exc}") from None
-    names = PHI3_NAMES if arch == "phi3" else NAMES
-    qk_norm = NAMES["q_norm"].format(i=0) in shards
-    qkv_bias = NAMES["bq"].format(i=0) in shards
+    names = arch.hf_layer
+    qk_norm = names["q_norm"].format(i=0) in shards
+    qkv_bias = names["bq"].format(i=0) in shards
     get = split_fused(shards.get, cfg, folder)
     try:
         moe_layers = _moe_layers(c, arch, n_layers)
@@ -255,7 +225,7 @@ def read_safetensors_folder(folder) -> ModelWeights:
         raise ModelLoadError(folder, f"{wrong} (model.embed_tokens.weight, model.norm.weight, "
                                      f"lm_head.weight)")
     eos = c.get("eos_token_id")
-    return ModelWeights(arch=arch, config=cfg, embed=embed, final_norm=final_norm,
+    return ModelWeights(arch=arch.name, config=cfg, embed=embed, final_norm=final_norm,
                         lm_head=lm_head, layers=layers, max_position=max_pos, tied_embeddings=tied,
                         metadata={"format": "safetensors", "folder": folder, "eos_token_id": eos,
                                   "bos_token_id": c.get("bos_token_id")})

@@ -14,7 +14,6 @@ from ..config import LINEAR_WEIGHTS, DecoderConfig, LayerWeights
 from ..quant import QuantizedTensor, dequantize, fallback_for, get_format, quantize
 from .errors import ModelLoadError
 
-ARCHITECTURES = ("llama", "qwen2", "qwen3", "qwen3moe", "phi3")
 
 
 @dataclass
