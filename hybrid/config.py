@@ -34,7 +34,8 @@ class DecoderConfig:
     Phi-4); ``rope_attn_factor`` then multiplies the rotated part's cos and sin (LongRoPE's
     attention factor), which scales that part of every score by its square.
     ``sliding_window`` > 0: each token attends to itself and the window - 1 tokens before it
-    (Mistral, Phi-3-mini), on the CPU.
+    (Mistral, Phi-3-mini), on the CPU.  ``mlp_activation`` "gelu_tanh" gates with GELU's tanh
+    form instead of SiLU (Gemma's GeGLU).
     """
 
     hidden_size: int
@@ -50,6 +51,7 @@ class DecoderConfig:
     rope_dims: int = 0  # rotated dimensions of a head; 0: all
     rope_attn_factor: float = 1.0
     sliding_window: int = 0  # > 0: a token attends to the last sliding_window positions only
+    mlp_activation: str = "silu"  # "silu" (SwiGLU) or "gelu_tanh" (GeGLU, Gemma)
 
     def __post_init__(self):
         self.hidden_size = _positive_int("hidden_size", self.hidden_size)
@@ -88,6 +90,9 @@ class DecoderConfig:
             raise ValueError(f"sliding_window must be an integer >= 0 (0: none), got "
                              f"{self.sliding_window!r}")
         self.sliding_window = int(self.sliding_window)
+        if self.mlp_activation not in ("silu", "gelu_tanh"):
+            raise ValueError(f"mlp_activation must be 'silu' or 'gelu_tanh', got "
+                             f"{self.mlp_activation!r}")
         self.rope_attn_factor = float(self.rope_attn_factor)
         if not (math.isfinite(self.rope_attn_factor) and self.rope_attn_factor > 0):
             raise ValueError(f"rope_attn_factor must be a finite number > 0, got "
@@ -157,7 +162,9 @@ class LayerWeights:
 
     attn_norm [hidden]; wq [H*D, hidden]; wk, wv [KVH*D, hidden]; wo [hidden, H*D];
     mlp_norm [hidden]; w_gate, w_up [intermediate, hidden]; w_down [hidden, intermediate];
-    optional q_norm, k_norm [D] (Qwen3, per head) and bq [H*D], bk, bv [KVH*D] (Qwen2).
+    optional q_norm, k_norm [D] (Qwen3, per head) and bq [H*D], bk, bv [KVH*D] (Qwen2);
+    optional post_attn_norm, post_mlp_norm [hidden]: Gemma's sandwich norms on the attention
+    and MLP outputs before each residual add.
     ``experts`` (hybrid.moe.ExpertWeights) replaces w_gate/w_up/w_down with a mixture of
     experts (Mixtral, Qwen3-MoE); those three are then None.  The projection weights may be ``hybrid.QuantizedTensor`` (F16, BF16, Q8_0, Q4_K, ...): they
     stay in their encoding and the backend's kernels for that format multiply them.
@@ -177,6 +184,8 @@ class LayerWeights:
     bq: "np.ndarray | None" = None
     bk: "np.ndarray | None" = None
     bv: "np.ndarray | None" = None
+    post_attn_norm: "np.ndarray | None" = None
+    post_mlp_norm: "np.ndarray | None" = None
     experts: object = None  # hybrid.moe.ExpertWeights
 
     def expected_shapes(self, cfg: DecoderConfig) -> dict:
@@ -185,6 +194,7 @@ class LayerWeights:
             "attn_norm": (h,), "wq": (q, h), "wk": (kv, h), "wv": (kv, h), "wo": (h, q),
             "mlp_norm": (h,), "w_gate": (i, h), "w_up": (i, h), "w_down": (h, i),
             "q_norm": (d,), "k_norm": (d,), "bq": (q,), "bk": (kv,), "bv": (kv,),
+            "post_attn_norm": (h,), "post_mlp_norm": (h,),
         }
 
     def validated(self, cfg: DecoderConfig) -> "LayerWeights":
@@ -209,7 +219,8 @@ class LayerWeights:
                 out[f.name] = None
                 continue
             if a is None:
-                if f.name in ("q_norm", "k_norm", "bq", "bk", "bv"):
+                if f.name in ("q_norm", "k_norm", "bq", "bk", "bv", "post_attn_norm",
+                              "post_mlp_norm"):
                     out[f.name] = None
                     continue
                 raise ValueError(f"weight {f.name} is required")

@@ -61,7 +61,9 @@ class DecoderLayer:
         self._experts = self.weights.experts  # a mixture-of-experts MLP (CPU only)
         for what, used in (("mixture-of-experts", self._experts is not None),
                            ("partial-rotary", config.partial_rotary),
-                           ("sliding-window", config.sliding_window > 0)):
+                           ("sliding-window", config.sliding_window > 0),
+                           ("GeGLU", config.mlp_activation != "silu"),
+                           ("sandwich-norm", weights.post_attn_norm is not None)):
             if used and not self.placement.is_cpu:
                 raise ValueError(f"layer {self.index}: {what} layers run on the cpu, not "
                                  f"{self.placement}")
@@ -89,7 +91,8 @@ class DecoderLayer:
             self._many = registry.optional("bind_linear_many", self.placement)
             # a decode row in two native calls around the attention (when not profiling; the
             # native epilogue knows only the dense MLP)
-            if self._experts is None and not config.partial_rotary:
+            if self._experts is None and not config.partial_rotary \
+                    and config.mlp_activation == "silu" and self.weights.post_attn_norm is None:
                 self._bind_decode = registry.optional("bind_decode_step", self.placement)
         self.fused_rope = bool(fused_rope) and self._gpu and self._inv_freq is not None
         self._k = ops.bind(self.placement)  # kernels resolved once; arrays are checked on entry
@@ -403,6 +406,8 @@ class DecoderLayer:
                 self._linear_residual(att, w.wo, None, x, x1)  # x + att @ wo.T
             else:
                 o = k_.linear(att, w.wo, None, b["o"], role)  # [n, hidden]
+                if w.post_attn_norm is not None:  # Gemma's sandwich norm
+                    o = k_.rmsnorm(o, w.post_attn_norm, cfg.rms_norm_eps, b["h"])
                 x1 = k_.add(x, o, b["x1"])  # residual 1
         with region("Block/MlpNorm"):
             h2 = k_.rmsnorm(x1, w.mlp_norm, cfg.rms_norm_eps, b["h"])
@@ -416,23 +421,28 @@ class DecoderLayer:
             act = b["gate"]
             with region("Block/GateUpSwiGLU"):
                 self._linear_swiglu(h2, self._stacked.w_gate_up, act, b["up"])
-        elif self._many is not None:  # CPU, quantized: gate and up in one call
-            with region("Block/GateUpProj"):
-                b["gate_up_proj"](h2, role)
-            with region("Block/SwiGLU"):
-                act = k_.swiglu(b["gate"], b["up"], b["gate"])  # in place
         else:
-            with region("Block/GateProj"):
-                gate = k_.linear(h2, w.w_gate, None, b["gate"], role)  # [n, intermediate]
-            with region("Block/UpProj"):
-                up = k_.linear(h2, w.w_up, None, b["up"], role)
+            if self._many is not None:  # CPU, quantized: gate and up in one call
+                with region("Block/GateUpProj"):
+                    b["gate_up_proj"](h2, role)
+                gate, up = b["gate"], b["up"]
+            else:
+                with region("Block/GateProj"):
+                    gate = k_.linear(h2, w.w_gate, None, b["gate"], role)  # [n, intermediate]
+                with region("Block/UpProj"):
+                    up = k_.linear(h2, w.w_up, None, b["up"], role)
             with region("Block/SwiGLU"):
-                act = k_.swiglu(gate, up, gate)  # in place
+                if cfg.mlp_activation == "silu":
+                    act = k_.swiglu(gate, up, gate)  # in place
+                else:
+                    act = np.multiply(gelu_tanh(gate), up, out=gate)
         with region("Block/DownProj"):
             if fused:
                 self._linear_residual(act, w.w_down, None, x1, result)  # residual 2 in the pass
                 return result
             d = k_.linear(act, w.w_down, None, b["o"], role)  # [n, hidden]
+            if w.post_mlp_norm is not None:
+                d = k_.rmsnorm(d, w.post_mlp_norm, cfg.rms_norm_eps, b["h"])
         return k_.add(x1, d, result)  # residual 2
 
     def _private_cache(self) -> PagedKVCache:
@@ -446,6 +456,12 @@ class DecoderLayer:
         return (f"DecoderLayer(index={self.index}, placement={self.placement}, hidden={c.hidden_size}, "
                 f"heads={c.num_heads}/{c.num_kv_heads}x{c.head_dim}, mlp={c.intermediate_size}, "
                 f"qk_norm={self.weights.q_norm is not None})")
+
+
+def gelu_tanh(x: np.ndarray) -> np.ndarray:
+    """GELU's tanh form in float32 (Gemma's gelu_pytorch_tanh)."""
+    inner = np.float32(0.7978845608028654) * (x + np.float32(0.044715) * x * x * x)
+    return np.float32(0.5) * x * (np.float32(1.0) + np.tanh(inner))
 
 
 def _rows_out(a, m) -> np.ndarray:

@@ -29,6 +29,8 @@ GGUF_LAYER = {  # LayerWeights field -> GGUF name (llama.cpp's)
     "w_down": "blk.{i}.ffn_down.weight", "q_norm": "blk.{i}.attn_q_norm.weight",
     "k_norm": "blk.{i}.attn_k_norm.weight", "bq": "blk.{i}.attn_q.bias",
     "bk": "blk.{i}.attn_k.bias", "bv": "blk.{i}.attn_v.bias",
+    "post_attn_norm": "blk.{i}.post_attention_norm.weight",
+    "post_mlp_norm": "blk.{i}.post_ffw_norm.weight",
 }
 # GGUF's stacked experts: router, then gate, up and down of every expert in one tensor each
 GGUF_EXPERTS = ("blk.{i}.ffn_gate_inp.weight", "blk.{i}.ffn_gate_exps.weight",
@@ -59,6 +61,15 @@ class Architecture:
     gguf_rope_style: str = "neox"
     hf_experts: "Experts | None" = None  # GGUF files say so in {arch}.expert_count
     gguf_experts_required: bool = False
+    # Gemma: GeGLU, sandwich norms, RMSNorm weights stored as w for x * (1 + w) in safetensors
+    # (llama.cpp's converter adds the 1), embeddings scaled by sqrt(hidden), a local sliding
+    # window on all but every gguf_global_every-th layer (safetensors: config's layer_types)
+    mlp_activation: str = "silu"
+    sandwich_norms: bool = False
+    hf_norm_offset: float = 0.0
+    embed_scale_sqrt_hidden: bool = False
+    gguf_global_every: int = 0
+    gguf_local_rope_base: float = 10000.0
 
 
 def _fused(layer: dict, qkv: str, gate_up: str) -> dict:
@@ -83,6 +94,12 @@ ARCHITECTURES = {a.name: a for a in (
                                      _HF + "mlp.experts.{e}.down_proj.weight"),
                                     sparse_step_key="decoder_sparse_step",
                                     dense_key="mlp_only_layers", normalize_key="norm_topk_prob")),
+    Architecture("gemma3", ("Gemma3ForCausalLM",), "gemma3",
+                 hf_layer=dict(HF_LAYER, mlp_norm=_HF + "pre_feedforward_layernorm.weight",
+                               post_attn_norm=_HF + "post_attention_layernorm.weight",
+                               post_mlp_norm=_HF + "post_feedforward_layernorm.weight"),
+                 mlp_activation="gelu_tanh", sandwich_norms=True, hf_norm_offset=1.0,
+                 embed_scale_sqrt_hidden=True, gguf_global_every=6),
     Architecture("phi3", ("Phi3ForCausalLM",), "phi3",
                  hf_layer=_fused(HF_LAYER, _HF + "self_attn.qkv_proj.weight",
                                  _HF + "mlp.gate_up_proj.weight"),

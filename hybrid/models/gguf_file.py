@@ -17,6 +17,7 @@ as llama.cpp does: q.k is the same under the same permutation of q and k within 
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import sys
 import warnings
@@ -374,7 +375,16 @@ def read_gguf(path) -> ModelWeights:
                             rms_norm_eps=meta("attention.layer_norm_rms_epsilon", 1e-5),
                             rope_style=spec.gguf_rope_style,
                             rope_inv_freq=inv_freq if scaling else None, rope_dims=rope_dims,
-                            rope_attn_factor=attn_factor, sliding_window=window)
+                            rope_attn_factor=attn_factor,
+                            sliding_window=0 if spec.gguf_global_every else window,
+                            mlp_activation=spec.mlp_activation)
+        layer_configs = None
+        if spec.gguf_global_every:  # Gemma 3: local layers with their own window and RoPE base
+            base = spec.gguf_local_rope_base
+            local = dataclasses.replace(cfg, rope_theta=base, rope_inv_freq=None,
+                                        rope_attn_factor=1.0, sliding_window=window)
+            every = spec.gguf_global_every
+            layer_configs = [cfg if (i + 1) % every == 0 else local for i in range(n_layers)]
     except ModelLoadError:
         raise
     except (TypeError, ValueError, ZeroDivisionError) as exc:
@@ -416,8 +426,8 @@ def read_gguf(path) -> ModelWeights:
                     tensors.stacked(gate, up_shape, reencode),
                     tensors.stacked(up, up_shape, reencode),
                     tensors.stacked(down, (n_experts, hidden, expert_ff), reencode), top_k, True)
-        layers = [layer_weights(read_layer, i, cfg, qk_norm, qkv_bias, names, experts)
-                  for i in range(n_layers)]
+        layers = [layer_weights(read_layer, i, cfg, qk_norm, qkv_bias, names, experts,
+                                spec.sandwich_norms) for i in range(n_layers)]
         for i, lw in enumerate(layers):
             try:
                 lw.validated(cfg)  # shape check only; nothing is converted
@@ -457,4 +467,6 @@ def read_gguf(path) -> ModelWeights:
     # the tensors are views of one read-only memory map of the file, which lives as long as they do
     return ModelWeights(arch=arch, config=cfg, embed=embed, final_norm=final_norm,
                         lm_head=lm_head, layers=layers, max_position=max_pos,
-                        tied_embeddings=tied, metadata=metadata)
+                        tied_embeddings=tied, metadata=metadata, layer_configs=layer_configs,
+                        embed_scale=float(np.float32(hidden ** 0.5))
+                        if spec.embed_scale_sqrt_hidden else 1.0)

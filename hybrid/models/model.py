@@ -92,8 +92,10 @@ class Model:
                                  for p in self.placements]
         scratch = Scratch()  # layers run one after another and share their buffers
         self._scratch = scratch
-        self.layers = [DecoderLayer(self.config, lw, index=i, placement=p, scratch=scratch)
-                       for i, (lw, p) in enumerate(zip(weights.layers, self.placements))]
+        configs = weights.layer_configs or [self.config] * weights.num_layers
+        self.layers = [DecoderLayer(c, lw, index=i, placement=p, scratch=scratch)
+                       for i, (c, lw, p) in enumerate(zip(configs, weights.layers,
+                                                          self.placements))]
         self.embed = weights.embed  # [vocab, hidden] float32 or a QuantizedTensor
         self.final_norm = weights.final_norm  # [hidden]
         self.lm_head = weights.lm_head  # [vocab, hidden]
@@ -244,9 +246,10 @@ class Model:
 
     def _embed(self, ids: np.ndarray) -> np.ndarray:
         """[n, hidden] float32 rows of the embedding (decoded on lookup when quantized)."""
-        if isinstance(self.embed, QuantizedTensor):
-            return self.embed.rows(ids)
-        return self.embed[ids]
+        x = self.embed.rows(ids) if isinstance(self.embed, QuantizedTensor) else self.embed[ids]
+        if self.weights.embed_scale != 1.0:
+            x = x * np.float32(self.weights.embed_scale)
+        return x
 
     def _through_layers(self, x: np.ndarray, batch: StepBatch) -> np.ndarray:
         """Run x [T, hidden] through every layer, one run of same-device layers at a time by

@@ -4,6 +4,7 @@ or not) through the ``safetensors`` package.  F16 and BF16 matrices stay in thei
 
 from __future__ import annotations
 
+import dataclasses
 import glob
 import json
 import os
@@ -101,6 +102,41 @@ class _Shards:
         return data.view(dtype).reshape(shape)
 
 
+_NORMS = ("attn_norm", "mlp_norm", "q_norm", "k_norm", "post_attn_norm", "post_mlp_norm")
+
+
+def _typed_rope(params: dict):
+    """(scaling or None, theta) of one layer type's rope_parameters."""
+    if not isinstance(params, dict):
+        raise ValueError("rope_parameters per layer type must be objects")
+    theta = float(params.get("rope_theta", 10000.0))
+    return (params if params.get("rope_type", "default") != "default" else None), theta
+
+
+def _layer_configs(c: dict, rope: dict, cfg: DecoderConfig, window: int, rope_dims: int,
+                   max_pos: int, n_layers: int) -> "list | None":
+    """Per-layer configs from config.json's layer_types (Gemma 3: sliding layers with their
+    own RoPE, full layers with the global one); None when every layer is alike."""
+    types = c.get("layer_types")
+    if not types:
+        return None
+    if not isinstance(types, list) or len(types) != n_layers:
+        raise ValueError(f"layer_types must list {n_layers} layer types")
+    configs = {"full_attention": cfg}
+    params = rope.get("sliding_attention") or {"rope_theta": c.get("rope_local_base_freq",
+                                                                   10000.0)}
+    scaling, theta = _typed_rope(params)
+    inv, factor = rope_frequencies(rope_dims, theta, scaling, max_pos)
+    configs["sliding_attention"] = dataclasses.replace(
+        cfg, rope_theta=theta, rope_inv_freq=inv if scaling else None, rope_attn_factor=factor,
+        sliding_window=window)
+    unknown = sorted(set(types) - set(configs))
+    if unknown:
+        raise ValueError(f"layer_types holds {unknown[0]!r} (known: full_attention, "
+                         f"sliding_attention)")
+    return [configs[t] for t in types]
+
+
 def _moe_layers(c: dict, arch, n_layers: int):
     """(indices of the mixture-of-experts layers, experts, experts per token, normalize)."""
     ex = arch.hf_experts
@@ -185,15 +221,25 @@ def read_safetensors_folder(folder) -> ModelWeights:
             raise ValueError(f"sliding_window must be a non-negative integer, got {window!r}")
         if max_pos and window >= max_pos:
             window = 0  # wider than the context: plain causal attention
+        for key in ("attn_logit_softcapping", "final_logit_softcapping"):
+            if c.get(key) is not None:
+                raise ModelLoadError(cpath, f"{key} is not supported")
+        scalar = c.get("query_pre_attn_scalar")  # Gemma: the softmax scale is its -1/2 power
+        if "full_attention" in rope:  # per layer type (Gemma 3): the global layers' RoPE here
+            scaling, theta = _typed_rope(rope["full_attention"])
         inv_freq, attn_factor = rope_frequencies(rope_dims, theta, scaling, max_pos)
         cfg = DecoderConfig(hidden_size=hidden, num_heads=heads, num_kv_heads=kv_heads,
                             head_dim=head_dim, intermediate_size=c["intermediate_size"],
                             rope_theta=theta, rms_norm_eps=c.get("rms_norm_eps", 1e-6),
                             rope_inv_freq=inv_freq if scaling else None, rope_dims=rope_dims,
-                            rope_attn_factor=attn_factor, sliding_window=window)
+                            rope_attn_factor=attn_factor,
+                            sliding_window=0 if c.get("layer_types") else window,
+                            mlp_activation=arch.mlp_activation,
+                            attn_scale=float(scalar) ** -0.5 if scalar else None)
         n_layers = c["num_hidden_layers"]
         if not isinstance(n_layers, int) or n_layers < 1:
             raise ValueError(f"num_hidden_layers must be a positive integer, got {n_layers!r}")
+        layer_configs = _layer_configs(c, rope, cfg, window, rope_dims, max_pos, n_layers)
     except ModelLoadError:
         raise
     except (TypeError, ValueError, KeyError, AttributeError, ZeroDivisionError) as exc:
@@ -210,7 +256,10 @@ def read_safetensors_folder(folder) -> ModelWeights:
     for i in range(n_layers):
         experts = (lambda j: _experts(shards, arch, j, *moe_layers[1:])) \
             if i in moe_layers[0] else None
-        lw = layer_weights(get, i, cfg, qk_norm, qkv_bias, names, experts)
+        lw = layer_weights(get, i, cfg, qk_norm, qkv_bias, names, experts, arch.sandwich_norms)
+        if arch.hf_norm_offset:  # stored as w for x * (offset + w)
+            lw = dataclasses.replace(lw, **{n: getattr(lw, n) + np.float32(arch.hf_norm_offset)
+                                            for n in _NORMS if getattr(lw, n) is not None})
         try:
             lw.validated(cfg)
         except (ValueError, TypeError) as exc:
@@ -219,7 +268,7 @@ def read_safetensors_folder(folder) -> ModelWeights:
     embed = shards.get("model.embed_tokens.weight")
     tied = bool(c.get("tie_word_embeddings", False)) or "lm_head.weight" not in shards
     lm_head = embed if tied else shards.get("lm_head.weight")
-    final_norm = shards.get("model.norm.weight")
+    final_norm = shards.get("model.norm.weight") + np.float32(arch.hf_norm_offset)
     wrong = head_shape_error(embed, final_norm, lm_head, cfg.hidden_size)
     if wrong is not None:
         raise ModelLoadError(folder, f"{wrong} (model.embed_tokens.weight, model.norm.weight, "
@@ -227,5 +276,8 @@ def read_safetensors_folder(folder) -> ModelWeights:
     eos = c.get("eos_token_id")
     return ModelWeights(arch=arch.name, config=cfg, embed=embed, final_norm=final_norm,
                         lm_head=lm_head, layers=layers, max_position=max_pos, tied_embeddings=tied,
+                        layer_configs=layer_configs,
+                        embed_scale=float(np.float32(hidden ** 0.5))
+                        if arch.embed_scale_sqrt_hidden else 1.0,
                         metadata={"format": "safetensors", "folder": folder, "eos_token_id": eos,
                                   "bos_token_id": c.get("bos_token_id")})

@@ -32,6 +32,8 @@ class ModelWeights:
     lm_head: np.ndarray
     layers: list
     max_position: int = 0  # the model's context length (0: unknown)
+    layer_configs: "list | None" = None  # per-layer DecoderConfigs where layers differ (Gemma 3)
+    embed_scale: float = 1.0  # the embedding rows are multiplied by it (Gemma: sqrt(hidden))
     tied_embeddings: bool = False
     metadata: dict = field(default_factory=dict)  # format-specific extras (tokenizer, template)
 
@@ -173,7 +175,7 @@ def split_fused(get, cfg: DecoderConfig, path, get_fused=None):
 
 
 def layer_weights(get, i: int, cfg: DecoderConfig, qk_norm: bool, qkv_bias: bool,
-                  names: dict, experts=None) -> LayerWeights:
+                  names: dict, experts=None, sandwich: bool = False) -> LayerWeights:
     """Assemble layer ``i`` from ``get(name)`` with format-specific ``names`` templates;
     ``experts(i)``, when given, reads a mixture-of-experts MLP in place of the dense one."""
     def need(key):
@@ -191,4 +193,5 @@ def layer_weights(get, i: int, cfg: DecoderConfig, qk_norm: bool, qkv_bias: bool
         mlp = dict(w_gate=need("w_gate"), w_up=need("w_up"), w_down=need("w_down"))
     return LayerWeights(
         **attn, **mlp, q_norm=opt("q_norm", qk_norm), k_norm=opt("k_norm", qk_norm),
-        bq=opt("bq", qkv_bias), bk=opt("bk", qkv_bias), bv=opt("bv", qkv_bias))
+        bq=opt("bq", qkv_bias), bk=opt("bk", qkv_bias), bv=opt("bv", qkv_bias),
+        post_attn_norm=opt("post_attn_norm", sandwich), post_mlp_norm=opt("post_mlp_norm", sandwich))
