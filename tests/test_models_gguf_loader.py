@@ -158,9 +158,9 @@ def test_bad_rope_freqs_are_refused(tmp_path):
 
 
 def test_info_names_the_architecture_and_what_it_cannot_serve(tmp_path):
-    path = _small_gguf(tmp_path / "gemma.gguf", arch="gemma3")
+    path = _small_gguf(tmp_path / "rwkv.gguf", arch="rwkv6")
     out = subprocess.run([sys.executable, "-m", "hybrid", "info", str(path)],
                          capture_output=True, text=True, timeout=120)
     assert out.returncode == 0, out.stderr
-    assert "architecture 'gemma3'" in out.stdout
-    assert "cannot serve:" in out.stdout and "unsupported architecture 'gemma3'" in out.stdout
+    assert "architecture 'rwkv6'" in out.stdout
+    assert "cannot serve:" in out.stdout and "unsupported architecture 'rwkv6'" in out.stdout

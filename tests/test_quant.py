@@ -201,7 +201,8 @@ def _layer_weights(cfg, rng):
     shapes = hybrid.LayerWeights.expected_shapes(None, cfg)
     return {k: (rng.standard_normal(v).astype(np.float32) * 0.05 if len(v) == 2
                 else 1 + 0.1 * rng.standard_normal(v).astype(np.float32))
-            for k, v in shapes.items() if k not in ("q_norm", "k_norm", "bq", "bk", "bv")}
+            for k, v in shapes.items() if k not in ("q_norm", "k_norm", "bq", "bk", "bv",
+                                                    "post_attn_norm", "post_mlp_norm")}
 
 
 MIXED = {"wq": "q4_k", "wk": "q6_k", "wv": "q8_0", "wo": "q5_0", "w_gate": "q4_k",

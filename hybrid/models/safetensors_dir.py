@@ -118,9 +118,9 @@ def _layer_configs(c: dict, rope: dict, cfg: DecoderConfig, window: int, rope_di
     """Per-layer configs from config.json's layer_types (Gemma 3: sliding layers with their
     own RoPE, full layers with the global one); None when every layer is alike."""
     types = c.get("layer_types")
-    if not types:
-        return None
-    if not isinstance(types, list) or len(types) != n_layers:
+    if not isinstance(types, list) or "sliding_attention" not in types or not window:
+        return None  # every layer alike (Qwen's configs list "full_attention" throughout)
+    if len(types) != n_layers:
         raise ValueError(f"layer_types must list {n_layers} layer types")
     configs = {"full_attention": cfg}
     params = rope.get("sliding_attention") or {"rope_theta": c.get("rope_local_base_freq",
@@ -233,7 +233,8 @@ def read_safetensors_folder(folder) -> ModelWeights:
                             rope_theta=theta, rms_norm_eps=c.get("rms_norm_eps", 1e-6),
                             rope_inv_freq=inv_freq if scaling else None, rope_dims=rope_dims,
                             rope_attn_factor=attn_factor,
-                            sliding_window=0 if c.get("layer_types") else window,
+                            sliding_window=0 if "sliding_attention" in (c.get("layer_types") or ())
+                            else window,
                             mlp_activation=arch.mlp_activation,
                             attn_scale=float(scalar) ** -0.5 if scalar else None)
         n_layers = c["num_hidden_layers"]
