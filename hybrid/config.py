@@ -52,6 +52,7 @@ class DecoderConfig:
     rope_attn_factor: float = 1.0
     sliding_window: int = 0  # > 0: a token attends to the last sliding_window positions only
     mlp_activation: str = "silu"  # "silu" (SwiGLU) or "gelu_tanh" (GeGLU, Gemma)
+    attn_softcap: float = 0.0  # > 0: attention scores s -> attn_softcap * tanh(s / attn_softcap)
 
     def __post_init__(self):
         self.hidden_size = _positive_int("hidden_size", self.hidden_size)
@@ -93,6 +94,10 @@ class DecoderConfig:
         if self.mlp_activation not in ("silu", "gelu_tanh"):
             raise ValueError(f"mlp_activation must be 'silu' or 'gelu_tanh', got "
                              f"{self.mlp_activation!r}")
+        self.attn_softcap = float(self.attn_softcap)
+        if not (math.isfinite(self.attn_softcap) and self.attn_softcap >= 0):
+            raise ValueError(f"attn_softcap must be a finite number >= 0 (0: none), got "
+                             f"{self.attn_softcap}")
         self.rope_attn_factor = float(self.rope_attn_factor)
         if not (math.isfinite(self.rope_attn_factor) and self.rope_attn_factor > 0):
             raise ValueError(f"rope_attn_factor must be a finite number > 0, got "

@@ -63,7 +63,8 @@ class DecoderLayer:
                            ("partial-rotary", config.partial_rotary),
                            ("sliding-window", config.sliding_window > 0),
                            ("GeGLU", config.mlp_activation != "silu"),
-                           ("sandwich-norm", weights.post_attn_norm is not None)):
+                           ("sandwich-norm", weights.post_attn_norm is not None),
+                           ("score-softcapping", config.attn_softcap > 0)):
             if used and not self.placement.is_cpu:
                 raise ValueError(f"layer {self.index}: {what} layers run on the cpu, not "
                                  f"{self.placement}")
@@ -189,7 +190,8 @@ class DecoderLayer:
 
         def attention(qq, o, rope):  # rows at positions start.. over the cache layer
             return ops.paged_attention(qq, cache, layer, scale=self.config.softmax_scale, out=o,
-                                       rope=rope, window=self.config.sliding_window)
+                                       rope=rope, window=self.config.sliding_window,
+                                       softcap=self.config.attn_softcap)
 
         with region("Block/Attention"):
             try:
@@ -222,7 +224,7 @@ class DecoderLayer:
         with region("Block/Attention"):  # K/V rows into their slots, then attention
             att = self._buffers(T)["att"]  # [T, H*D]
             self._k.attend_step(batch, self.index, q, k, v, self.config.num_heads, self._scale,
-                                att, self.config.sliding_window)
+                                att, self.config.sliding_window, self.config.attn_softcap)
             batch.wrote_layer(self.index)
         return self._leave(self._finish(x, att, self._result(x, out, host_out), role, native),
                            host_out)

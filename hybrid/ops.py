@@ -194,7 +194,7 @@ def _attention_shape(q: np.ndarray, cache: PagedKVCache) -> int:
 
 
 def paged_attention(q, cache: PagedKVCache, layer: int, *, scale: "float | None" = None,
-                    out=None, rope=None, window: int = 0):
+                    out=None, rope=None, window: int = 0, softcap: float = 0.0):
     """Causal attention of q [n_tokens, num_heads*head_dim] over one layer of ``cache``.
 
     Row i is the token at position ``cache.seq_len + i`` and attends to positions
@@ -204,6 +204,7 @@ def paged_attention(q, cache: PagedKVCache, layer: int, *, scale: "float | None"
     ``rope`` = (inv_freq [head_dim/2], neox) rotates q and every key by its position inside the
     kernel (CUDA only; the layer's K must then be cached unrotated, as DecoderLayer does).
     ``window`` > 0: each row sees only the last ``window`` positions (sliding-window attention;
+    CPU only).  ``softcap`` > 0 caps every score s at softcap * tanh(s / softcap) (Gemma 2;
     CPU only).
     """
     q = as_f32("q", q, 2)
@@ -226,6 +227,13 @@ def paged_attention(q, cache: PagedKVCache, layer: int, *, scale: "float | None"
         if not where.is_cpu:
             raise ValueError("paged_attention: sliding-window attention runs on the cpu only")
         extra["window"] = int(window)
+    if softcap:
+        if not (math.isfinite(softcap) and softcap > 0):
+            raise ValueError(f"paged_attention: softcap must be a finite number >= 0, got "
+                             f"{softcap!r}")
+        if not where.is_cpu:
+            raise ValueError("paged_attention: score softcapping runs on the cpu only")
+        extra["softcap"] = float(softcap)
     registry.lookup("paged_attention", where)(
         q, start, k_ptrs, v_ptrs, num_heads, cache.num_kv_heads, cache.head_dim,
         cache.block_size, cache.head_stride, cache.dtype == np.float16, s, o, **extra)

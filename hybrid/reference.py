@@ -67,7 +67,7 @@ def linear(x, weight, bias=None) -> np.ndarray:
 
 
 def attention(q, k, v, q_positions, num_heads: int, num_kv_heads: int, head_dim: int,
-              scale: "float | None" = None, window: int = 0) -> np.ndarray:
+              scale: "float | None" = None, window: int = 0, softcap: float = 0.0) -> np.ndarray:
     """Causal GQA attention over dense keys.
 
     q [n, H*D]; k, v [kv_len, KVH*D]; query row i sees key positions 0 .. q_positions[i] (with a
@@ -85,6 +85,8 @@ def attention(q, k, v, q_positions, num_heads: int, num_kv_heads: int, head_dim:
         for h in range(num_heads):
             kh = h // g
             s = (k[lo: p + 1, kh] @ q[i, h]) * scale  # [p+1-lo]
+            if softcap > 0:
+                s = softcap * np.tanh(s / softcap)
             w = np.exp(s - s.max())
             out[i, h] = (w / w.sum()) @ v[lo: p + 1, kh]
     return out.reshape(-1, num_heads * head_dim)
@@ -104,7 +106,8 @@ def gather_blocks(blocks, kv_len: int) -> np.ndarray:
 
 
 def paged_attention(q, k_blocks, v_blocks, start_pos: int, num_heads: int, num_kv_heads: int,
-                    head_dim: int, scale: "float | None" = None, window: int = 0) -> np.ndarray:
+                    head_dim: int, scale: "float | None" = None, window: int = 0,
+                    softcap: float = 0.0) -> np.ndarray:
     """Causal attention of q [n, H*D] whose row i sits at position start_pos + i, over the keys and
     values found by walking the block lists (only positions < start_pos + n are read)."""
     n = np.asarray(q).shape[0]
@@ -112,7 +115,7 @@ def paged_attention(q, k_blocks, v_blocks, start_pos: int, num_heads: int, num_k
     k = gather_blocks(k_blocks, kv_len)
     v = gather_blocks(v_blocks, kv_len)
     return attention(q, k, v, np.arange(start_pos, kv_len), num_heads, num_kv_heads, head_dim, scale,
-                     window)
+                     window, softcap)
 
 
 def paged_attention_batch(q, k_blocks_per_seq, v_blocks_per_seq, kv_lens, num_heads: int,

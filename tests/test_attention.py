@@ -386,3 +386,26 @@ def test_sliding_window(rng, dtype, head_dim, group, window):
             hybrid.set_num_threads(None)
     with pytest.raises(ValueError, match="window must be an integer >= 0"):
         ops.paged_attention(q, cache, 0, window=-1)
+
+
+@pytest.mark.parametrize("dtype", ["float32", "float16"])
+@pytest.mark.parametrize("head_dim,group", [(64, 2), (40, 1), (128, 8)])
+@pytest.mark.parametrize("window", [0, 5])
+def test_score_softcapping(rng, dtype, head_dim, group, window):
+    """Gemma 2's capped scores (softcap * tanh(s / softcap)), alone and with a window, for
+    prefill rows, rows after a history and split long-context decode rows."""
+    kvh, cap = 2, 3.0
+    h = kvh * group
+    for past, n in [(0, 2 * BS + 5), (BS + 3, 6), (2500, 1)]:
+        cache = _cache(kvh, head_dim, BS, dtype)
+        if past:
+            _fill(cache, rng, past)
+            cache.commit(past)
+        _fill(cache, rng, n)
+        q = rng.standard_normal((n, h * head_dim), dtype=np.float32) * 3  # scores past the cap
+        kb, vb = cache.blocks(0)
+        want = ref.paged_attention(q, kb, vb, past, h, kvh, head_dim, window=window, softcap=cap)
+        got = ops.paged_attention(q, cache, 0, window=window, softcap=cap)
+        assert rel_err(got, want) < TOL[dtype], (past, n)
+        uncapped = ref.paged_attention(q, kb, vb, past, h, kvh, head_dim, window=window)
+        assert rel_err(uncapped, want) > 1e-2  # the cap matters at these scores

@@ -107,7 +107,7 @@ def test_batch_equals_each_prompt_alone(gemma, rng):
     assert batch == alone
 
 
-def test_softcapping_is_refused(gemma, tmp_path):
+def test_a_bad_softcap_is_refused(gemma, tmp_path):
     import json
     import shutil
 
@@ -115,8 +115,8 @@ def test_softcapping_is_refused(gemma, tmp_path):
     dst = tmp_path / "capped"
     shutil.copytree(folder, dst)
     conf = json.loads((dst / "config.json").read_text())
-    conf["final_logit_softcapping"] = 30.0
+    conf["final_logit_softcapping"] = -30.0
     (dst / "config.json").write_text(json.dumps(conf))
     from hybrid.models import ModelLoadError
-    with pytest.raises(ModelLoadError, match="final_logit_softcapping is not supported"):
+    with pytest.raises(ModelLoadError, match="final_logit_softcapping must be a finite number"):
         load_model(dst)

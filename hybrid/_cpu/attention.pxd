@@ -11,6 +11,7 @@ cdef extern from "attention_core.h" nogil:
         long head_stride
         float scale
         long window
+        float softcap
     ctypedef struct hy_attn_scratch:
         float *q
         float *kbuf

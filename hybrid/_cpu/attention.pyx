@@ -125,11 +125,11 @@ cdef void _merge_splits(const hy_attn_shape *sh, long r0, long r1, int g0, int g
 
 cdef inline hy_attn_shape _shape(int num_heads, int num_kv_heads, int head_dim, int block_size,
                                 long head_stride, bint kv_f16, float scale,
-                                long window) noexcept nogil:
+                                long window, float softcap) noexcept nogil:
     cdef hy_attn_shape sh
     sh.num_heads, sh.num_kv_heads, sh.head_dim = num_heads, num_kv_heads, head_dim
     sh.block_size, sh.kv_f16, sh.head_stride, sh.scale = block_size, kv_f16, head_stride, scale
-    sh.window = window
+    sh.window, sh.softcap = window, softcap
     return sh
 
 
@@ -282,9 +282,10 @@ cdef void _run(const hy_attn_shape *sh, const float *q, const int64_t *row_pos,
 cdef _attend(float[:, ::1] q, const int64_t[::1] row_pos, const int64_t[::1] seg_rows,
              const int64_t[::1] seg_table, const int64_t[::1] k_ptrs, const int64_t[::1] v_ptrs,
              int num_heads, int num_kv_heads, int head_dim, int block_size, long head_stride,
-             bint kv_f16, float scale, float[:, ::1] out, int num_threads, long window=0):
+             bint kv_f16, float scale, float[:, ::1] out, int num_threads, long window=0,
+             float softcap=0):
     cdef hy_attn_shape sh = _shape(num_heads, num_kv_heads, head_dim, block_size, head_stride,
-                                   kv_f16, scale, window)
+                                   kv_f16, scale, window, softcap)
     cdef int group = num_heads // num_kv_heads
     tasks, merges, n_partial, maxnq_o, num_threads = _plan(row_pos, seg_rows, seg_table,
                                                           num_kv_heads, group, block_size,
@@ -336,11 +337,13 @@ def paged_attention(float[:, ::1] q,            # IN  [n_rows, num_heads*head_di
                     long head_stride,           # elements between KV heads' rows in a block
                     bint kv_f16, float scale,
                     float[:, ::1] out,          # OUT [n_rows, num_heads*head_dim] float32
-                    int num_threads, long window=0):
+                    int num_threads, long window=0, float softcap=0):
     """Causal attention of one sequence: row i sees key positions 0 .. start_pos + i (with a
     sliding ``window`` > 0, the last ``window`` of them)."""
     if window < 0:
         raise ValueError(f"window must be >= 0 (0: none), got {window}")
+    if not softcap >= 0:
+        raise ValueError(f"softcap must be >= 0 (0: none), got {softcap}")
     _check_common(q, out, num_heads, num_kv_heads, head_dim, block_size, head_stride)
     cdef long n = q.shape[0]
     if n == 0:
@@ -357,7 +360,7 @@ def paged_attention(float[:, ::1] q,            # IN  [n_rows, num_heads*head_di
     if n == 1 and _splits(start_pos + 1, block_size, &chunk) == 1 and (
             num_threads <= 1 or _one_thread(start_pos + 1, num_heads)):
         sh = _shape(num_heads, num_kv_heads, head_dim, block_size, head_stride, kv_f16, scale,
-                    window)
+                    window, softcap)
         with nogil:
             failed = _decode_row_serial(&sh, &q[0, 0], start_pos, &k_ptrs[0], &v_ptrs[0],
                                         &out[0, 0])
@@ -368,7 +371,7 @@ def paged_attention(float[:, ::1] q,            # IN  [n_rows, num_heads*head_di
     seg_rows = np.array([0, n], dtype=np.int64)
     seg_table = np.zeros(1, dtype=np.int64)
     _attend(q, row_pos, seg_rows, seg_table, k_ptrs, v_ptrs, num_heads, num_kv_heads, head_dim,
-            block_size, head_stride, kv_f16, scale, out, num_threads, window)
+            block_size, head_stride, kv_f16, scale, out, num_threads, window, softcap)
 
 
 cdef int _decode_row_serial(const hy_attn_shape *sh, const float *q, int64_t pos,
@@ -421,7 +424,7 @@ cdef class RaggedStep:
                  const int64_t[::1] row_block,        # [T] block id holding each row
                  const int64_t[::1] row_slot,         # [T] slot of each row in its block
                  int num_heads, int num_kv_heads, int head_dim, int block_size, long head_stride,
-                 bint kv_f16, float scale, int num_threads, long window=0):
+                 bint kv_f16, float scale, int num_threads, long window=0, float softcap=0):
         cdef long T = row_pos.shape[0], S = seg_table.shape[0], s, i, nblk, b
         if head_stride < <long> block_size * head_dim or num_heads <= 0 or num_kv_heads <= 0 \
                 or num_heads % num_kv_heads or head_dim <= 0 or block_size <= 0:
@@ -451,7 +454,7 @@ cdef class RaggedStep:
         if window < 0:
             raise ValueError(f"window must be >= 0 (0: none), got {window}")
         self.sh = _shape(num_heads, num_kv_heads, head_dim, block_size, head_stride, kv_f16, scale,
-                         window)
+                         window, softcap)
         self.tasks, self.merges, n_partial, maxnq, self.nthreads = _plan(
             row_pos, seg_rows, seg_table, num_kv_heads, num_heads // num_kv_heads, block_size,
             num_threads)

@@ -31,6 +31,7 @@ typedef struct {
     long head_stride;  /* elements from one KV head's rows to the next head's inside a block */
     float scale;       /* softmax scale, usually 1/sqrt(D) */
     long window;       /* > 0: a row at position p sees keys p - window + 1 .. p only */
+    float softcap;     /* > 0: scores s become softcap * tanh(s / softcap) (Gemma 2) */
 } hy_attn_shape;
 
 /* Per-thread scratch, sized for the largest task (rows_per_tile * group query vectors). */
@@ -69,6 +70,11 @@ static inline void hy_attn_update(const hy_attn_shape *sh, hy_attn_scratch *w, i
         for (int g = 0; g < cnt; g++)
             for (int j = 0; j < c; j++)
                 w->s[g * ldp + j] = hy_dot(q + (long)g * D, (const float *)k + (long)j * D, D);
+    }
+    if (sh->softcap > 0) { /* capped scores: softcap * tanh(s / softcap) */
+        const float cap = sh->softcap;
+        for (int g = 0; g < cnt; g++)
+            for (int j = 0; j < c; j++) w->s[g * ldp + j] = cap * tanhf(w->s[g * ldp + j] / cap);
     }
     /* running max and sum; exp(m_old - m_new) rescales what was accumulated so far */
     for (int g = 0; g < cnt; g++) {
@@ -155,7 +161,7 @@ static inline void hy_attn_task(const hy_attn_shape *sh, hy_attn_scratch *w, con
                 v = w->vbuf;
             }
 #ifdef HY_AVX512
-            if (mode != HY_ROWS_GENERIC && D % 16 == 0 && sh->window <= 0) {
+            if (mode != HY_ROWS_GENERIC && D % 16 == 0 && sh->window <= 0 && sh->softcap <= 0) {
                 /* rows that see part of the chunk one by one, then every row that sees all of
                  * it as one run of query vectors, four per pass (the layout of w->q keeps a KV
                  * head's vectors of consecutive rows contiguous) */

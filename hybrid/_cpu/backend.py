@@ -176,30 +176,30 @@ def bind_decode_step(cfg, weights, bufs, inv_freq):
 
 
 def paged_attention(q, start_pos, k_ptrs, v_ptrs, num_heads, num_kv_heads, head_dim,
-                    block_size, head_stride, kv_f16, scale, out, window=0):
+                    block_size, head_stride, kv_f16, scale, out, window=0, softcap=0.0):
     attention.paged_attention(q, start_pos, k_ptrs, v_ptrs, num_heads, num_kv_heads, head_dim,
                               block_size, head_stride, kv_f16, scale, out, get_num_threads(),
-                              window)
+                              window, softcap)
 
 
-def _step_plan(batch, num_heads, scale, window=0):
+def _step_plan(batch, num_heads, scale, window=0, softcap=0.0):
     """The step's attention plan (attention.RaggedStep), made by its first layer and reused."""
     nt = get_num_threads()
-    key = (num_heads, scale, nt, window)
+    key = (num_heads, scale, nt, window, softcap)
     plan = batch.attention_plans.get(key)
     if plan is None:
         plan = batch.attention_plans[key] = attention.RaggedStep(
             batch.positions, batch.seg_rows, batch.seg_table, batch.table_ids, batch.row_block,
             batch.row_slot, num_heads, batch.num_kv_heads, batch.head_dim, batch.block_size,
-            batch.head_stride, batch.dtype == np.float16, scale, nt, window)
+            batch.head_stride, batch.dtype == np.float16, scale, nt, window, softcap)
     return plan
 
 
-def attend_step(batch, layer, q, k, v, num_heads, scale, out, window=0):
+def attend_step(batch, layer, q, k, v, num_heads, scale, out, window=0, softcap=0.0):
     """One layer of a ragged step: write every row's K/V (float32 [T, KVH*D]) into its slot and
     attend (hybrid/step.py's StepBatch).  The attention plan is made on the step's first layer
     and reused by the others (attention.RaggedStep)."""
-    _step_plan(batch, num_heads, scale, window).layer(q, k, v, batch.pool.k_addr[layer],
+    _step_plan(batch, num_heads, scale, window, softcap).layer(q, k, v, batch.pool.k_addr[layer],
                                               batch.pool.v_addr[layer], out)
 
 
@@ -219,7 +219,7 @@ def step_layers(layers, batch, x, memo):
             lo, n = first.index, len(layers)
             decode_step.decode_stack(
                 steps, _step_plan(batch, first.config.num_heads, first.config.softmax_scale,
-                                  first.config.sliding_window),
+                                  first.config.sliding_window, first.config.attn_softcap),
                 batch.pool.k_addr[lo:lo + n], batch.pool.v_addr[lo:lo + n], x,
                 first.decode_attention_out(), int(batch.positions[0]), get_num_threads())
             batch.wrote_layers(range(lo, lo + n))

@@ -69,7 +69,7 @@ class Architecture:
     hf_norm_offset: float = 0.0
     embed_scale_sqrt_hidden: bool = False
     gguf_global_every: int = 0
-    gguf_local_rope_base: float = 10000.0
+    gguf_local_rope_base: "float | None" = 10000.0  # None: the global base
 
 
 def _fused(layer: dict, qkv: str, gate_up: str) -> dict:
@@ -94,6 +94,12 @@ ARCHITECTURES = {a.name: a for a in (
                                      _HF + "mlp.experts.{e}.down_proj.weight"),
                                     sparse_step_key="decoder_sparse_step",
                                     dense_key="mlp_only_layers", normalize_key="norm_topk_prob")),
+    Architecture("gemma2", ("Gemma2ForCausalLM",), "gemma2",
+                 hf_layer=dict(HF_LAYER, mlp_norm=_HF + "pre_feedforward_layernorm.weight",
+                               post_attn_norm=_HF + "post_attention_layernorm.weight",
+                               post_mlp_norm=_HF + "post_feedforward_layernorm.weight"),
+                 mlp_activation="gelu_tanh", sandwich_norms=True, hf_norm_offset=1.0,
+                 embed_scale_sqrt_hidden=True, gguf_global_every=2, gguf_local_rope_base=None),
     Architecture("gemma3", ("Gemma3ForCausalLM",), "gemma3",
                  hf_layer=dict(HF_LAYER, mlp_norm=_HF + "pre_feedforward_layernorm.weight",
                                post_attn_norm=_HF + "post_attention_layernorm.weight",

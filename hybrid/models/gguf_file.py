@@ -18,6 +18,7 @@ as llama.cpp does: q.k is the same under the same permutation of q and k within 
 from __future__ import annotations
 
 import dataclasses
+import math
 import os
 import sys
 import warnings
@@ -377,12 +378,17 @@ def read_gguf(path) -> ModelWeights:
                             rope_inv_freq=inv_freq if scaling else None, rope_dims=rope_dims,
                             rope_attn_factor=attn_factor,
                             sliding_window=0 if spec.gguf_global_every else window,
-                            mlp_activation=spec.mlp_activation)
+                            mlp_activation=spec.mlp_activation,
+                            attn_softcap=meta("attn_logit_softcapping", 0.0) or 0.0)
+        logit_softcap = float(meta("final_logit_softcapping", 0.0) or 0.0)
+        if not (math.isfinite(logit_softcap) and logit_softcap >= 0):
+            raise ValueError(f"{arch}.final_logit_softcapping must be a finite number >= 0")
         layer_configs = None
         if spec.gguf_global_every:  # Gemma 3: local layers with their own window and RoPE base
             base = spec.gguf_local_rope_base
-            local = dataclasses.replace(cfg, rope_theta=base, rope_inv_freq=None,
-                                        rope_attn_factor=1.0, sliding_window=window)
+            local = dataclasses.replace(cfg, sliding_window=window) if base is None else \
+                dataclasses.replace(cfg, rope_theta=base, rope_inv_freq=None,
+                                    rope_attn_factor=1.0, sliding_window=window)
             every = spec.gguf_global_every
             layer_configs = [cfg if (i + 1) % every == 0 else local for i in range(n_layers)]
     except ModelLoadError:
@@ -468,5 +474,6 @@ def read_gguf(path) -> ModelWeights:
     return ModelWeights(arch=arch, config=cfg, embed=embed, final_norm=final_norm,
                         lm_head=lm_head, layers=layers, max_position=max_pos,
                         tied_embeddings=tied, metadata=metadata, layer_configs=layer_configs,
+                        logit_softcap=logit_softcap,
                         embed_scale=float(np.float32(hidden ** 0.5))
                         if spec.embed_scale_sqrt_hidden else 1.0)

@@ -153,13 +153,20 @@ class Model:
         takes the mat-vec kernel (one row per prompt, a few per decode step)."""
         norm, head = self._head_weights
         if self._head_at.is_cpu:
-            return ops.linear(ops.rmsnorm(h, norm, self.config.rms_norm_eps), head,
-                              role=kernel_role.DECODE)
+            return self._capped(ops.linear(ops.rmsnorm(h, norm, self.config.rms_norm_eps), head,
+                                           role=kernel_role.DECODE))
         s, at, rows = self._scratch, self._head_at, h.shape[0]  # on the last layer's GPU
         hn = ops.rmsnorm(h, norm, self.config.rms_norm_eps,
                          out=s.get("head_norm", h.shape, placement=at))
         logits = ops.linear(hn, head, out=s.get("logits", (rows, head.shape[0]), placement=at))
-        return logits.to_host()  # [rows, vocab] float32
+        return self._capped(logits.to_host())  # [rows, vocab] float32
+
+    def _capped(self, logits: np.ndarray) -> np.ndarray:
+        """Gemma 2's final softcapping (logits unchanged for other models)."""
+        cap = self.weights.logit_softcap
+        if cap:
+            logits = (np.float32(cap) * np.tanh(logits / np.float32(cap))).astype(np.float32)
+        return logits
 
     def forward(self, ids, cache: PagedKVCache, role: str = kernel_role.AUTO) -> np.ndarray:
         """Run ``ids`` (continuing ``cache``), commit them, return the last position's logits.

@@ -7,6 +7,7 @@ from __future__ import annotations
 import dataclasses
 import glob
 import json
+import math
 import os
 
 import numpy as np
@@ -124,7 +125,7 @@ def _layer_configs(c: dict, rope: dict, cfg: DecoderConfig, window: int, rope_di
         raise ValueError(f"layer_types must list {n_layers} layer types")
     configs = {"full_attention": cfg}
     params = rope.get("sliding_attention") or {"rope_theta": c.get("rope_local_base_freq",
-                                                                   10000.0)}
+                                                                   cfg.rope_theta)}
     scaling, theta = _typed_rope(params)
     inv, factor = rope_frequencies(rope_dims, theta, scaling, max_pos)
     configs["sliding_attention"] = dataclasses.replace(
@@ -221,9 +222,13 @@ def read_safetensors_folder(folder) -> ModelWeights:
             raise ValueError(f"sliding_window must be a non-negative integer, got {window!r}")
         if max_pos and window >= max_pos:
             window = 0  # wider than the context: plain causal attention
+        caps = {}
         for key in ("attn_logit_softcapping", "final_logit_softcapping"):
-            if c.get(key) is not None:
-                raise ModelLoadError(cpath, f"{key} is not supported")
+            v = c.get(key)
+            if v is not None and (isinstance(v, bool) or not isinstance(v, (int, float))
+                                  or not math.isfinite(v) or v <= 0):
+                raise ValueError(f"{key} must be a finite number > 0, got {v!r}")
+            caps[key] = float(v or 0.0)
         scalar = c.get("query_pre_attn_scalar")  # Gemma: the softmax scale is its -1/2 power
         if "full_attention" in rope:  # per layer type (Gemma 3): the global layers' RoPE here
             scaling, theta = _typed_rope(rope["full_attention"])
@@ -236,7 +241,8 @@ def read_safetensors_folder(folder) -> ModelWeights:
                             sliding_window=0 if "sliding_attention" in (c.get("layer_types") or ())
                             else window,
                             mlp_activation=arch.mlp_activation,
-                            attn_scale=float(scalar) ** -0.5 if scalar else None)
+                            attn_scale=float(scalar) ** -0.5 if scalar else None,
+                            attn_softcap=caps["attn_logit_softcapping"])
         n_layers = c["num_hidden_layers"]
         if not isinstance(n_layers, int) or n_layers < 1:
             raise ValueError(f"num_hidden_layers must be a positive integer, got {n_layers!r}")
@@ -277,7 +283,7 @@ def read_safetensors_folder(folder) -> ModelWeights:
     eos = c.get("eos_token_id")
     return ModelWeights(arch=arch.name, config=cfg, embed=embed, final_norm=final_norm,
                         lm_head=lm_head, layers=layers, max_position=max_pos, tied_embeddings=tied,
-                        layer_configs=layer_configs,
+                        layer_configs=layer_configs, logit_softcap=caps["final_logit_softcapping"],
                         embed_scale=float(np.float32(hidden ** 0.5))
                         if arch.embed_scale_sqrt_hidden else 1.0,
                         metadata={"format": "safetensors", "folder": folder, "eos_token_id": eos,

@@ -34,6 +34,7 @@ class ModelWeights:
     max_position: int = 0  # the model's context length (0: unknown)
     layer_configs: "list | None" = None  # per-layer DecoderConfigs where layers differ (Gemma 3)
     embed_scale: float = 1.0  # the embedding rows are multiplied by it (Gemma: sqrt(hidden))
+    logit_softcap: float = 0.0  # > 0: logits -> logit_softcap * tanh(logits / logit_softcap)
     tied_embeddings: bool = False
     metadata: dict = field(default_factory=dict)  # format-specific extras (tokenizer, template)
 
