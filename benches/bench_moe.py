@@ -27,23 +27,11 @@ _tps: dict = {}
 
 
 def _tokenizer_fields(writer):
+    """SmolLM2's tokenizer metadata into ``writer``; returns the vocabulary size."""
+    from gguf_models import copy_tokenizer
     from hybrid.models import default_model_path
 
-    reader = gguf.GGUFReader(default_model_path(), "r")
-    for key, field in reader.fields.items():
-        if not key.startswith("tokenizer."):
-            continue
-        kind = field.types[0]
-        if kind == gguf.GGUFValueType.ARRAY:
-            sub = field.types[-1]
-            value = ([bytes(field.parts[i]) for i in field.data] if sub == gguf.GGUFValueType.STRING
-                     else [field.parts[i].tolist()[0] for i in field.data])
-            writer.add_key_value(key, value, kind, sub_type=sub)
-        elif kind == gguf.GGUFValueType.STRING:
-            writer.add_key_value(key, bytes(field.parts[field.data[0]]), kind)
-        else:
-            writer.add_key_value(key, field.parts[field.data[0]].tolist()[0], kind)
-    return len(reader.fields["tokenizer.ggml.tokens"].data)
+    return copy_tokenizer(default_model_path(), writer)
 
 
 def _write(path, quantize_here: bool):

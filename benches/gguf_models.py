@@ -62,16 +62,12 @@ def float32_gguf(src: str, dst: str) -> str:
     return dst
 
 
-def random_llama_gguf(tokenizer_src: str, dst: str, *, layers: int = 4, hidden: int = 2048,
-                      heads: int = 32, kv_heads: int = 8, head_dim: int = 64,
-                      intermediate: int = 8192, seed: int = 0) -> str:
-    """A Llama-3.2-1B-shaped float32 GGUF with random weights (std 0.02, unit norms) and the
-    tokenizer of ``tokenizer_src``."""
+def copy_tokenizer(src: str, writer) -> int:
+    """Copy the tokenizer.* metadata of the GGUF ``src`` into ``writer``; returns its vocabulary
+    size."""
     import gguf
 
-    reader = gguf.GGUFReader(tokenizer_src, "r")
-    vocab = len(reader.fields["tokenizer.ggml.tokens"].data)
-    writer = gguf.GGUFWriter(dst, "llama")
+    reader = gguf.GGUFReader(src, "r")
     for key, field in reader.fields.items():
         if not key.startswith("tokenizer."):
             continue
@@ -85,6 +81,18 @@ def random_llama_gguf(tokenizer_src: str, dst: str, *, layers: int = 4, hidden: 
             writer.add_key_value(key, bytes(field.parts[field.data[0]]), kind)
         else:
             writer.add_key_value(key, field.parts[field.data[0]].tolist()[0], kind)
+    return len(reader.fields["tokenizer.ggml.tokens"].data)
+
+
+def random_llama_gguf(tokenizer_src: str, dst: str, *, layers: int = 4, hidden: int = 2048,
+                      heads: int = 32, kv_heads: int = 8, head_dim: int = 64,
+                      intermediate: int = 8192, seed: int = 0) -> str:
+    """A Llama-3.2-1B-shaped float32 GGUF with random weights (std 0.02, unit norms) and the
+    tokenizer of ``tokenizer_src``."""
+    import gguf
+
+    writer = gguf.GGUFWriter(dst, "llama")
+    vocab = copy_tokenizer(tokenizer_src, writer)
     writer.add_block_count(layers)
     writer.add_embedding_length(hidden)
     writer.add_feed_forward_length(intermediate)

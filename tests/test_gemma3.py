@@ -16,6 +16,7 @@ torch = pytest.importorskip("torch", reason="torch is a test-only reference")
 tf = pytest.importorskip("transformers", reason="transformers is a test-only reference")
 gguf = pytest.importorskip("gguf", reason="pip install '.[models]'")
 
+from hf_convert import prefill_then_decode as _logits  # noqa: E402
 from test_models_tiny import _write_tokenizer  # noqa: E402
 
 VOCAB, WINDOW, LAYERS = 96, 8, 6
@@ -79,10 +80,6 @@ def _to_gguf(hf, folder, path):
     w.close()
 
 
-def _logits(model, ids, split):
-    cache = model.new_cache()
-    return np.stack([model.forward(ids[:split], cache)]
-                    + [model.forward([t], cache) for t in ids[split:]])
 
 
 def test_logits_match_transformers(gemma):

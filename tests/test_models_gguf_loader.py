@@ -13,6 +13,7 @@ import pytest
 
 from hybrid.models import Model, ModelLoadError, read_weights
 from conftest import rel_err
+from hf_convert import permute, prefill_then_decode
 
 torch = pytest.importorskip("torch", reason="torch is a test-only reference")
 tf = pytest.importorskip("transformers", reason="transformers is a test-only reference")
@@ -23,10 +24,6 @@ SCALING = {"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0,
            "high_freq_factor": 4.0, "original_max_position_embeddings": 32}
 
 
-def _permute(w: np.ndarray, n_head: int) -> np.ndarray:
-    """llama.cpp's LlamaModel.permute: each head's rotate-half rows as adjacent pairs."""
-    return w.reshape(n_head, 2, w.shape[0] // n_head // 2, *w.shape[1:]).swapaxes(1, 2) \
-        .reshape(w.shape)
 
 
 def _rope_factors(theta: float) -> np.ndarray:
@@ -77,9 +74,9 @@ def _to_gguf(hf, path, theta, with_factors=True):
         for hf_name, name in names.items():
             t = sd[f"model.layers.{i}.{hf_name}.weight"]
             if name == "attn_q":
-                t = _permute(t, HEADS)
+                t = permute(t, HEADS)
             elif name == "attn_k":
-                t = _permute(t, KV_HEADS)
+                t = permute(t, KV_HEADS)
             w.add_tensor(f"blk.{i}.{name}.weight", np.ascontiguousarray(t))
     w.write_header_to_file()
     w.write_kv_data_to_file()
@@ -108,12 +105,7 @@ def llama31(tmp_path_factory):
 
 
 def _logits(weights, ids):
-    model = Model(weights, None, kv_dtype="float32")
-    cache = model.new_cache()
-    got = [model.forward(ids[:40], cache)]
-    for t in ids[40:]:
-        got.append(model.forward([t], cache))
-    return np.stack(got)
+    return prefill_then_decode(Model(weights, None, kv_dtype="float32"), ids, 40)
 
 
 def test_rope_freqs_are_read_and_used(llama31, rng):

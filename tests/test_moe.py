@@ -17,6 +17,7 @@ tf = pytest.importorskip("transformers", reason="transformers is a test-only ref
 gguf = pytest.importorskip("gguf", reason="pip install '.[models]'")
 pytest.importorskip("safetensors", reason="pip install '.[models]'")
 
+from hf_convert import permute, prefill_then_decode as _logits  # noqa: E402
 from test_models_tiny import _write_tokenizer  # noqa: E402
 
 VOCAB, HEADS, KV_HEADS, HEAD_DIM, HIDDEN = 96, 4, 2, 16, 64
@@ -42,10 +43,6 @@ def _build(kind):
     return hf.eval()
 
 
-def _permute(w, n_head):
-    """llama.cpp's LlamaModel.permute (Q/K rows for adjacent-pair RoPE)."""
-    return w.reshape(n_head, 2, w.shape[0] // n_head // 2, *w.shape[1:]).swapaxes(1, 2) \
-        .reshape(w.shape)
 
 
 def _to_gguf(hf, kind, folder, path, q8_experts=False):
@@ -79,7 +76,7 @@ def _to_gguf(hf, kind, folder, path, q8_experts=False):
         p, b = f"model.layers.{i}.", f"blk.{i}."
         q, k = sd[p + "self_attn.q_proj.weight"], sd[p + "self_attn.k_proj.weight"]
         if kind == "mixtral":
-            q, k = _permute(q, HEADS), _permute(k, KV_HEADS)
+            q, k = permute(q, HEADS), permute(k, KV_HEADS)
         else:
             w.add_tensor(b + "attn_q_norm.weight", sd[p + "self_attn.q_norm.weight"])
             w.add_tensor(b + "attn_k_norm.weight", sd[p + "self_attn.k_norm.weight"])
@@ -115,10 +112,6 @@ def moe(request, tmp_path_factory):
     return kind, hf, folder
 
 
-def _logits(model, ids, split=12):
-    cache = model.new_cache()
-    return np.stack([model.forward(ids[:split], cache)]
-                    + [model.forward([t], cache) for t in ids[split:]])
 
 
 def test_logits_match_transformers(moe):
@@ -128,11 +121,11 @@ def test_logits_match_transformers(moe):
     with torch.no_grad():
         want = hf(torch.tensor([ids])).logits[0].numpy()[11:]
     st = load_model(folder, kv_dtype="float32")
-    assert rel_err(_logits(st, ids), want) < 1e-4
+    assert rel_err(_logits(st, ids, 12), want) < 1e-4
     mw = read_weights(folder / "model.gguf")
     assert mw.arch == ("llama" if kind == "mixtral" else "qwen3moe")
     gg = Model(mw, None, kv_dtype="float32")
-    assert rel_err(_logits(gg, ids), want) < 1e-4
+    assert rel_err(_logits(gg, ids, 12), want) < 1e-4
     for layer in st.layers:  # several experts, each chosen at least once
         assert layer.expert_counts.min() > 0, layer.expert_counts
 

@@ -16,6 +16,7 @@ tf = pytest.importorskip("transformers", reason="transformers is a test-only ref
 gguf = pytest.importorskip("gguf", reason="pip install '.[models]'")
 pytest.importorskip("safetensors", reason="pip install '.[models]'")
 
+from hf_convert import prefill_then_decode as _logits  # noqa: E402
 from test_models_tiny import _write_tokenizer  # noqa: E402
 
 VOCAB, HIDDEN, HEADS, KV_HEADS, ORIGINAL, MAX_POS = 96, 64, 4, 2, 64, 256
@@ -91,10 +92,6 @@ def phi(request, tmp_path_factory):
     return partial, hf, folder
 
 
-def _logits(model, ids, split):
-    cache = model.new_cache()
-    return np.stack([model.forward(ids[:split], cache)]
-                    + [model.forward([t], cache) for t in ids[split:]])
 
 
 def test_logits_match_transformers(phi):

@@ -14,8 +14,8 @@ torch = pytest.importorskip("torch", reason="torch is a test-only reference")
 tf = pytest.importorskip("transformers", reason="transformers is a test-only reference")
 gguf = pytest.importorskip("gguf", reason="pip install '.[models]'")
 
+from hf_convert import permute, prefill_then_decode as _logits  # noqa: E402
 from test_models_tiny import _write_tokenizer  # noqa: E402
-from test_moe import _permute  # noqa: E402
 
 VOCAB, WINDOW = 96, 8
 
@@ -68,7 +68,7 @@ def _to_gguf(folder, path):
         for hf_name, name in names.items():
             t = sd[f"model.layers.{i}.{hf_name}.weight"]
             if name in ("attn_q", "attn_k"):
-                t = _permute(t, 4 if name == "attn_q" else 2)
+                t = permute(t, 4 if name == "attn_q" else 2)
             w.add_tensor(f"blk.{i}.{name}.weight", np.ascontiguousarray(t))
     w.write_header_to_file()
     w.write_kv_data_to_file()
@@ -76,10 +76,6 @@ def _to_gguf(folder, path):
     w.close()
 
 
-def _logits(model, ids, split):
-    cache = model.new_cache()
-    return np.stack([model.forward(ids[:split], cache)]
-                    + [model.forward([t], cache) for t in ids[split:]])
 
 
 def test_logits_past_the_window_match_transformers(mistral):
