@@ -158,23 +158,26 @@ def test_metadata_wider_than_every_tensor_is_refused_at_once(tmp_path, key, valu
     assert time.perf_counter() - t0 < 1
 
 
-def test_types_without_kernels_are_reencoded_once(tmp_path):
-    """A Q3_K tensor (no native kernel) loads re-encoded to Q4_K, with one warning."""
-    rng = np.random.default_rng(3)
+def _model_with_up_projection(tmp_path, qtype, block_bytes, scale_offsets, rng):
+    """The small model with blk.0.ffn_up.weight [512, 256] as random blocks of ``qtype`` (the
+    float16 scales at ``scale_offsets`` set to finite values); returns the path and the blocks."""
     src = tmp_path / "m.gguf"
     _small_model(src)
     reader = gguf.GGUFReader(str(src))
-    w = gguf.GGUFWriter(str(tmp_path / "q3.gguf"), "llama")
+    out = tmp_path / f"{qtype.name}.gguf"
+    w = gguf.GGUFWriter(str(out), "llama")
     for key, value in (("block_count", 1), ("embedding_length", 256), ("feed_forward_length", 512),
                        ("attention.head_count", 4), ("attention.head_count_kv", 2)):
         w.add_uint32(f"llama.{key}", value)
     w.add_float32("llama.attention.layer_norm_rms_epsilon", 1e-5)
-    q3 = gguf.GGMLQuantizationType.Q3_K
-    blocks = rng.integers(0, 256, size=(512, 110), dtype=np.uint8)
-    blocks[:, 108:110] = (rng.standard_normal((512, 1)) * 0.01).astype(np.float16).view(np.uint8)
+    values_per_block = gguf.GGML_QUANT_SIZES[qtype][0]
+    blocks = rng.integers(0, 256, size=(512 * 256 // values_per_block, block_bytes), dtype=np.uint8)
+    for off in scale_offsets:
+        blocks[:, off:off + 2] = (rng.standard_normal((len(blocks), 1)) * 0.01).astype(np.float16).view(np.uint8)
     for t in reader.tensors:
         if t.name == "blk.0.ffn_up.weight":
-            w.add_tensor(t.name, blocks, raw_shape=blocks.shape, raw_dtype=q3)
+            rows = blocks.reshape(512, -1)
+            w.add_tensor(t.name, rows, raw_shape=rows.shape, raw_dtype=qtype)
         else:
             w.add_tensor(t.name, np.asarray(t.data), raw_shape=np.asarray(t.data).shape,
                          raw_dtype=t.tensor_type)
@@ -182,14 +185,50 @@ def test_types_without_kernels_are_reencoded_once(tmp_path):
     w.write_kv_data_to_file()
     w.write_tensors_to_file()
     w.close()
-    with pytest.warns(UserWarning, match=r"1 tensors have types without native kernels .*Q3_K -> q4_k"):
-        mw = read_weights(tmp_path / "q3.gguf")
+    return out, blocks
+
+
+def test_types_without_kernels_are_reencoded_once(tmp_path):
+    """An IQ3_S tensor (no native kernel) loads re-encoded to Q4_K, with one warning."""
+    iq3 = gguf.GGMLQuantizationType.IQ3_S
+    path, blocks = _model_with_up_projection(tmp_path, iq3, 110, [0], np.random.default_rng(3))
+    with pytest.warns(UserWarning, match=r"1 tensors have types without native kernels .*IQ3_S -> q4_k"):
+        mw = read_weights(path)
     up = mw.layers[0].w_up
     assert up.format.name == "q4_k"
-    want = gguf.quants.dequantize(blocks, q3).reshape(512, 256)
+    want = gguf.quants.dequantize(blocks, iq3).reshape(512, 256)
     err = np.sqrt(((up.dequantize() - want) ** 2).mean()) / np.sqrt((want ** 2).mean())
     assert err < 0.1  # one more 4-bit rounding of 3-bit values
     assert np.isfinite(Model(mw, None).logits([1, 2, 3])).all()
+
+
+@pytest.mark.parametrize("qtype, block_bytes, scales", [
+    ("Q2_K", 84, [80, 82]), ("Q3_K", 110, [108]), ("IQ4_NL", 18, [0]), ("IQ4_XS", 136, [0])])
+def test_low_bit_types_are_served_in_place(tmp_path, qtype, block_bytes, scales):
+    """Q2_K, Q3_K, IQ4_NL and IQ4_XS tensors are multiplied in their own encoding: the weight is a
+    view of the mapped file (no warning, no copy), and the model's logits match the same model
+    with that weight decoded by gguf.quants to float32."""
+    import warnings
+
+    qt = gguf.GGMLQuantizationType[qtype]
+    path, blocks = _model_with_up_projection(tmp_path, qt, block_bytes, scales,
+                                             np.random.default_rng(4))
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        mw = read_weights(path)
+    up = mw.layers[0].w_up
+    assert up.format.name == qtype.lower() and up.format.ggml_type == int(qt)
+    assert not up.data.flags.writeable  # the read-only mapping itself
+    assert np.array_equal(np.asarray(up.data).reshape(-1, block_bytes), blocks)
+    want = gguf.quants.dequantize(blocks, qt).reshape(512, 256)
+    assert np.array_equal(up.dequantize(), want)
+    tokens = [1, 2, 3, 5, 8]
+    got = Model(mw, None).logits(tokens)
+    mw.layers[0].w_up = want
+    ref = Model(mw, None).logits(tokens)
+    # the projection multiplies 8-bit activations (seen: 0.9% of the largest logit; without
+    # the projection the logits move by more than 100%); its kernels are tested in test_quant
+    assert np.abs(got - ref).max() <= 0.02 * np.abs(ref).max()
 
 
 TOKENIZER_MUTATIONS = int(os.environ.get("HYBRID_FUZZ_TOKENIZER_MUTATIONS", "120"))

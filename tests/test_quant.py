@@ -19,10 +19,12 @@ from gguf.quants import quantize as gguf_quantize  # noqa: E402
 
 NAMES = list(FORMATS)
 INTEGER = [n for n, f in FORMATS.items() if f.integer]
+QUANTIZABLE = [n for n, f in FORMATS.items() if f.quantizable]
 # byte offsets of the float16 scale fields in each block (set to finite values; every other
 # byte pattern is a valid block)
 SCALE_FIELDS = {"q8_0": [0], "q4_0": [0], "q5_0": [0], "q4_1": [0, 2], "q5_1": [0, 2],
-                "q4_k": [0, 2], "q5_k": [0, 2], "q6_k": [208]}
+                "q4_k": [0, 2], "q5_k": [0, 2], "q6_k": [208], "q2_k": [80, 82], "q3_k": [108],
+                "iq4_nl": [0], "iq4_xs": [0]}
 
 
 def random_blocks(name: str, rows: int, n: int, rng) -> QuantizedTensor:
@@ -167,7 +169,7 @@ def test_kernel_refuses_inconsistent_arguments(rng):
 LLAMA_CPP_REL_RMSE = {"q4_k": 0.0713, "q5_k": 0.0361, "q6_k": 0.0178}
 
 
-@pytest.mark.parametrize("name", NAMES)
+@pytest.mark.parametrize("name", QUANTIZABLE)
 def test_quantize_error_within_the_reference(name, rng):
     w = (rng.standard_normal((64, 2048)) * 0.02).astype(np.float32)
     qt = quantize(w, name)
@@ -195,6 +197,10 @@ def test_quantize_rejects_bad_input():
         quantize(np.ones(32, np.float32), "q8_0")
     with pytest.raises(ValueError, match=r"needs 68 bytes as \[2, 34\]"):
         QuantizedTensor(np.zeros(60, np.uint8), "q8_0", (2, 32))
+    for name in set(NAMES) - set(QUANTIZABLE):  # served from llama.cpp's files, not written
+        with pytest.raises(ValueError, match=f"does not quantize to {name}; make such a file "
+                                             f"with llama.cpp's llama-quantize"):
+            quantize(np.ones((2, 256), np.float32), name)
 
 
 def _layer_weights(cfg, rng):
@@ -282,7 +288,7 @@ def test_fused_decode_step_equals_the_op_by_op_path(variant, rng):
     assert "decode_step" in fused._bufs[1]
 
 
-@pytest.mark.parametrize("name", ["q8_0", "q4_0", "q4_1", "q5_0", "q5_1", "q4_k", "q5_k", "q6_k"])
+@pytest.mark.parametrize("name", INTEGER)
 def test_each_row_is_independent_of_the_batch(rng, name):
     """Batch invariance: a row's result from the mat-vec or the GEMM is the same bits whatever
     other rows share the call (how many, and where the row falls in the tiles)."""
@@ -290,7 +296,7 @@ def test_each_row_is_independent_of_the_batch(rng, name):
 
     # 224: 7 blocks, a kernel stepping 4 at a time ends on a partial step
     for n in (512, 224) if FORMATS[name].block_values == 32 else (512,):
-        w = hybrid.quantize(rng.standard_normal((37, n)).astype(np.float32), name)
+        w = random_blocks(name, 37, n, rng)
         x = rng.standard_normal((29, n)).astype(np.float32)
         code = w.format.kernel_code
         for kernel in (kernels.matvec, kernels.gemm):

@@ -26,6 +26,16 @@
  *                                  bit j of qh[l] is bit 4 of value l of sub-block j
  *   Q6_K     256           210   ql[128] qh[64] scales[16]:i8 d:f16    (d*sc_i)*(n-32)
  *                                  16 sub-blocks of 16
+ *   Q2_K     256           84    scales[16] qs[64] d:f16 dmin:f16      (d*sc_i)*n - (dmin*m_i)
+ *                                  16 sub-blocks of 16, 4-bit sc_i/m_i;
+ *                                  block k=4h+j: bits 2j of qs[32h..]
+ *   Q3_K     256           110   hmask[32] qs[64] scales[12] d:f16     (d*sc_i)*(n-4)
+ *                                  n = 2 bits as Q2_K | bit k of hmask
+ *                                  << 2; 16 6-bit sc_i less 32
+ *   IQ4_NL   32            18    d:f16 qs[16] (nibbles as Q4_0)        d*grid[n]
+ *   IQ4_XS   256           136   d:f16 scales_h:u16 scales_l[4]        (d*(sc_j-32))*grid[n]
+ *                                  qs[128]: 8 sub-blocks as IQ4_NL's
+ *                                  (grid: 16 signed values, hy_iq4_values)
  *
  * Decoding (hy_q_decode_row) reproduces gguf.quants bit for bit: the same float32 operations in
  * the same order and no fused multiply-add (this file is compiled with -ffp-contract=off).
@@ -34,8 +44,9 @@
  * 8-bit blocks of 32 (hy_q_act): qa[i] = round(x[i]/da[b]), da[b] = max|x| / 127 over block b,
  * sa[b] = da[b] * sum(qa of block b).  Inside a block the products are exact integers
  * (_mm256_maddubs_epi16 + _mm256_madd_epi16 on AVX2), scaled once per block in float32.  Formats
- * with an offset (Q4_1, Q5_1, Q4_K, Q5_K: "+ m") add m * sa[b] per block; formats centred on zero
- * (Q8_0, Q4_0, Q5_0, Q6_K) multiply signed values (|w| times sign-adjusted qa).  F16 and BF16 rows
+ * with an offset (Q4_1, Q5_1, Q4_K, Q5_K: "+ m") add m * sa[b] per block, and per 16 values
+ * through the activations' half-block sums (Q2_K's mins, the centres of Q3_K and Q6_K); the
+ * signed formats (Q8_0, IQ4_NL, IQ4_XS) multiply |w| times sign-adjusted qa.  F16 and BF16 rows
  * multiply the float32 activations directly (widen and FMA): nothing to gain from integers there.
  */
 #ifndef HYBRID_QUANT_H

@@ -12,7 +12,7 @@ from libc.string cimport memset
 
 
 cdef extern from "quant.h" nogil:
-    enum: HY_Q_F16, HY_Q_F32
+    enum: HY_Q_F16, HY_Q_F32, HY_Q_LAST
     ctypedef struct hy_q_traits:
         const char *name
         int block_values
@@ -77,8 +77,10 @@ def kernel_traits():
     rows one pass of this build's mat-vec reads."""
     cdef const hy_q_traits *t
     table = {}
-    for code in range(HY_Q_F16, HY_Q_F32):
+    for code in range(HY_Q_F16, HY_Q_LAST + 1):
         t = hy_q_traits_of(code)
+        if t.block_values == 0:  # float32: the mat-vec's own rows, not a stored format
+            continue
         table[code] = {"name": t.name.decode(), "block_values": t.block_values,
                        "block_bytes": t.block_bytes, "integer": bool(t.integer),
                        "rows_per_pass": t.rows_per_pass}
@@ -212,7 +214,7 @@ def gemm(int qtype,
     # per thread: one panel of weight rows decoded (v, c, m), then interleaved (vi, cT, mT)
     cdef Py_ssize_t nt = max(1, num_threads)
     cdef Py_ssize_t f_c = 0, f_ct = f_c + GEMM_PANEL * n16, f_m = f_ct + GEMM_PANEL * n16
-    cdef Py_ssize_t f_mt = f_m + GEMM_PANEL * n16, nfloats = f_mt + GEMM_PANEL * nb
+    cdef Py_ssize_t f_mt = f_m + GEMM_PANEL * n16, nfloats = f_mt + GEMM_PANEL * n16
     cdef Py_ssize_t per_thread = (2 * GEMM_PANEL * n_in + sizeof(float) * nfloats + 63) // 64 * 64
     cdef uint8_t *scratch = <uint8_t *> hy_alloc64(nt * per_thread)
     cdef uint8_t *v
@@ -256,7 +258,8 @@ def gemm(int qtype,
 
 cdef inline bint _integer(int code) noexcept nogil:
     """Formats quantized with 8-bit activations (INTEGER_FORMATS)."""
-    return 3 <= code <= 10
+    cdef const hy_q_traits *t = hy_q_traits_of(code)
+    return t != NULL and t.integer != 0
 
 
 cdef void matvec_group(const QuantMat *mats, int count, const float *x, long n_in, int rows,

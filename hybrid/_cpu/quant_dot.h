@@ -19,6 +19,23 @@
 #define HY_Q45_K_DOT hy_dot_q45_k_portable
 #define HY_Q6_K_DOT hy_dot_q6_k_portable
 #endif
+/* the low-bit formats: 512-bit kernels where the build has them, else 256-bit, else portable */
+#if defined(HY_Q512)
+#define HY_Q2_K_DOT hy_dot_q2_k_512
+#define HY_Q3_K_DOT hy_dot_q3_k_512
+#define HY_IQ4_NL_DOT hy_dot_iq4_nl_512
+#define HY_IQ4_XS_DOT hy_dot_iq4_xs_512
+#elif defined(HY_AVX2)
+#define HY_Q2_K_DOT hy_dot_q2_k_avx2
+#define HY_Q3_K_DOT hy_dot_q3_k_avx2
+#define HY_IQ4_NL_DOT hy_dot_iq4_nl_avx2
+#define HY_IQ4_XS_DOT hy_dot_iq4_xs_avx2
+#else
+#define HY_Q2_K_DOT hy_dot_q2_k_portable
+#define HY_Q3_K_DOT hy_dot_q3_k_portable
+#define HY_IQ4_NL_DOT hy_dot_iq4_nl_portable
+#define HY_IQ4_XS_DOT hy_dot_iq4_xs_portable
+#endif
 #if defined(HY_AVX2)
 #define HY_Q4Q5_BLOCKS hy_q4q5_blocks_avx2
 #else
@@ -84,6 +101,26 @@ static float hy_dot_q45_k(const uint8_t *w, long nsb, const int8_t *qa, const fl
 static float hy_dot_q6_k(const uint8_t *w, long nsb, const int8_t *qa, const float *da,
                          const float *s16) {
     return HY_Q6_K_DOT(w, nsb, qa, da, s16);
+}
+
+/* Q2_K / Q3_K: 2- and 3-bit values with a scale per 16, nsb super-blocks of 256 (s16 as for
+ * Q6_K); IQ4_NL / IQ4_XS: 4-bit indices into a grid of 16 signed values */
+static float hy_dot_q2_k(const uint8_t *w, long nsb, const int8_t *qa, const float *da,
+                         const float *s16) {
+    return HY_Q2_K_DOT(w, nsb, qa, da, s16);
+}
+
+static float hy_dot_q3_k(const uint8_t *w, long nsb, const int8_t *qa, const float *da,
+                         const float *s16) {
+    return HY_Q3_K_DOT(w, nsb, qa, da, s16);
+}
+
+static float hy_dot_iq4_nl(const uint8_t *w, long nb, const int8_t *qa, const float *da) {
+    return HY_IQ4_NL_DOT(w, nb, qa, da);
+}
+
+static float hy_dot_iq4_xs(const uint8_t *w, long nsb, const int8_t *qa, const float *da) {
+    return HY_IQ4_XS_DOT(w, nsb, qa, da);
 }
 
 /* F16 / BF16 rows times float32 x */

@@ -241,6 +241,158 @@ HY_UNUSED static float hy_dot_q6_k_avx2(const uint8_t *w, long nsb, const int8_t
     return sum;
 }
 
+/* Shuffle control that picks, from 8 int16 in each 128-bit lane, element 2j into every int16 of
+ * the low lane and element 2j+1 into every int16 of the high lane: the scales of the two 16-value
+ * halves of a 32-value block */
+static inline __m256i hy_scale_pair_ctrl(int j) {
+    return _mm256_set_m128i(_mm_set1_epi16((short)(((4 * j + 3) << 8) | (4 * j + 2))),
+                            _mm_set1_epi16((short)(((4 * j + 1) << 8) | (4 * j))));
+}
+
+/* Q2_K / Q3_K: the 2-bit values of block k = 4h + j, bits 2j of the 32 bytes of half h */
+#define HY_Q2_BITS(raw, j) _mm256_and_si256(_mm256_srli_epi16((raw), 2 * (j)), _mm256_set1_epi8(3))
+
+/* Q2_K, one activation row: per 16 values the integer sum times the 4-bit scale (madd with the
+ * scales as int16), one FMA per block with d * da; the mins term dmin * sum_16 min * s16 is two
+ * FMAs per super-block */
+HY_UNUSED static float hy_dot_q2_k_avx2(const uint8_t *w, long nsb, const int8_t *qa,
+                                        const float *da, const float *s16) {
+    __m256 acc[4] = {_mm256_setzero_ps(), _mm256_setzero_ps(), _mm256_setzero_ps(), _mm256_setzero_ps()};
+    __m256 accm = _mm256_setzero_ps();
+    const __m128i low4 = _mm_set1_epi8(0x0F);
+    for (long s = 0; s < nsb; s++) {
+        const uint8_t *blk = w + 84 * s;
+        HY_PREFETCH(blk);
+        HY_PREFETCH(blk + 64);
+        const __m128i sc8 = _mm_loadu_si128((const __m128i *)blk);
+        const __m128i mn = _mm_and_si128(_mm_srli_epi16(sc8, 4), low4);
+        const __m256 dmin = _mm256_set1_ps(hy_f16(blk + 82));
+        accm = _mm256_fmadd_ps(_mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(mn)), dmin),
+                               _mm256_loadu_ps(s16 + 16 * s), accm);
+        accm = _mm256_fmadd_ps(_mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_srli_si128(mn, 8))), dmin),
+                               _mm256_loadu_ps(s16 + 16 * s + 8), accm);
+        const __m256i sc16 = _mm256_cvtepu8_epi16(_mm_and_si128(sc8, low4));
+        const __m256 cf = _mm256_mul_ps(_mm256_set1_ps(hy_f16(blk + 80)), _mm256_loadu_ps(da + 8 * s));
+        for (int h = 0; h < 2; h++) {
+            const __m256i sch = h ? _mm256_permute4x64_epi64(sc16, 0xEE) : _mm256_permute4x64_epi64(sc16, 0x44);
+            const __m256i raw = _mm256_loadu_si256((const __m256i *)(blk + 16 + 32 * h));
+            for (int j = 0; j < 4; j++) {
+                const __m256i p16 = _mm256_maddubs_epi16(HY_Q2_BITS(raw, j), HY_LOADA(8 * s + 4 * h + j));
+                const __m256i p32 = _mm256_madd_epi16(p16, _mm256_shuffle_epi8(sch, hy_scale_pair_ctrl(j)));
+                acc[j] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(p32),
+                                         _mm256_permutevar8x32_ps(cf, _mm256_set1_epi32(4 * h + j)), acc[j]);
+            }
+        }
+    }
+    return hy_hsum256(_mm256_add_ps(_mm256_add_ps(acc[0], acc[1]), _mm256_add_ps(acc[2], acc[3])))
+           - hy_hsum256(accm);
+}
+
+/* the 16 scales of a Q3_K super-block less 32, as 16 signed bytes (hy_q3_k_scales' order) */
+static inline __m128i hy_q3_k_scales_vec(const uint8_t *s) {
+    uint32_t aux[4];
+    memcpy(aux, s, 12);
+    const uint32_t tmp = aux[2], m2 = 0x0f0f0f0fu, m1 = 0x03030303u;
+    aux[2] = ((aux[0] >> 4) & m2) | (((tmp >> 4) & m1) << 4);
+    aux[3] = ((aux[1] >> 4) & m2) | (((tmp >> 6) & m1) << 4);
+    aux[0] = (aux[0] & m2) | ((tmp & m1) << 4);
+    aux[1] = (aux[1] & m2) | (((tmp >> 2) & m1) << 4);
+    return _mm_sub_epi8(_mm_loadu_si128((const __m128i *)aux), _mm_set1_epi8(32));
+}
+
+/* Q3_K, one activation row: u = q | high << 2 (0..7) unsigned in maddubs, madd with the signed
+ * scales, one FMA per block with d * da; the values' offset -4 is 4 * d * sum_16 scale * s16 */
+HY_UNUSED static float hy_dot_q3_k_avx2(const uint8_t *w, long nsb, const int8_t *qa,
+                                        const float *da, const float *s16) {
+    __m256 acc[4] = {_mm256_setzero_ps(), _mm256_setzero_ps(), _mm256_setzero_ps(), _mm256_setzero_ps()};
+    __m256 acco = _mm256_setzero_ps();
+    const __m256i one = _mm256_set1_epi8(1);
+    for (long s = 0; s < nsb; s++) {
+        const uint8_t *blk = w + 110 * s;
+        HY_PREFETCH(blk);
+        HY_PREFETCH(blk + 64);
+        const __m128i sc8 = hy_q3_k_scales_vec(blk + 96);
+        const __m256 dv = _mm256_set1_ps(hy_f16(blk + 108));
+        acco = _mm256_fmadd_ps(_mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(sc8)), dv),
+                               _mm256_loadu_ps(s16 + 16 * s), acco);
+        acco = _mm256_fmadd_ps(_mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_srli_si128(sc8, 8))), dv),
+                               _mm256_loadu_ps(s16 + 16 * s + 8), acco);
+        const __m256i sc16 = _mm256_cvtepi8_epi16(sc8);
+        const __m256 cf = _mm256_mul_ps(dv, _mm256_loadu_ps(da + 8 * s));
+        const __m256i hm = _mm256_loadu_si256((const __m256i *)blk);
+        for (int h = 0; h < 2; h++) {
+            const __m256i sch = h ? _mm256_permute4x64_epi64(sc16, 0xEE) : _mm256_permute4x64_epi64(sc16, 0x44);
+            const __m256i raw = _mm256_loadu_si256((const __m256i *)(blk + 32 + 32 * h));
+            for (int j = 0; j < 4; j++) {
+                const int k = 4 * h + j;
+                const __m256i u = _mm256_or_si256(HY_Q2_BITS(raw, j), _mm256_slli_epi16(
+                    _mm256_and_si256(_mm256_srli_epi16(hm, k), one), 2));
+                const __m256i p16 = _mm256_maddubs_epi16(u, HY_LOADA(8 * s + k));
+                const __m256i p32 = _mm256_madd_epi16(p16, _mm256_shuffle_epi8(sch, hy_scale_pair_ctrl(j)));
+                acc[j] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(p32),
+                                         _mm256_permutevar8x32_ps(cf, _mm256_set1_epi32(k)), acc[j]);
+            }
+        }
+    }
+    return hy_hsum256(_mm256_add_ps(_mm256_add_ps(acc[0], acc[1]), _mm256_add_ps(acc[2], acc[3])))
+           - 4.0f * hy_hsum256(acco);
+}
+
+/* IQ4_NL / IQ4_XS: the grid values of 32 indices (hy_nibbles16's order), signed bytes */
+static inline __m256i hy_iq4_lookup(const uint8_t *q) {
+    const __m256i grid = _mm256_broadcastsi128_si256(_mm_loadu_si128((const __m128i *)hy_iq4_values));
+    return _mm256_shuffle_epi8(grid, hy_nibbles16(q));
+}
+
+/* IQ4_NL, one activation row: two blocks per step, |v| times a with v's sign; the portable loop
+ * takes an odd last block */
+HY_UNUSED static float hy_dot_iq4_nl_avx2(const uint8_t *w, long nb, const int8_t *qa,
+                                          const float *da) {
+    __m256 acc0 = _mm256_setzero_ps(), acc1 = _mm256_setzero_ps();
+    long b = 0;
+    for (; b + 2 <= nb; b += 2) {
+        const uint8_t *b0 = w + 18 * b, *b1 = b0 + 18;
+        HY_PREFETCH(b0);
+        const __m256i p0 = hy_dot_s8s8(hy_iq4_lookup(b0 + 2), HY_LOADA(b));
+        const __m256i p1 = hy_dot_s8s8(hy_iq4_lookup(b1 + 2), HY_LOADA(b + 1));
+        acc0 = _mm256_fmadd_ps(_mm256_cvtepi32_ps(p0), _mm256_set1_ps(hy_f16(b0) * da[b]), acc0);
+        acc1 = _mm256_fmadd_ps(_mm256_cvtepi32_ps(p1), _mm256_set1_ps(hy_f16(b1) * da[b + 1]), acc1);
+    }
+    return hy_hsum256(_mm256_add_ps(acc0, acc1)) +
+           hy_dot_iq4_nl_portable(w + 18 * b, nb - b, qa + 32 * b, da + b);
+}
+
+/* IQ4_XS super-block factors: lane j = d * (scale_j - 32) * da[j] */
+static inline __m256 hy_iq4_xs_factors(const uint8_t *blk, const float *da) {
+    const __m256i lo = _mm256_and_si256(_mm256_srlv_epi32(_mm256_set1_epi32((int)hy_u32(blk + 4)),
+        _mm256_setr_epi32(0, 4, 8, 12, 16, 20, 24, 28)), _mm256_set1_epi32(0x0F));
+    const __m256i hi = _mm256_and_si256(_mm256_srlv_epi32(_mm256_set1_epi32(blk[2] | (blk[3] << 8)),
+        _mm256_setr_epi32(0, 2, 4, 6, 8, 10, 12, 14)), _mm256_set1_epi32(3));
+    const __m256i ls = _mm256_sub_epi32(_mm256_or_si256(lo, _mm256_slli_epi32(hi, 4)), _mm256_set1_epi32(32));
+    return _mm256_mul_ps(_mm256_mul_ps(_mm256_set1_ps(hy_f16(blk)), _mm256_cvtepi32_ps(ls)),
+                         _mm256_loadu_ps(da));
+}
+
+/* IQ4_XS, one activation row: IQ4_NL's products per sub-block, one FMA each with its factor */
+HY_UNUSED static float hy_dot_iq4_xs_avx2(const uint8_t *w, long nsb, const int8_t *qa,
+                                          const float *da) {
+    __m256 acc0 = _mm256_setzero_ps(), acc1 = _mm256_setzero_ps();
+    for (long s = 0; s < nsb; s++) {
+        const uint8_t *blk = w + 136 * s;
+        HY_PREFETCH(blk);
+        HY_PREFETCH(blk + 64);
+        HY_PREFETCH(blk + 128);
+        const __m256 cf = hy_iq4_xs_factors(blk, da + 8 * s);
+        for (int j = 0; j < 8; j += 2) {
+            const __m256i p0 = hy_dot_s8s8(hy_iq4_lookup(blk + 8 + 16 * j), HY_LOADA(8 * s + j));
+            const __m256i p1 = hy_dot_s8s8(hy_iq4_lookup(blk + 24 + 16 * j), HY_LOADA(8 * s + j + 1));
+            acc0 = _mm256_fmadd_ps(_mm256_cvtepi32_ps(p0), _mm256_permutevar8x32_ps(cf, _mm256_set1_epi32(j)), acc0);
+            acc1 = _mm256_fmadd_ps(_mm256_cvtepi32_ps(p1), _mm256_permutevar8x32_ps(cf, _mm256_set1_epi32(j + 1)), acc1);
+        }
+    }
+    return hy_hsum256(_mm256_add_ps(acc0, acc1));
+}
+
 /* F16 / BF16 rows times float32 x: 16 values per step (F16 where the build has F16C), the rest
  * in the portable tail */
 HY_UNUSED static float hy_dot_half_avx2(const uint8_t *w, long n, const float *x, int bf16) {

@@ -256,4 +256,151 @@ HY_UNUSED static float hy_dot_half_512(const uint8_t *w, long n, const float *x,
 }
 #endif
 
+#if defined(HY_Q512)
+/* The low-bit formats with 512-bit vectors: two 32-value blocks per vector.  Lane i (128 bits)
+ * of a 2-block vector holds half i of the pair: 16 values with one scale (Q2_K, Q3_K). */
+
+/* 16 int32 lanes: the first 8 take lane a of v (8 floats), the last 8 lane b */
+static inline __m512 hy_pair_factor(__m256 v, int a, int b) {
+    const __m512i idx = _mm512_inserti64x4(_mm512_castsi256_si512(_mm256_set1_epi32(a)),
+                                           _mm256_set1_epi32(b), 1);
+    return _mm512_permutexvar_ps(idx, _mm512_castps256_ps512(v));
+}
+
+/* int16 scales 4q..4q+3 of sc (16 int16 as 4 qwords): scale 4q + i in every word of lane i */
+static inline __m512i hy_scale_quad(const uint64_t *sc, int q) {
+    const __m512i ctrl = _mm512_inserti64x4(
+        _mm512_castsi256_si512(_mm256_set_m128i(_mm_set1_epi16(0x0302), _mm_set1_epi16(0x0100))),
+        _mm256_set_m128i(_mm_set1_epi16(0x0706), _mm_set1_epi16(0x0504)), 1);
+    return _mm512_shuffle_epi8(_mm512_set1_epi64((long long)sc[q]), ctrl);
+}
+
+/* the 2-bit values of blocks k = 4h + j and k + 1 (j even) from the 32 bytes of half h */
+static inline __m512i hy_q2_pair(__m256i raw, int j) {
+    const __m512i sh = _mm512_inserti64x4(_mm512_castsi256_si512(_mm256_set1_epi16((short)(2 * j))),
+                                          _mm256_set1_epi16((short)(2 * j + 2)), 1);
+    const __m512i r2 = _mm512_inserti64x4(_mm512_castsi256_si512(raw), raw, 1);
+    return _mm512_and_si512(_mm512_srlv_epi16(r2, sh), _mm512_set1_epi8(3));
+}
+
+/* Q2_K / Q3_K body: u (0..7) of blocks k, k+1 times the activations, the scales (madd), one FMA
+ * with the blocks' factors */
+#define HY_Q23_PAIR(u, k, q)                                                                   \
+    do {                                                                                      \
+        const __m512i p16 = _mm512_maddubs_epi16((u), _mm512_loadu_si512((const void *)(qa + 32 * (8 * s + (k))))); \
+        const __m512i p32 = _mm512_madd_epi16(p16, hy_scale_quad(sc64, (q)));                 \
+        acc[(q) & 1] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(p32), hy_pair_factor(cf, (k), (k) + 1), acc[(q) & 1]); \
+    } while (0)
+
+/* Q2_K, one activation row (hy_dot_q2_k_avx2's sums, two blocks per vector) */
+HY_UNUSED static float hy_dot_q2_k_512(const uint8_t *w, long nsb, const int8_t *qa,
+                                       const float *da, const float *s16) {
+    __m512 acc[2] = {_mm512_setzero_ps(), _mm512_setzero_ps()}, accm = _mm512_setzero_ps();
+    for (long s = 0; s < nsb; s++) {
+        const uint8_t *blk = w + 84 * s;
+        HY_PREFETCH(blk);
+        HY_PREFETCH(blk + 64);
+        const __m128i sc8 = _mm_loadu_si128((const __m128i *)blk);
+        const __m128i mn = _mm_and_si128(_mm_srli_epi16(sc8, 4), _mm_set1_epi8(0x0F));
+        accm = _mm512_fmadd_ps(_mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(mn)),
+                                             _mm512_set1_ps(hy_f16(blk + 82))),
+                               _mm512_loadu_ps(s16 + 16 * s), accm);
+        uint64_t sc64[4];
+        _mm256_storeu_si256((__m256i *)sc64, _mm256_cvtepu8_epi16(_mm_and_si128(sc8, _mm_set1_epi8(0x0F))));
+        const __m256 cf = _mm256_mul_ps(_mm256_set1_ps(hy_f16(blk + 80)), _mm256_loadu_ps(da + 8 * s));
+        for (int h = 0; h < 2; h++) {
+            const __m256i raw = _mm256_loadu_si256((const __m256i *)(blk + 16 + 32 * h));
+            HY_Q23_PAIR(hy_q2_pair(raw, 0), 4 * h, 2 * h);
+            HY_Q23_PAIR(hy_q2_pair(raw, 2), 4 * h + 2, 2 * h + 1);
+        }
+    }
+    return _mm512_reduce_add_ps(_mm512_add_ps(acc[0], acc[1])) - _mm512_reduce_add_ps(accm);
+}
+
+/* Q3_K, one activation row (hy_dot_q3_k_avx2's sums, two blocks per vector) */
+HY_UNUSED static float hy_dot_q3_k_512(const uint8_t *w, long nsb, const int8_t *qa,
+                                       const float *da, const float *s16) {
+    __m512 acc[2] = {_mm512_setzero_ps(), _mm512_setzero_ps()}, acco = _mm512_setzero_ps();
+    for (long s = 0; s < nsb; s++) {
+        const uint8_t *blk = w + 110 * s;
+        HY_PREFETCH(blk);
+        HY_PREFETCH(blk + 64);
+        const __m128i sc8 = hy_q3_k_scales_vec(blk + 96);
+        const float d = hy_f16(blk + 108);
+        acco = _mm512_fmadd_ps(_mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(sc8)), _mm512_set1_ps(d)),
+                               _mm512_loadu_ps(s16 + 16 * s), acco);
+        uint64_t sc64[4];
+        _mm256_storeu_si256((__m256i *)sc64, _mm256_cvtepi8_epi16(sc8));
+        const __m256 cf = _mm256_mul_ps(_mm256_set1_ps(d), _mm256_loadu_ps(da + 8 * s));
+        const __m256i hm = _mm256_loadu_si256((const __m256i *)blk);
+        const __m512i hm2 = _mm512_inserti64x4(_mm512_castsi256_si512(hm), hm, 1);
+        for (int h = 0; h < 2; h++) {
+            const __m256i raw = _mm256_loadu_si256((const __m256i *)(blk + 32 + 32 * h));
+            for (int j = 0; j < 4; j += 2) {
+                const int k = 4 * h + j;
+                const __m512i hs = _mm512_inserti64x4(_mm512_castsi256_si512(_mm256_set1_epi16((short)k)),
+                                                      _mm256_set1_epi16((short)(k + 1)), 1);
+                const __m512i high = _mm512_slli_epi16(_mm512_and_si512(_mm512_srlv_epi16(hm2, hs),
+                                                                        _mm512_set1_epi8(1)), 2);
+                HY_Q23_PAIR(_mm512_or_si512(hy_q2_pair(raw, j), high), k, k / 2);
+            }
+        }
+    }
+    return _mm512_reduce_add_ps(_mm512_add_ps(acc[0], acc[1])) - 4.0f * _mm512_reduce_add_ps(acco);
+}
+#undef HY_Q23_PAIR
+
+/* IQ4 grid values of two 16-byte index arrays: [lo(q0), hi(q0), lo(q1), hi(q1)] by lane */
+static inline __m512i hy_iq4_lookup_pair(const uint8_t *q0, const uint8_t *q1) {
+    const __m512i grid = _mm512_broadcast_i32x4(_mm_loadu_si128((const __m128i *)hy_iq4_values));
+    const __m128i r0 = _mm_loadu_si128((const __m128i *)q0), r1 = _mm_loadu_si128((const __m128i *)q1);
+    __m512i v = _mm512_inserti32x4(_mm512_castsi128_si512(r0), _mm_srli_epi16(r0, 4), 1);
+    v = _mm512_inserti32x4(v, r1, 2);
+    v = _mm512_inserti32x4(v, _mm_srli_epi16(r1, 4), 3);
+    return _mm512_shuffle_epi8(grid, _mm512_and_si512(v, _mm512_set1_epi8(0x0F)));
+}
+
+/* signed values v times signed activations a: 16 int32 sums of 4 (|v| times a with v's sign) */
+static inline __m512i hy_dot_s8s8_512(__m512i v, __m512i a) {
+    return _mm512_dpbusd_epi32(_mm512_setzero_si512(), _mm512_abs_epi8(v),
+                               _mm512_mask_sub_epi8(a, _mm512_movepi8_mask(v), _mm512_setzero_si512(), a));
+}
+
+/* IQ4_NL, one activation row: two blocks per vector; the portable loop takes an odd last one */
+HY_UNUSED static float hy_dot_iq4_nl_512(const uint8_t *w, long nb, const int8_t *qa,
+                                         const float *da) {
+    __m512 acc = _mm512_setzero_ps();
+    long b = 0;
+    for (; b + 2 <= nb; b += 2) {
+        const uint8_t *b0 = w + 18 * b, *b1 = b0 + 18;
+        HY_PREFETCH(b0);
+        const __m512i p = hy_dot_s8s8_512(hy_iq4_lookup_pair(b0 + 2, b1 + 2),
+                                          _mm512_loadu_si512((const void *)(qa + 32 * b)));
+        const __m512 f = _mm512_mask_blend_ps((__mmask16)0xFF00, _mm512_set1_ps(hy_f16(b0) * da[b]),
+                                              _mm512_set1_ps(hy_f16(b1) * da[b + 1]));
+        acc = _mm512_fmadd_ps(_mm512_cvtepi32_ps(p), f, acc);
+    }
+    return _mm512_reduce_add_ps(acc) + hy_dot_iq4_nl_portable(w + 18 * b, nb - b, qa + 32 * b, da + b);
+}
+
+/* IQ4_XS, one activation row: two sub-blocks per vector */
+HY_UNUSED static float hy_dot_iq4_xs_512(const uint8_t *w, long nsb, const int8_t *qa,
+                                         const float *da) {
+    __m512 acc[2] = {_mm512_setzero_ps(), _mm512_setzero_ps()};
+    for (long s = 0; s < nsb; s++) {
+        const uint8_t *blk = w + 136 * s;
+        HY_PREFETCH(blk);
+        HY_PREFETCH(blk + 64);
+        HY_PREFETCH(blk + 128);
+        const __m256 cf = hy_iq4_xs_factors(blk, da + 8 * s);
+        for (int j = 0; j < 8; j += 2) {
+            const __m512i p = hy_dot_s8s8_512(hy_iq4_lookup_pair(blk + 8 + 16 * j, blk + 24 + 16 * j),
+                                              _mm512_loadu_si512((const void *)(qa + 32 * (8 * s + j))));
+            acc[j / 2 & 1] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(p), hy_pair_factor(cf, j, j + 1), acc[j / 2 & 1]);
+        }
+    }
+    return _mm512_reduce_add_ps(_mm512_add_ps(acc[0], acc[1]));
+}
+#endif
+
 #endif

@@ -108,6 +108,86 @@ HY_UNUSED static float hy_dot_q6_k_portable(const uint8_t *w, long nsb, const in
     return sum;
 }
 
+/* Q2_K, one activation row: per 16 values, d * scale * sum(v * a), less the mins term
+ * dmin * sum_16 min * s16 (s16 as hy_q_act gives it) */
+HY_UNUSED static float hy_dot_q2_k_portable(const uint8_t *w, long nsb, const int8_t *qa,
+                                            const float *da, const float *s16) {
+    float sum = 0.0f, msum = 0.0f;
+    for (long s = 0; s < nsb; s++) {
+        const uint8_t *blk = w + 84 * s, *sc = blk, *q = blk + 16;
+        const float d = hy_f16(blk + 80), dmin = hy_f16(blk + 82);
+        for (int k = 0; k < 8; k++) {
+            const int8_t *a = qa + 32 * (8 * s + k);
+            const uint8_t *qq = q + 32 * (k / 4);
+            int is[2] = {0, 0};
+            for (int l = 0; l < 32; l++) is[l / 16] += ((qq[l] >> (2 * (k % 4))) & 3) * a[l];
+            const int isum = (sc[2 * k] & 0x0F) * is[0] + (sc[2 * k + 1] & 0x0F) * is[1];
+            sum += (float)isum * (d * da[8 * s + k]);
+            msum += dmin * ((float)(sc[2 * k] >> 4) * s16[16 * s + 2 * k] +
+                            (float)(sc[2 * k + 1] >> 4) * s16[16 * s + 2 * k + 1]);
+        }
+    }
+    return sum - msum;
+}
+
+/* Q3_K, one activation row: unsigned u = q | high << 2 (0..7) in the integer products, the
+ * value's offset -4 through the activations' sums per 16: 4 * d * sum_16 scale * s16 */
+HY_UNUSED static float hy_dot_q3_k_portable(const uint8_t *w, long nsb, const int8_t *qa,
+                                            const float *da, const float *s16) {
+    float sum = 0.0f, osum = 0.0f;
+    for (long s = 0; s < nsb; s++) {
+        const uint8_t *blk = w + 110 * s, *hm = blk, *q = blk + 32;
+        int8_t sc[16];
+        hy_q3_k_scales(blk + 96, sc);
+        const float d = hy_f16(blk + 108);
+        for (int k = 0; k < 8; k++) {
+            const int8_t *a = qa + 32 * (8 * s + k);
+            const uint8_t *qq = q + 32 * (k / 4);
+            int is[2] = {0, 0};
+            for (int l = 0; l < 32; l++)
+                is[l / 16] += (((qq[l] >> (2 * (k % 4))) & 3) | (((hm[l] >> k) & 1) << 2)) * a[l];
+            sum += (float)(sc[2 * k] * is[0] + sc[2 * k + 1] * is[1]) * (d * da[8 * s + k]);
+            osum += d * ((float)sc[2 * k] * s16[16 * s + 2 * k] +
+                         (float)sc[2 * k + 1] * s16[16 * s + 2 * k + 1]);
+        }
+    }
+    return sum - 4.0f * osum;
+}
+
+/* IQ4_NL, one activation row: the grid's signed values times the activations */
+HY_UNUSED static float hy_dot_iq4_nl_portable(const uint8_t *w, long nb, const int8_t *qa,
+                                              const float *da) {
+    float sum = 0.0f;
+    for (long b = 0; b < nb; b++) {
+        const uint8_t *blk = w + 18 * b;
+        const int8_t *a = qa + 32 * b;
+        int isum = 0;
+        for (int j = 0; j < 16; j++)
+            isum += hy_iq4_values[blk[2 + j] & 0x0F] * a[j] + hy_iq4_values[blk[2 + j] >> 4] * a[j + 16];
+        sum += (float)isum * (hy_f16(blk) * da[b]);
+    }
+    return sum;
+}
+
+/* IQ4_XS, one activation row: IQ4_NL's values with a 6-bit scale per 32 */
+HY_UNUSED static float hy_dot_iq4_xs_portable(const uint8_t *w, long nsb, const int8_t *qa,
+                                              const float *da) {
+    float sum = 0.0f;
+    for (long s = 0; s < nsb; s++) {
+        const uint8_t *blk = w + 136 * s;
+        const float d = hy_f16(blk);
+        for (int j = 0; j < 8; j++) {
+            const uint8_t *q = blk + 8 + 16 * j;
+            const int8_t *a = qa + 32 * (8 * s + j);
+            int isum = 0;
+            for (int l = 0; l < 16; l++)
+                isum += hy_iq4_values[q[l] & 0x0F] * a[l] + hy_iq4_values[q[l] >> 4] * a[l + 16];
+            sum += (float)isum * (d * (float)hy_iq4_xs_scale(blk, j) * da[8 * s + j]);
+        }
+    }
+    return sum;
+}
+
 /* F16 / BF16 values i..n-1 of a row times float32 x, added to sum */
 static inline float hy_half_tail(const uint16_t *h, long i, long n, const float *x, int bf16,
                                  float sum) {

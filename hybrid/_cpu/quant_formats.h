@@ -65,8 +65,15 @@ enum {
     HY_Q_Q5_1 = 7, HY_Q_Q4_K = 8, HY_Q_Q5_K = 9, HY_Q_Q6_K = 10,
     /* float32 rows: only for the mat-vec's own use (quant.pyx's matvec_f32), not a stored
      * format (hy_q_block_values says 0: no weight array is accepted with this code) */
-    HY_Q_F32 = 11
+    HY_Q_F32 = 11,
+    /* the low-bit formats served from llama.cpp's files (hybrid does not quantize to them) */
+    HY_Q_Q2_K = 12, HY_Q_Q3_K = 13, HY_Q_IQ4_NL = 14, HY_Q_IQ4_XS = 15,
+    HY_Q_LAST = HY_Q_IQ4_XS
 };
+
+/* IQ4_NL / IQ4_XS: each 4-bit index names one of these 16 signed values (a non-uniform grid) */
+static const int8_t hy_iq4_values[16] = {-127, -104, -83, -65, -49, -35, -22, -10,
+                                         1, 13, 25, 38, 53, 69, 89, 113};
 
 static inline float hy_f16(const uint8_t *p) {
     uint16_t h;
@@ -111,6 +118,20 @@ static inline void hy_k4_scale_min(int j, const uint8_t *s, uint8_t *sc, uint8_t
         *sc = (s[j + 4] & 0x0F) | ((s[j - 4] >> 6) << 4);
         *m = (s[j + 4] >> 4) | ((s[j] >> 6) << 4);
     }
+}
+
+/* the 16 6-bit scales of a Q3_K super-block (12 bytes), less 32: sc[i] in -32..31 */
+static inline void hy_q3_k_scales(const uint8_t *s, int8_t *sc) {
+    for (int i = 0; i < 16; i++)
+        sc[i] = (int8_t)((((s[i % 8] >> (4 * (i / 8))) & 0x0F) |
+                          (((s[8 + i % 4] >> (2 * (i / 4))) & 3) << 4)) - 32);
+}
+
+/* the 6-bit scale of sub-block j (0..7) of an IQ4_XS super-block, less 32 */
+static inline int hy_iq4_xs_scale(const uint8_t *blk, int j) {
+    const int lo = (blk[4 + j / 2] >> (4 * (j % 2))) & 0x0F;
+    const int hi = ((blk[2] | (blk[3] << 8)) >> (2 * j)) & 3;
+    return (lo | (hi << 4)) - 32;
 }
 
 /* ================================================================== decoding (the oracle twins) */
@@ -203,6 +224,56 @@ static inline void hy_decode_q6_k(const uint8_t *b, float *y) {
         ql += 64;
         qh += 32;
         sc += 8;
+    }
+}
+
+/* Q2_K (84 bytes): scales[16] (low nibble: scale, high: min, one each per 16 values), qs[64]
+ * (2-bit values; 32-value block k = 4h + j is bits 2j of bytes 32h..32h+31), d, dmin */
+static inline void hy_decode_q2_k(const uint8_t *b, float *y) {
+    const uint8_t *sc = b, *q = b + 16;
+    const float d = hy_f16(b + 80), dmin = hy_f16(b + 82);
+    for (int k = 0; k < 8; k++)
+        for (int l = 0; l < 32; l++) {
+            const uint8_t s = sc[2 * k + l / 16];
+            const float dl = d * (float)(s & 0x0F), ml = dmin * (float)(s >> 4);
+            y[32 * k + l] = dl * (float)((q[32 * (k / 4) + l] >> (2 * (k % 4))) & 3) - ml;
+        }
+}
+
+/* Q3_K (110 bytes): hmask[32] (bit k of byte l: the high bit of value l of block k), qs[64] (the
+ * low 2 bits, laid out as Q2_K's), scales[12] (16 6-bit), d; value (q | high << 2) - 4 */
+static inline void hy_decode_q3_k(const uint8_t *b, float *y) {
+    const uint8_t *hm = b, *q = b + 32;
+    int8_t sc[16];
+    hy_q3_k_scales(b + 96, sc);
+    const float d = hy_f16(b + 108);
+    for (int k = 0; k < 8; k++)
+        for (int l = 0; l < 32; l++) {
+            const int v = (((q[32 * (k / 4) + l] >> (2 * (k % 4))) & 3) | (((hm[l] >> k) & 1) << 2)) - 4;
+            y[32 * k + l] = (d * (float)sc[2 * k + l / 16]) * (float)v;
+        }
+}
+
+/* IQ4_NL (18 bytes, 32 values): d, qs[16] (indices: low nibbles values 0..15, high 16..31) */
+static inline void hy_decode_iq4_nl(const uint8_t *b, float *y) {
+    const float d = hy_f16(b);
+    for (int j = 0; j < 16; j++) {
+        y[j] = d * (float)hy_iq4_values[b[2 + j] & 0x0F];
+        y[j + 16] = d * (float)hy_iq4_values[b[2 + j] >> 4];
+    }
+}
+
+/* IQ4_XS (136 bytes, 256 values): d, scales_h (u16), scales_l[4], qs[128]: 8 sub-blocks of 32
+ * laid out as IQ4_NL's, each with a 6-bit scale */
+static inline void hy_decode_iq4_xs(const uint8_t *b, float *y) {
+    const float d = hy_f16(b);
+    for (int j = 0; j < 8; j++) {
+        const float dl = d * (float)hy_iq4_xs_scale(b, j);
+        const uint8_t *q = b + 8 + 16 * j;
+        for (int l = 0; l < 16; l++) {
+            y[32 * j + l] = dl * (float)hy_iq4_values[q[l] & 0x0F];
+            y[32 * j + l + 16] = dl * (float)hy_iq4_values[q[l] >> 4];
+        }
     }
 }
 

@@ -16,7 +16,19 @@
  * the activations of half h), is one short dot product per output.
  */
 
-/* one weight row -> v [n] (uint8, or int8 for Q8_0), c [n/16], m [n/16] */
+/* the 32 grid values of 16 IQ4 index bytes as a panel's signed values (+128 where the GEMM
+ * takes unsigned bytes, as for Q8_0) */
+static inline void hy_q_panel_signed(const uint8_t *q, uint8_t *vb) {
+    for (int j = 0; j < 16; j++) {
+        vb[j] = (uint8_t)hy_iq4_values[q[j] & 0x0F];
+        vb[j + 16] = (uint8_t)hy_iq4_values[q[j] >> 4];
+    }
+#if defined(HY_Q512)
+    for (int j = 0; j < 32; j++) vb[j] ^= 0x80;
+#endif
+}
+
+/* one weight row -> v [n] (uint8, or int8 for Q8_0, IQ4_NL, IQ4_XS), c [n/16], m [n/16] */
 static inline void hy_q_panel_row(int type, const uint8_t *row, long n, uint8_t *v, float *c,
                                   float *m) {
     const int bb = hy_q_block_bytes(type);
@@ -56,11 +68,48 @@ static inline void hy_q_panel_row(int type, const uint8_t *row, long n, uint8_t 
         }
         return;
     }
+    if (type == HY_Q_IQ4_NL) {
+        for (long b = 0; b < n / 32; b++) {
+            const uint8_t *blk = row + 18 * b;
+            hy_q_panel_signed(blk + 2, v + 32 * b);
+            c[2 * b] = c[2 * b + 1] = hy_f16(blk);
+            m[2 * b] = m[2 * b + 1] = 0.0f;
+        }
+        return;
+    }
     for (long s = 0; s < n / 256; s++) {
         const uint8_t *blk = row + bb * s;
         uint8_t *vs = v + 256 * s;
         float *cs = c + 16 * s, *ms = m + 16 * s;
-        if (type == HY_Q_Q6_K) {
+        if (type == HY_Q_Q2_K) {  /* v: 2-bit values; c, m per 16: d * scale, -dmin * min */
+            const float d = hy_f16(blk + 80), dmin = hy_f16(blk + 82);
+            for (int k = 0; k < 8; k++)
+                for (int l = 0; l < 32; l++)
+                    vs[32 * k + l] = (uint8_t)((blk[16 + 32 * (k / 4) + l] >> (2 * (k % 4))) & 3);
+            for (int g = 0; g < 16; g++) {
+                cs[g] = d * (float)(blk[g] & 0x0F);
+                ms[g] = -dmin * (float)(blk[g] >> 4);
+            }
+        } else if (type == HY_Q_Q3_K) {  /* v: q | high << 2 (0..7); value c * (v - 4) */
+            int8_t sc[16];
+            hy_q3_k_scales(blk + 96, sc);
+            const float d = hy_f16(blk + 108);
+            for (int k = 0; k < 8; k++)
+                for (int l = 0; l < 32; l++)
+                    vs[32 * k + l] = (uint8_t)(((blk[32 + 32 * (k / 4) + l] >> (2 * (k % 4))) & 3) |
+                                               (((blk[l] >> k) & 1) << 2));
+            for (int g = 0; g < 16; g++) {
+                cs[g] = d * (float)sc[g];
+                ms[g] = -4.0f * cs[g];
+            }
+        } else if (type == HY_Q_IQ4_XS) {  /* v: the grid's signed values; c per 32 */
+            const float d = hy_f16(blk);
+            for (int j = 0; j < 8; j++) {
+                hy_q_panel_signed(blk + 8 + 16 * j, vs + 32 * j);
+                cs[2 * j] = cs[2 * j + 1] = d * (float)hy_iq4_xs_scale(blk, j);
+                ms[2 * j] = ms[2 * j + 1] = 0.0f;
+            }
+        } else if (type == HY_Q_Q6_K) {
             const uint8_t *ql = blk, *qh = blk + 128;
             const int8_t *sc = (const int8_t *)(blk + 192);
             const float d = hy_f16(blk + 208);
@@ -102,7 +151,7 @@ static inline void hy_q_panel_row(int type, const uint8_t *row, long n, uint8_t 
  * 4-bit and 5-bit values (<= 31) take 4 chunks of 4 values, 6-bit (Q6_K) 2, signed 8-bit 1. */
 static inline int hy_q_gemm_group(int type) {
     switch (type) {
-    case HY_Q_Q8_0: return 1;
+    case HY_Q_Q8_0: case HY_Q_IQ4_NL: case HY_Q_IQ4_XS: return 1;
     case HY_Q_Q6_K: return 2;
     }
     return 4;
@@ -169,6 +218,8 @@ static inline __attribute__((always_inline)) void hy_q_gemm_tile(const int RB, c
     const int nseg = per32 ? 1 : 2, cps = 8 / nseg;  /* segments per block, chunks per segment */
 #define HY_IOFF(r, b, h) (ioff * (per32 ? a16[(r) * 2 * nb + 2 * (b)] + a16[(r) * 2 * nb + 2 * (b) + 1] \
                                          : a16[(r) * 2 * nb + 2 * (b) + (h)]))
+/* the activations' scaled sum over half h of block b (s16 of hy_q_act) */
+#define HY_S16(r, b, h) (da[(r) * nb + (b)] * (float)a16[(r) * 2 * nb + 2 * (b) + (h)])
 #if defined(HY_Q512)
     /* two vectors of 16 panel rows each: every broadcast activation serves both */
     (void)G;
@@ -216,8 +267,16 @@ static inline __attribute__((always_inline)) void hy_q_gemm_tile(const int RB, c
                 acc[r][0] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(s32[r][0]), _mm512_mul_ps(ch0, dr), acc[r][0]);
                 acc[r][1] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(s32[r][1]), _mm512_mul_ps(ch1, dr), acc[r][1]);
             }
+            if (fmin && !per32) {  /* an offset per half block (Q2_K) */
+                const __m512 mh0 = _mm512_loadu_ps(mT + 32 * (2 * b + h)), mh1 = _mm512_loadu_ps(mT + 32 * (2 * b + h) + 16);
+                for (int r = 0; r < RB; r++) {
+                    const __m512 sr = _mm512_set1_ps(HY_S16(r, b, h));
+                    acc[r][0] = _mm512_fmadd_ps(mh0, sr, acc[r][0]);
+                    acc[r][1] = _mm512_fmadd_ps(mh1, sr, acc[r][1]);
+                }
+            }
         }
-        if (fmin) {
+        if (fmin && per32) {
             const __m512 mb0 = _mm512_loadu_ps(mT + 32 * b), mb1 = _mm512_loadu_ps(mT + 32 * b + 16);
             for (int r = 0; r < RB; r++) {
                 const __m512 sr = _mm512_set1_ps(sa[r * nb + b]);
@@ -284,8 +343,13 @@ static inline __attribute__((always_inline)) void hy_q_gemm_tile(const int RB, c
             for (int r = 0; r < RB; r++)
                 acc[r] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(s32[r]),
                                          _mm256_mul_ps(ch, _mm256_broadcast_ss(da + r * nb + b)), acc[r]);
+            if (fmin && !per32) {  /* an offset per half block (Q2_K) */
+                const __m256 mh = _mm256_loadu_ps(mT + 8 * (2 * b + h));
+                for (int r = 0; r < RB; r++)
+                    acc[r] = _mm256_fmadd_ps(mh, _mm256_set1_ps(HY_S16(r, b, h)), acc[r]);
+            }
         }
-        if (fmin) {
+        if (fmin && per32) {
             __m256 mb = _mm256_loadu_ps(mT + 8 * b);
             for (int r = 0; r < RB; r++)
                 acc[r] = _mm256_fmadd_ps(mb, _mm256_broadcast_ss(sa + r * nb + b), acc[r]);
@@ -317,14 +381,16 @@ static inline __attribute__((always_inline)) void hy_q_gemm_tile(const int RB, c
                         }
                     if (ioff) s -= HY_IOFF(r, b, h);
                     sum = fmaf((float)s, cT[P * (2 * b + h) + i] * da[r * nb + b], sum);
+                    if (fmin && !per32) sum = fmaf(mT[P * (2 * b + h) + i], HY_S16(r, b, h), sum);
                 }
-                if (fmin) sum = fmaf(mT[P * b + i], sa[r * nb + b], sum);
+                if (fmin && per32) sum = fmaf(mT[P * b + i], sa[r * nb + b], sum);
             }
             out[r * ldo + i] = sum;
         }
     }
 #endif
 #undef HY_IOFF
+#undef HY_S16
 }
 
 /* hy_q_gemm_tile with the format's constants as compile-time constants.  Both are always
@@ -340,10 +406,12 @@ static inline __attribute__((always_inline)) void hy_q_gemm_rows(const int RB, i
     hy_q_gemm_tile(RB, G, SGN, PER32, IOFF, FMIN, nb, qa, n, da, sa, a16, vi, cT, mT, out, ldo, np)
     switch (type) {
 #if defined(HY_Q512)  /* panels hold w + 128: integer sums less 128 * sum(a), exactly sum(w * a) */
-    case HY_Q_Q8_0: HY_TILE(1, 0, 1, 128, 0); break;
+    case HY_Q_Q8_0: case HY_Q_IQ4_NL: case HY_Q_IQ4_XS: HY_TILE(1, 0, 1, 128, 0); break;
 #else
-    case HY_Q_Q8_0: HY_TILE(1, 1, 1, 0, 0); break;
+    case HY_Q_Q8_0: case HY_Q_IQ4_NL: case HY_Q_IQ4_XS: HY_TILE(1, 1, 1, 0, 0); break;
 #endif
+    case HY_Q_Q2_K: HY_TILE(4, 0, 0, 0, 1); break;
+    case HY_Q_Q3_K: HY_TILE(4, 0, 0, 4, 0); break;
     case HY_Q_Q4_0: HY_TILE(4, 0, 1, 8, 0); break;
     case HY_Q_Q5_0: HY_TILE(4, 0, 1, 16, 0); break;
     case HY_Q_Q6_K: HY_TILE(2, 0, 0, 32, 0); break;
@@ -363,8 +431,12 @@ static inline void hy_q_gemm_panel(int type, long rows, long n, const int8_t *qa
     const long nb = n / 32;
     const int P = HY_GEMM_P;
     hy_q_interleave(n, v, c, vi, cT);
-    for (long b = 0; b < nb; b++)  /* float offsets, one per block (m holds two equal per block) */
-        for (int i = 0; i < P; i++) mT[P * b + i] = m[i * (n / 16) + 2 * b];
+    if (type == HY_Q_Q2_K)  /* float offsets, one per half block */
+        for (long h = 0; h < n / 16; h++)
+            for (int i = 0; i < P; i++) mT[P * h + i] = m[i * (n / 16) + h];
+    else  /* one per block (m holds two equal per block) */
+        for (long b = 0; b < nb; b++)
+            for (int i = 0; i < P; i++) mT[P * b + i] = m[i * (n / 16) + 2 * b];
     long r = 0;
 #define HY_ROWS(RB) hy_q_gemm_rows(RB, type, nb, qa + r * n, da + r * nb, sa + r * nb, \
                                    a16 + r * 2 * nb, vi, cT, mT, out + r * ldo, ldo, np)

@@ -81,6 +81,10 @@ HY_DECODE_BLOCKS(q5_1, 32, 24)
 HY_DECODE_BLOCKS(q4_k, 256, 144)
 HY_DECODE_BLOCKS(q5_k, 256, 176)
 HY_DECODE_BLOCKS(q6_k, 256, 210)
+HY_DECODE_BLOCKS(q2_k, 256, 84)
+HY_DECODE_BLOCKS(q3_k, 256, 110)
+HY_DECODE_BLOCKS(iq4_nl, 32, 18)
+HY_DECODE_BLOCKS(iq4_xs, 256, 136)
 #undef HY_DECODE_BLOCKS
 
 /* a format's one-row dot product in the table's signature */
@@ -101,11 +105,15 @@ HY_DOT_ROW(q5_1, hy_dot_q4q5(w, n / 32, qa, da, sa, 1, 1))
 HY_DOT_ROW(q4_k, hy_dot_q45_k(w, n / 256, qa, da, sa, 0))
 HY_DOT_ROW(q5_k, hy_dot_q45_k(w, n / 256, qa, da, sa, 1))
 HY_DOT_ROW(q6_k, hy_dot_q6_k(w, n / 256, qa, da, s16))
+HY_DOT_ROW(q2_k, hy_dot_q2_k(w, n / 256, qa, da, s16))
+HY_DOT_ROW(q3_k, hy_dot_q3_k(w, n / 256, qa, da, s16))
+HY_DOT_ROW(iq4_nl, hy_dot_iq4_nl(w, n / 32, qa, da))
+HY_DOT_ROW(iq4_xs, hy_dot_iq4_xs(w, n / 256, qa, da))
 HY_DOT_ROW(f32, hy_dot_stream((const float *)w, x, n))
 #undef HY_DOT_ROW
 
 /* indexed by the HY_Q_* code; F32 rows serve only the mat-vec's own float32 path */
-static const hy_q_traits hy_q_table[HY_Q_F32 + 1] = {
+static const hy_q_traits hy_q_table[HY_Q_LAST + 1] = {
     [HY_Q_F16] = {"float16", 1, 2, 0, hy_decode_row_f16, hy_dot_row_f16, HY_HALF_ROWS},
     [HY_Q_BF16] = {"bfloat16", 1, 2, 0, hy_decode_row_bf16, hy_dot_row_bf16, HY_HALF_ROWS},
     [HY_Q_Q8_0] = {"q8_0", 32, 34, 1, hy_decode_row_q8_0, hy_dot_row_q8_0, HY_Q8_ROWS},
@@ -117,11 +125,15 @@ static const hy_q_traits hy_q_table[HY_Q_F32 + 1] = {
     [HY_Q_Q5_K] = {"q5_k", 256, 176, 1, hy_decode_row_q5_k, hy_dot_row_q5_k, HY_K_ROWS},
     [HY_Q_Q6_K] = {"q6_k", 256, 210, 1, hy_decode_row_q6_k, hy_dot_row_q6_k, HY_K_ROWS},
     [HY_Q_F32] = {"float32", 0, 0, 0, NULL, hy_dot_row_f32, 1},
+    [HY_Q_Q2_K] = {"q2_k", 256, 84, 1, hy_decode_row_q2_k, hy_dot_row_q2_k, 1},
+    [HY_Q_Q3_K] = {"q3_k", 256, 110, 1, hy_decode_row_q3_k, hy_dot_row_q3_k, 1},
+    [HY_Q_IQ4_NL] = {"iq4_nl", 32, 18, 1, hy_decode_row_iq4_nl, hy_dot_row_iq4_nl, 1},
+    [HY_Q_IQ4_XS] = {"iq4_xs", 256, 136, 1, hy_decode_row_iq4_xs, hy_dot_row_iq4_xs, 1},
 };
 
 /* the traits of format code `type`, or NULL for an unknown code */
 static inline const hy_q_traits *hy_q_traits_of(int type) {
-    return type >= HY_Q_F16 && type <= HY_Q_F32 ? &hy_q_table[type] : NULL;
+    return type >= HY_Q_F16 && type <= HY_Q_LAST ? &hy_q_table[type] : NULL;
 }
 
 /* Values per block and bytes per block of a format (0 for an unknown code or F32). */

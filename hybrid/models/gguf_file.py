@@ -2,9 +2,10 @@
 
 The header is parsed here, every count and length checked against the bytes left; the file is
 memory-mapped read-only once and its tensors are used in place: F32 tensors as float32
-views, F16/BF16/Q8_0/Q4_0/Q4_1/Q5_0/Q5_1/Q4_K/Q5_K/Q6_K matrices as QuantizedTensors over the
-mapped bytes (nothing is copied or decoded).  Other types (Q2_K, Q3_K, IQ*, ...) are decoded by
-``gguf.quants`` and re-encoded once to the nearest native format, with one warning.
+views, F16/BF16/Q8_0/Q4_0/Q4_1/Q5_0/Q5_1/Q2_K/Q3_K/Q4_K/Q5_K/Q6_K/IQ4_NL/IQ4_XS matrices as
+QuantizedTensors over the mapped bytes (nothing is copied or decoded).  Other types (IQ2_*,
+IQ3_*, IQ1_*, TQ*, ...) are decoded by ``gguf.quants`` and re-encoded once to the nearest native
+format, with one warning.
 
 Before any kernel reads a byte, every tensor's type, shape, block alignment and byte range is
 checked against the file size and the model config: a truncated, corrupt or hostile file raises
@@ -64,8 +65,8 @@ GGML_TYPES = {
     26: ("I32", 1, 4), 27: ("I64", 1, 8), 28: ("F64", 1, 8), 29: ("IQ1_M", 256, 56),
     30: ("BF16", 1, 2), 34: ("TQ1_0", 256, 54), 35: ("TQ2_0", 256, 66),
 }
-_LOW_BIT = {"Q2_K", "Q3_K", "IQ2_XXS", "IQ2_XS", "IQ2_S", "IQ3_XXS", "IQ3_S", "IQ1_S", "IQ1_M",
-            "IQ4_NL", "IQ4_XS", "TQ1_0", "TQ2_0"}  # re-encoded to Q4_K (their size class)
+_LOW_BIT = {"IQ2_XXS", "IQ2_XS", "IQ2_S", "IQ3_XXS", "IQ3_S", "IQ1_S", "IQ1_M", "TQ1_0",
+            "TQ2_0"}  # re-encoded to Q4_K (their size class)
 
 
 class _Header:

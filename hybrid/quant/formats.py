@@ -21,6 +21,7 @@ class WeightFormat:
     block_values: int  # values per block
     block_bytes: int  # bytes per block
     integer: bool  # dot products on 8-bit activations (else widen and FMA)
+    quantizable: bool = True  # False: served from llama.cpp's files, never written by hybrid
 
     def row_bytes(self, in_features: int) -> int:
         if in_features % self.block_values:
@@ -47,13 +48,19 @@ FORMATS = {f.name: f for f in (
     WeightFormat("q4_k", 12, 8, 256, 144, True),
     WeightFormat("q5_k", 13, 9, 256, 176, True),
     WeightFormat("q6_k", 14, 10, 256, 210, True),
+    # llama.cpp's low-bit formats, whose quantizers search scales against an importance matrix:
+    # read from files and multiplied in their encoding, not written
+    WeightFormat("q2_k", 10, 12, 256, 84, True, quantizable=False),
+    WeightFormat("q3_k", 11, 13, 256, 110, True, quantizable=False),
+    WeightFormat("iq4_nl", 20, 14, 32, 18, True, quantizable=False),
+    WeightFormat("iq4_xs", 23, 15, 256, 136, True, quantizable=False),
 )}
 ALIASES = {"f16": "float16", "fp16": "float16", "bf16": "bfloat16", "f32": "float32",
            "fp32": "float32"}
 BY_GGML_TYPE = {f.ggml_type: f for f in FORMATS.values()}
 GGML_F32 = 0
 # the formats `load_model(weights=...)` and `quantize` accept ("float32": plain arrays)
-TARGETS = ("float32", *FORMATS)
+TARGETS = ("float32", *(name for name, f in FORMATS.items() if f.quantizable))
 
 
 def get_format(name) -> WeightFormat:

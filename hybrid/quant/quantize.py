@@ -203,6 +203,9 @@ def quantize(array, format) -> QuantizedTensor:
     """Encode a float matrix [out_features, in_features] in ``format`` ("q8_0", "q4_0", "q4_1",
     "q5_0", "q5_1", "q4_k", "q5_k", "q6_k", "float16", "bfloat16")."""
     fmt: WeightFormat = get_format(format)
+    if not fmt.quantizable:
+        raise ValueError(f"hybrid reads {fmt.name} tensors from GGUF files but does not quantize "
+                         f"to {fmt.name}; make such a file with llama.cpp's llama-quantize")
     x = np.asarray(array)
     if x.ndim != 2:
         raise ValueError(f"quantize takes a 2-D [out_features, in_features] matrix, got shape "
