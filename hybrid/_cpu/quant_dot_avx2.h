@@ -290,14 +290,14 @@ HY_UNUSED static float hy_dot_q2_k_avx2(const uint8_t *w, long nsb, const int8_t
 
 /* the 16 scales of a Q3_K super-block less 32, as 16 signed bytes (hy_q3_k_scales' order) */
 static inline __m128i hy_q3_k_scales_vec(const uint8_t *s) {
-    uint32_t aux[4];
-    memcpy(aux, s, 12);
-    const uint32_t tmp = aux[2], m2 = 0x0f0f0f0fu, m1 = 0x03030303u;
-    aux[2] = ((aux[0] >> 4) & m2) | (((tmp >> 4) & m1) << 4);
-    aux[3] = ((aux[1] >> 4) & m2) | (((tmp >> 6) & m1) << 4);
-    aux[0] = (aux[0] & m2) | ((tmp & m1) << 4);
-    aux[1] = (aux[1] & m2) | (((tmp >> 2) & m1) << 4);
-    return _mm_sub_epi8(_mm_loadu_si128((const __m128i *)aux), _mm_set1_epi8(32));
+    const uint32_t a0 = hy_u32(s), a1 = hy_u32(s + 4), tmp = hy_u32(s + 8);
+    const uint32_t m2 = 0x0f0f0f0fu, m1 = 0x03030303u;
+    /* (built in registers: four 32-bit stores read back as one vector would stall) */
+    return _mm_sub_epi8(_mm_setr_epi32((int)((a0 & m2) | ((tmp & m1) << 4)),
+                                       (int)((a1 & m2) | (((tmp >> 2) & m1) << 4)),
+                                       (int)(((a0 >> 4) & m2) | (((tmp >> 4) & m1) << 4)),
+                                       (int)(((a1 >> 4) & m2) | (((tmp >> 6) & m1) << 4))),
+                        _mm_set1_epi8(32));
 }
 
 /* Q3_K, one activation row: u = q | high << 2 (0..7) unsigned in maddubs, madd with the signed

@@ -267,103 +267,107 @@ static inline __m512 hy_pair_factor(__m256 v, int a, int b) {
     return _mm512_permutexvar_ps(idx, _mm512_castps256_ps512(v));
 }
 
-/* int16 scales 4q..4q+3 of sc (16 int16 as 4 qwords): scale 4q + i in every word of lane i */
-static inline __m512i hy_scale_quad(const uint64_t *sc, int q) {
-    const __m512i ctrl = _mm512_inserti64x4(
-        _mm512_castsi256_si512(_mm256_set_m128i(_mm_set1_epi16(0x0302), _mm_set1_epi16(0x0100))),
-        _mm256_set_m128i(_mm_set1_epi16(0x0706), _mm_set1_epi16(0x0504)), 1);
-    return _mm512_shuffle_epi8(_mm512_set1_epi64((long long)sc[q]), ctrl);
-}
-
-/* the 2-bit values of blocks k = 4h + j and k + 1 (j even) from the 32 bytes of half h */
-static inline __m512i hy_q2_pair(__m256i raw, int j) {
-    const __m512i sh = _mm512_inserti64x4(_mm512_castsi256_si512(_mm256_set1_epi16((short)(2 * j))),
-                                          _mm256_set1_epi16((short)(2 * j + 2)), 1);
-    const __m512i r2 = _mm512_inserti64x4(_mm512_castsi256_si512(raw), raw, 1);
-    return _mm512_and_si512(_mm512_srlv_epi16(r2, sh), _mm512_set1_epi8(3));
-}
-
-/* Q2_K / Q3_K body: u (0..7) of blocks k, k+1 times the activations, the scales (madd), one FMA
- * with the blocks' factors */
-#define HY_Q23_PAIR(u, k, q)                                                                   \
-    do {                                                                                      \
-        const __m512i p16 = _mm512_maddubs_epi16((u), _mm512_loadu_si512((const void *)(qa + 32 * (8 * s + (k))))); \
-        const __m512i p32 = _mm512_madd_epi16(p16, hy_scale_quad(sc64, (q)));                 \
-        acc[(q) & 1] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(p32), hy_pair_factor(cf, (k), (k) + 1), acc[(q) & 1]); \
-    } while (0)
-
-/* Q2_K, one activation row (hy_dot_q2_k_avx2's sums, two blocks per vector) */
-HY_UNUSED static float hy_dot_q2_k_512(const uint8_t *w, long nsb, const int8_t *qa,
-                                       const float *da, const float *s16) {
-    __m512 acc[2] = {_mm512_setzero_ps(), _mm512_setzero_ps()}, accm = _mm512_setzero_ps();
-    for (long s = 0; s < nsb; s++) {
-        const uint8_t *blk = w + 84 * s;
-        HY_PREFETCH(blk);
-        HY_PREFETCH(blk + 64);
-        const __m128i sc8 = _mm_loadu_si128((const __m128i *)blk);
-        const __m128i mn = _mm_and_si128(_mm_srli_epi16(sc8, 4), _mm_set1_epi8(0x0F));
-        accm = _mm512_fmadd_ps(_mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(mn)),
-                                             _mm512_set1_ps(hy_f16(blk + 82))),
-                               _mm512_loadu_ps(s16 + 16 * s), accm);
-        uint64_t sc64[4];
-        _mm256_storeu_si256((__m256i *)sc64, _mm256_cvtepu8_epi16(_mm_and_si128(sc8, _mm_set1_epi8(0x0F))));
-        const __m256 cf = _mm256_mul_ps(_mm256_set1_ps(hy_f16(blk + 80)), _mm256_loadu_ps(da + 8 * s));
-        for (int h = 0; h < 2; h++) {
-            const __m256i raw = _mm256_loadu_si256((const __m256i *)(blk + 16 + 32 * h));
-            HY_Q23_PAIR(hy_q2_pair(raw, 0), 4 * h, 2 * h);
-            HY_Q23_PAIR(hy_q2_pair(raw, 2), 4 * h + 2, 2 * h + 1);
-        }
-    }
-    return _mm512_reduce_add_ps(_mm512_add_ps(acc[0], acc[1])) - _mm512_reduce_add_ps(accm);
-}
-
-/* Q3_K, one activation row (hy_dot_q3_k_avx2's sums, two blocks per vector) */
-HY_UNUSED static float hy_dot_q3_k_512(const uint8_t *w, long nsb, const int8_t *qa,
-                                       const float *da, const float *s16) {
+/* Q2_K (three = 0) / Q3_K (three = 1), one activation row: two blocks per vector (vpdpbusd), a
+ * float factor per 16 values (d * scale * da, one permute per pair of blocks);
+ * Q2_K's mins term dmin * sum_16 min * s16 and Q3_K's centre term 4 * d * sum_16 scale * s16 are
+ * one FMA per super-block. */
+static inline __attribute__((always_inline)) float
+hy_dot_q23_k_512(const uint8_t *w, long nsb, const int8_t *qa, const float *da,
+                 const float *s16, const int three) {
+    const int bb = three ? 110 : 84;
     __m512 acc[2] = {_mm512_setzero_ps(), _mm512_setzero_ps()}, acco = _mm512_setzero_ps();
+    const __m512i m3 = _mm512_set1_epi8(3), b2 = _mm512_set1_epi8(4);
+    const __m512i dup = _mm512_setr_epi32(0, 0, 1, 1, 2, 2, 3, 3, 4, 4, 5, 5, 6, 6, 7, 7);
     for (long s = 0; s < nsb; s++) {
-        const uint8_t *blk = w + 110 * s;
-        HY_PREFETCH(blk);
-        HY_PREFETCH(blk + 64);
-        const __m128i sc8 = hy_q3_k_scales_vec(blk + 96);
-        const float d = hy_f16(blk + 108);
-        acco = _mm512_fmadd_ps(_mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(sc8)), _mm512_set1_ps(d)),
-                               _mm512_loadu_ps(s16 + 16 * s), acco);
-        uint64_t sc64[4];
-        _mm256_storeu_si256((__m256i *)sc64, _mm256_cvtepi8_epi16(sc8));
-        const __m256 cf = _mm256_mul_ps(_mm256_set1_ps(d), _mm256_loadu_ps(da + 8 * s));
-        const __m256i hm = _mm256_loadu_si256((const __m256i *)blk);
-        const __m512i hm2 = _mm512_inserti64x4(_mm512_castsi256_si512(hm), hm, 1);
-        for (int h = 0; h < 2; h++) {
-            const __m256i raw = _mm256_loadu_si256((const __m256i *)(blk + 32 + 32 * h));
-            for (int j = 0; j < 4; j += 2) {
-                const int k = 4 * h + j;
-                const __m512i hs = _mm512_inserti64x4(_mm512_castsi256_si512(_mm256_set1_epi16((short)k)),
-                                                      _mm256_set1_epi16((short)(k + 1)), 1);
-                const __m512i high = _mm512_slli_epi16(_mm512_and_si512(_mm512_srlv_epi16(hm2, hs),
-                                                                        _mm512_set1_epi8(1)), 2);
-                HY_Q23_PAIR(_mm512_or_si512(hy_q2_pair(raw, j), high), k, k / 2);
+        const __m512 da2 = _mm512_permutexvar_ps(dup, _mm512_castps256_ps512(_mm256_loadu_ps(da + 8 * s)));
+        const __m512 s16v = _mm512_loadu_ps(s16 + 16 * s);
+        const int8_t *a = qa + 256 * s;
+        {
+            const uint8_t *blk = w + bb * s;
+            HY_PREFETCH(blk);
+            HY_PREFETCH(blk + 64);
+            __m512 f;
+            if (three) {
+                const __m512 scf = _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(hy_q3_k_scales_vec(blk + 96)));
+                const __m512 dsc = _mm512_mul_ps(scf, _mm512_set1_ps(hy_f16(blk + 108)));
+                acco = _mm512_fmadd_ps(dsc, s16v, acco);
+                f = _mm512_mul_ps(dsc, da2);
+            } else {
+                const __m512i sc = _mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i *)blk));
+                const __m512 mnf = _mm512_cvtepi32_ps(_mm512_srli_epi32(sc, 4));
+                acco = _mm512_fmadd_ps(_mm512_mul_ps(mnf, _mm512_set1_ps(hy_f16(blk + 82))), s16v, acco);
+                f = _mm512_mul_ps(_mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_and_si512(sc, _mm512_set1_epi32(0x0F))),
+                                                _mm512_set1_ps(hy_f16(blk + 80))), da2);
+            }
+            const uint8_t *q = three ? blk + 32 : blk + 16;
+            __m512i hm2 = _mm512_setzero_si512();
+            if (three) {
+                const __m256i hm = _mm256_loadu_si256((const __m256i *)blk);
+                hm2 = _mm512_inserti64x4(_mm512_castsi256_si512(hm), hm, 1);
+            }
+            for (int h = 0; h < 2; h++) {
+                const __m256i raw = _mm256_loadu_si256((const __m256i *)(q + 32 * h));
+                const __m512i r2 = _mm512_inserti64x4(_mm512_castsi256_si512(raw), raw, 1);
+                for (int j = 0; j < 4; j += 2) {
+                    const int k = 4 * h + j;
+                    const __m512i sh = _mm512_inserti64x4(_mm512_castsi256_si512(_mm256_set1_epi16((short)(2 * j))),
+                                                          _mm256_set1_epi16((short)(2 * j + 2)), 1);
+                    __m512i u;
+                    if (three) {
+                        /* bit k (k + 1 in the upper half) of each hmask byte to bit 2 */
+                        __m512i high;
+                        if (k == 0)
+                            high = _mm512_sllv_epi16(hm2, _mm512_inserti64x4(_mm512_castsi256_si512(
+                                _mm256_set1_epi16(2)), _mm256_set1_epi16(1), 1));
+                        else
+                            high = _mm512_srlv_epi16(hm2, _mm512_inserti64x4(_mm512_castsi256_si512(
+                                _mm256_set1_epi16((short)(k - 2))), _mm256_set1_epi16((short)(k - 1)), 1));
+                        /* (q2 & 3) | (high & 4) */
+                        u = _mm512_ternarylogic_epi32(_mm512_srlv_epi16(r2, sh), _mm512_and_si512(high, b2), m3, 0xEC);
+                    } else {
+                        u = _mm512_and_si512(_mm512_srlv_epi16(r2, sh), m3);
+                    }
+                    /* lane l of the pair's sums is half 2k + l/4 */
+                    const __m512i half = _mm512_add_epi32(_mm512_set1_epi32(2 * k), _mm512_srli_epi32(
+                        _mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15), 2));
+                    const __m512i p = _mm512_dpbusd_epi32(_mm512_setzero_si512(), u,
+                                                          _mm512_loadu_si512((const void *)(a + 32 * k)));
+                    acc[j / 2] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(p), _mm512_permutexvar_ps(half, f), acc[j / 2]);
+                }
             }
         }
     }
-    return _mm512_reduce_add_ps(_mm512_add_ps(acc[0], acc[1])) - 4.0f * _mm512_reduce_add_ps(acco);
+    return _mm512_reduce_add_ps(_mm512_add_ps(acc[0], acc[1])) -
+           (three ? 4.0f : 1.0f) * _mm512_reduce_add_ps(acco);
 }
-#undef HY_Q23_PAIR
 
-/* IQ4 grid values of two 16-byte index arrays: [lo(q0), hi(q0), lo(q1), hi(q1)] by lane */
-static inline __m512i hy_iq4_lookup_pair(const uint8_t *q0, const uint8_t *q1) {
-    const __m512i grid = _mm512_broadcast_i32x4(_mm_loadu_si128((const __m128i *)hy_iq4_values));
-    const __m128i r0 = _mm_loadu_si128((const __m128i *)q0), r1 = _mm_loadu_si128((const __m128i *)q1);
-    __m512i v = _mm512_inserti32x4(_mm512_castsi128_si512(r0), _mm_srli_epi16(r0, 4), 1);
-    v = _mm512_inserti32x4(v, r1, 2);
-    v = _mm512_inserti32x4(v, _mm_srli_epi16(r1, 4), 3);
+HY_UNUSED static float hy_dot_q2_k_512(const uint8_t *w, long nsb, const int8_t *qa,
+                                       const float *da, const float *s16) {
+    return hy_dot_q23_k_512(w, nsb, qa, da, s16, 0);
+}
+
+HY_UNUSED static float hy_dot_q3_k_512(const uint8_t *w, long nsb, const int8_t *qa,
+                                       const float *da, const float *s16) {
+    return hy_dot_q23_k_512(w, nsb, qa, da, s16, 1);
+}
+
+/* IQ4 grid values + 128 (unsigned) of 32 index bytes r (two arrays of 16): by 128-bit lane
+ * [lo(r0), hi(r0), lo(r1), hi(r1)] */
+static inline __m512i hy_iq4_lookup_pair(__m256i r) {
+    const __m512i grid = _mm512_broadcast_i32x4(_mm_xor_si128(
+        _mm_loadu_si128((const __m128i *)hy_iq4_values), _mm_set1_epi8((char)0x80)));
+    const __m512i z = _mm512_castsi256_si512(r);
+    const __m512i v = _mm512_srlv_epi16(_mm512_shuffle_i64x2(z, z, _MM_SHUFFLE(1, 1, 0, 0)),
+                                        _mm512_setr_epi64(0, 0, 0x0004000400040004LL, 0x0004000400040004LL,
+                                                          0, 0, 0x0004000400040004LL, 0x0004000400040004LL));
     return _mm512_shuffle_epi8(grid, _mm512_and_si512(v, _mm512_set1_epi8(0x0F)));
 }
 
-/* signed values v times signed activations a: 16 int32 sums of 4 (|v| times a with v's sign) */
-static inline __m512i hy_dot_s8s8_512(__m512i v, __m512i a) {
-    return _mm512_dpbusd_epi32(_mm512_setzero_si512(), _mm512_abs_epi8(v),
-                               _mm512_mask_sub_epi8(a, _mm512_movepi8_mask(v), _mm512_setzero_si512(), a));
+/* grid values u - 128 times signed activations a: 16 int32 sums of 4, exact (u a - 128 a) */
+static inline __m512i hy_dot_iq4_512(__m512i u, const int8_t *qa) {
+    const __m512i a = _mm512_loadu_si512((const void *)qa);
+    return _mm512_sub_epi32(_mm512_dpbusd_epi32(_mm512_setzero_si512(), u, a),
+                            _mm512_dpbusd_epi32(_mm512_setzero_si512(), _mm512_set1_epi8((char)0x80), a));
 }
 
 /* IQ4_NL, one activation row: two blocks per vector; the portable loop takes an odd last one */
@@ -374,8 +378,9 @@ HY_UNUSED static float hy_dot_iq4_nl_512(const uint8_t *w, long nb, const int8_t
     for (; b + 2 <= nb; b += 2) {
         const uint8_t *b0 = w + 18 * b, *b1 = b0 + 18;
         HY_PREFETCH(b0);
-        const __m512i p = hy_dot_s8s8_512(hy_iq4_lookup_pair(b0 + 2, b1 + 2),
-                                          _mm512_loadu_si512((const void *)(qa + 32 * b)));
+        const __m256i r = _mm256_inserti128_si256(_mm256_castsi128_si256(
+            _mm_loadu_si128((const __m128i *)(b0 + 2))), _mm_loadu_si128((const __m128i *)(b1 + 2)), 1);
+        const __m512i p = hy_dot_iq4_512(hy_iq4_lookup_pair(r), qa + 32 * b);
         const __m512 f = _mm512_mask_blend_ps((__mmask16)0xFF00, _mm512_set1_ps(hy_f16(b0) * da[b]),
                                               _mm512_set1_ps(hy_f16(b1) * da[b + 1]));
         acc = _mm512_fmadd_ps(_mm512_cvtepi32_ps(p), f, acc);
@@ -394,8 +399,8 @@ HY_UNUSED static float hy_dot_iq4_xs_512(const uint8_t *w, long nsb, const int8_
         HY_PREFETCH(blk + 128);
         const __m256 cf = hy_iq4_xs_factors(blk, da + 8 * s);
         for (int j = 0; j < 8; j += 2) {
-            const __m512i p = hy_dot_s8s8_512(hy_iq4_lookup_pair(blk + 8 + 16 * j, blk + 24 + 16 * j),
-                                              _mm512_loadu_si512((const void *)(qa + 32 * (8 * s + j))));
+            const __m512i p = hy_dot_iq4_512(hy_iq4_lookup_pair(_mm256_loadu_si256((const __m256i *)(blk + 8 + 16 * j))),
+                                             qa + 32 * (8 * s + j));
             acc[j / 2 & 1] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(p), hy_pair_factor(cf, j, j + 1), acc[j / 2 & 1]);
         }
     }
