@@ -121,6 +121,7 @@ class PagedKVCache:
         self._tables = [st.new_table() for st in pool.storages]  # per layer: lengths, addresses
         self._version = 0  # bumped when _blocks changes; a table at another version is stale
         self._seq_len = 0
+        self._released = 0  # leading blocks given back (void_block in their place)
 
     @classmethod
     def on(cls, pool: KVBlockPool, max_tokens: "int | None" = None) -> "PagedKVCache":
@@ -212,6 +213,25 @@ class PagedKVCache:
             self._trim()
             raise
 
+    def release_before(self, position: int) -> int:
+        """Give back to the pool the blocks whose every token lies before ``position`` (tokens
+        no layer reads again once every layer's sliding window has passed them); their table
+        entries point at the pool's void block.  Returns how many blocks went back."""
+        n = min(int(position) // self.block_size, len(self._blocks))
+        if n <= self._released:
+            return 0
+        gone = self._blocks[self._released:n]
+        self.pool.release(gone)  # first, so that the void block can be taken the first time
+        self._blocks[self._released:n] = [self.pool.void_block()] * (n - self._released)
+        self._released = n
+        self._version += 1
+        return len(gone)
+
+    @property
+    def released_tokens(self) -> int:
+        """Tokens at the start whose blocks went back to the pool (release_before)."""
+        return self._released * self.block_size
+
     def _held(self) -> int:
         """Tokens some layer holds (blocks past them can go back to the pool)."""
         return max([self._seq_len] + [t.length for t in self._tables])
@@ -220,8 +240,9 @@ class PagedKVCache:
         """Give back the blocks past what any layer holds."""
         keep = -(-self._held() // self.block_size)
         if len(self._blocks) > keep:
-            extra = self._blocks[keep:]
+            extra = self._blocks[max(keep, self._released):]
             del self._blocks[keep:]
+            self._released = min(self._released, keep)
             self._version += 1
             self.pool.release(extra)
 
@@ -334,6 +355,10 @@ class PagedKVCache:
         """Keep the first ``n`` committed tokens (0 <= n <= seq_len); drop the rest everywhere."""
         if isinstance(n, bool) or not isinstance(n, (int, np.integer)) or not 0 <= n <= self._seq_len:
             raise ValueError(f"truncate(n) needs 0 <= n <= seq_len={self._seq_len}, got {n!r}")
+        if 0 < n < self.released_tokens:
+            raise ValueError(f"truncate({n}): the first {self.released_tokens} tokens went back to "
+                             f"the pool (outside every sliding window); truncate to 0 or to at "
+                             f"least {self.released_tokens}")
         for t in self._tables:
             t.length = min(t.length, int(n))
         self._seq_len = int(n)

@@ -240,6 +240,7 @@ class KVBlockPool:
         self.max_blocks = None if num_blocks is None else int(num_blocks)
         self.prefix_cache = bool(prefix_cache)
         self.poison = bool(poison_unused)
+        self._void = None  # void_block()
         self.storages = [self._new_storage(p) for p in self.placements]
         self.k_addr = [np.zeros(0, dtype=np.int64) for _ in self.placements]
         self.v_addr = [np.zeros(0, dtype=np.int64) for _ in self.placements]
@@ -343,6 +344,16 @@ class KVBlockPool:
             for st in self.storages:
                 st.poison(ids)
         return ids
+
+    def void_block(self) -> int:
+        """A block id that stands for released tokens in a sequence's table (tokens outside every
+        layer's sliding window): taken once, never released, filled with NaN so that a kernel
+        which read it would give NaN.  Raises PoolExhaustedError when the pool has no block."""
+        if self._void is None:
+            (self._void,) = self.allocate(1)
+            for st in self.storages:
+                st.poison([self._void])
+        return self._void
 
     def release(self, ids) -> None:
         """Drop one reference to each block; an unreferenced block is cached (if registered and

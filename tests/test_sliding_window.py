@@ -104,3 +104,30 @@ def test_batch_equals_each_prompt_alone(mistral, rng):
     alone = [model.generate(p, 24, stop_tokens=[]) for p in prompts]
     batch = Engine(model, max_batch=5, kv_memory="32MiB").generate(prompts, 24, stop_tokens=[])
     assert batch == alone
+
+
+def test_blocks_outside_every_window_go_back_to_the_pool(mistral, rng):
+    """Every layer of this model has a window of 8: once a block's tokens are outside it, the
+    engine gives the block back to the pool.  A pool of 5 blocks (80 tokens, one of them the
+    released blocks' stand-in) then serves 130 tokens, blocks handed out are filled with NaN (a kernel that read a released block's stand-in
+    would give NaN), the tokens equal those of an engine that keeps every block, and a second
+    request with the same long prompt, served partly from the prefix cache, gives them again."""
+    hf, folder = mistral
+    model = load_model(folder)
+    assert model.kv_window == WINDOW
+    prompt = [int(t) for t in rng.integers(3, VOCAB, 50)]
+    keep_all = Engine(model, num_blocks=64)
+    keep_all.kv.window = None  # the reference: nothing released
+    want = keep_all.generate([prompt], 80, stop_tokens=[])[0]
+    assert keep_all.pool.num_allocated >= 130 // model.block_size  # it needed more than 5
+    small = Engine(model, num_blocks=5, poison_unused=True)
+    assert small.generate([prompt], 80, stop_tokens=[]) == [want]
+    again = small.generate([prompt], 80, stop_tokens=[])
+    assert again == [want]
+    assert small.pool.num_used <= 1  # the released blocks' stand-in, nothing leaked
+    # a model with a layer that reads everything keeps every block
+    model.layers[0].config.sliding_window = 0
+    try:
+        assert model.kv_window is None
+    finally:
+        model.layers[0].config.sliding_window = WINDOW

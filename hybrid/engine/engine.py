@@ -66,7 +66,7 @@ class Engine:
                                 prefix_cache=prefix_cache, poison_unused=poison_unused)
         self.max_tokens = model.max_tokens or (1 << 30)
         salt = f"{id(model.weights)}:{model.kv_dtype}:{model.block_size}".encode()
-        self.kv = KVCacheManager(self.pool, self.max_tokens, salt)
+        self.kv = KVCacheManager(self.pool, self.max_tokens, salt, window=model.kv_window)
         self.scheduler = Scheduler(self.kv, max_batch, max_batched_tokens)
         self._requests: dict = {}
         self._arrivals = itertools.count()
@@ -213,6 +213,7 @@ class Engine:
             if role == kernel_role.PROMPT:
                 self.prefill_tokens += n
                 self.kv.cache_prompt_blocks(r)
+            self.kv.release_out_of_window(r)
             if r.pending == 0:
                 ready.append((r, row))
         return ready

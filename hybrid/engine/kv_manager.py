@@ -8,6 +8,7 @@ through it while it plans a step; the pool (hybrid/kvpool.py) only keeps the boo
     kv.tokens_that_fit(req, k)     # tokens req's cache holds with k more blocks
     kv.allocate_slots(req, n)      # take them (the step then only describes them)
     kv.cache_prompt_blocks(req)    # its newly computed full prompt blocks join the prefix cache
+    kv.release_out_of_window(req)  # blocks no layer's sliding window reaches go back
     kv.free(req)                   # every block back (finished, aborted, preempted)
 """
 
@@ -18,8 +19,10 @@ from ..kvpool import KVBlockPool, prefix_hashes
 
 
 class KVCacheManager:
-    def __init__(self, pool: KVBlockPool, max_tokens: int, salt: bytes):
+    def __init__(self, pool: KVBlockPool, max_tokens: int, salt: bytes,
+                 window: "int | None" = None):
         self.pool = pool
+        self.window = window  # every layer reads only the last `window` positions (None: some layer reads all)
         self.block_size = pool.block_size
         self.max_tokens = max_tokens  # per sequence (the model's context)
         self.salt = salt
@@ -74,6 +77,13 @@ class KVCacheManager:
             return
         hashes = prefix_hashes(req.prompt, self.block_size, self.salt, full)
         blocks = req.cache.block_ids
-        for i in range(req.registered, full):
+        for i in range(max(req.registered, req.cache.released_tokens // self.block_size), full):
             self.pool.register(blocks[i], hashes[i])
         req.registered = full
+
+    def release_out_of_window(self, req) -> None:
+        """Give back the blocks of req that no future token's window reaches: the next token
+        (position ``req.computed``) sees positions computed - window + 1 onwards.  Registered
+        prompt blocks stay in the prefix cache."""
+        if self.window is not None and req.cache is not None:
+            req.cache.release_before(req.computed - self.window + 1)

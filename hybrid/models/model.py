@@ -119,6 +119,13 @@ class Model:
     def vocab_size(self) -> int:
         return self.embed.shape[0]
 
+    @property
+    def kv_window(self) -> "int | None":
+        """Positions back from the newest that any layer still reads: the widest sliding window
+        when every layer has one (older KV blocks can go back to the pool), else None."""
+        windows = [layer.config.sliding_window for layer in self.layers]
+        return max(windows) if windows and min(windows) > 0 else None
+
     def new_cache(self) -> PagedKVCache:
         return PagedKVCache(num_layers=len(self.layers), num_kv_heads=self.config.num_kv_heads,
                             head_dim=self.config.head_dim, block_size=self.block_size,
