@@ -137,14 +137,27 @@ static inline void hy_k4_scales_u32(const uint8_t *s, uint32_t *sc_lo, uint32_t 
 
 /* Q4_K / Q5_K super-block factors: lane j = d * scale_j * da[j] for its 8 sub-blocks (returned),
  * and the mins term dmin * sum_j min_j * sa[j] added to *accm (one FMA per super-block). */
-static inline __m256 hy_k4_factors(const uint8_t *blk, const float *da, const float *sa,
-                                   __m256 *accm) {
+/* a super-block's 8 scales times d (dsc) and 8 mins (mnf) as floats */
+static inline void hy_k4_unpack(const uint8_t *blk, __m256 *dsc, __m256 *mnf) {
     uint32_t sc_lo, sc_hi, mn_lo, mn_hi;
     hy_k4_scales_u32(blk + 4, &sc_lo, &sc_hi, &mn_lo, &mn_hi);
     const __m256 scf = _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_set_epi32(0, 0, (int)sc_hi, (int)sc_lo)));
-    const __m256 mnf = _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_set_epi32(0, 0, (int)mn_hi, (int)mn_lo)));
-    *accm = _mm256_fmadd_ps(_mm256_mul_ps(mnf, _mm256_loadu_ps(sa)), _mm256_set1_ps(hy_f16(blk + 2)), *accm);
-    return _mm256_mul_ps(_mm256_mul_ps(_mm256_set1_ps(hy_f16(blk)), scf), _mm256_loadu_ps(da));
+    *mnf = _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_set_epi32(0, 0, (int)mn_hi, (int)mn_lo)));
+    *dsc = _mm256_mul_ps(_mm256_set1_ps(hy_f16(blk)), scf);
+}
+
+/* the factors and mins term of one activation row from hy_k4_unpack's dsc and mnf */
+static inline __m256 hy_k4_row_factors(__m256 dsc, __m256 mnf, float dmin, const float *da,
+                                       const float *sa, __m256 *accm) {
+    *accm = _mm256_fmadd_ps(_mm256_mul_ps(mnf, _mm256_loadu_ps(sa)), _mm256_set1_ps(dmin), *accm);
+    return _mm256_mul_ps(dsc, _mm256_loadu_ps(da));
+}
+
+static inline __m256 hy_k4_factors(const uint8_t *blk, const float *da, const float *sa,
+                                   __m256 *accm) {
+    __m256 dsc, mnf;
+    hy_k4_unpack(blk, &dsc, &mnf);
+    return hy_k4_row_factors(dsc, mnf, hy_f16(blk + 2), da, sa, accm);
 }
 
 /* Q4_K / Q5_K, one activation row */

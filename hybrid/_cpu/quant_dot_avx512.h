@@ -50,23 +50,26 @@ static inline int hy_q_kquant_pf_l2(long n) {
 }
 
 /* Q4_K / Q5_K with 512-bit vectors: 64 nibble bytes (sub-blocks 2g..2g+3) per load, sub-blocks
- * 2g and 2g+2 (low nibbles) or 2g+1 and 2g+3 (high) side by side; otherwise as below.  W (<= 2)
- * weight rows, row i at w + i*wstep, share a pass: the activations are loaded and arranged once
- * for all of them, and each row takes exactly the operations of a single row (the same bits). */
+ * 2g and 2g+2 (low nibbles) or 2g+1 and 2g+3 (high) side by side; otherwise as below.  W weight
+ * rows (row i at w + i*wstep) times R activation rows (row r at qa + r*lda, da/sa + r*ldd),
+ * W * R <= 4: the activations are loaded and arranged once for the W weight rows, the weights
+ * unpacked once for the R activation rows, and each pair takes exactly the operations of one
+ * weight row and one activation row (the same bits): out[r*ldo + i]. */
 static inline __attribute__((always_inline)) void
-hy_dot_q45_k_512_rows(const uint8_t *w, long wstep, const int W, long nsb, const int8_t *qa,
-                      const float *da, const float *sa, int five, int pf_l2, float *out) {
+hy_dot_q45_k_512_rows(const uint8_t *w, long wstep, const int W, long nsb, const int R,
+                      const int8_t *qa, long lda, const float *da, const float *sa, long ldd,
+                      int five, int pf_l2, float *out, long ldo) {
     const int bb = five ? 176 : 144;
-    __m512 acc0[2], acc1[2];
-    __m256 accm[2];
-    for (int i = 0; i < W; i++) acc0[i] = acc1[i] = _mm512_setzero_ps(), accm[i] = _mm256_setzero_ps();
+    __m512 acc0[4], acc1[4];
+    __m256 accm[4];
+    for (int i = 0; i < W * R; i++) acc0[i] = acc1[i] = _mm512_setzero_ps(), accm[i] = _mm256_setzero_ps();
     const __m512i low4 = _mm512_set1_epi8(0x0F), one = _mm512_set1_epi8(1);
     /* 2 in the upper 256 bits: as 32-bit lanes (factor index) and as 16-bit lanes (bit shift) */
     const __m512i half = _mm512_mask_blend_epi32((__mmask16)0xFF00, _mm512_setzero_si512(), _mm512_set1_epi32(2));
     const __m512i half16 = _mm512_mask_blend_epi32((__mmask16)0xFF00, _mm512_setzero_si512(), _mm512_set1_epi16(2));
     for (long s = 0; s < nsb; s++) {
         const long a0 = 8 * s;
-        __m512 coef[2];
+        __m512 coef[4];  /* [i * R + r] */
         __m512i hb[2];
         for (int i = 0; i < W; i++) {
             const uint8_t *blk = w + i * wstep + bb * s;
@@ -82,15 +85,24 @@ hy_dot_q45_k_512_rows(const uint8_t *w, long wstep, const int W, long nsb, const
                 HY_PREFETCH(pf + 64);
                 HY_PREFETCH(pf + 128);
             }
-            coef[i] = _mm512_castps256_ps512(hy_k4_factors(blk, da + a0, sa + a0, &accm[i]));
+            __m256 dsc, mnf;
+            hy_k4_unpack(blk, &dsc, &mnf);
+            const float dmin = hy_f16(blk + 2);
+            for (int r = 0; r < R; r++)
+                coef[i * R + r] = _mm512_castps256_ps512(hy_k4_row_factors(
+                    dsc, mnf, dmin, da + r * ldd + a0, sa + r * ldd + a0, &accm[i * R + r]));
             hb[i] = five ? _mm512_broadcast_i64x4(_mm256_loadu_si256((const __m256i *)(blk + 16)))
                          : _mm512_setzero_si512();
         }
         for (int g = 0; g < 4; g += 2) {
-            const __m512i alo = _mm512_inserti64x4(_mm512_castsi256_si512(HY_LOADA(a0 + 2 * g)),
-                                                   HY_LOADA(a0 + 2 * g + 2), 1);
-            const __m512i ahi = _mm512_inserti64x4(_mm512_castsi256_si512(HY_LOADA(a0 + 2 * g + 1)),
-                                                   HY_LOADA(a0 + 2 * g + 3), 1);
+            __m512i alo[4], ahi[4];
+            for (int r = 0; r < R; r++) {
+                const int8_t *ar = qa + r * lda;
+#define HY_LOADR(i) _mm256_loadu_si256((const __m256i *)(ar + 32 * (i)))
+                alo[r] = _mm512_inserti64x4(_mm512_castsi256_si512(HY_LOADR(a0 + 2 * g)), HY_LOADR(a0 + 2 * g + 2), 1);
+                ahi[r] = _mm512_inserti64x4(_mm512_castsi256_si512(HY_LOADR(a0 + 2 * g + 1)), HY_LOADR(a0 + 2 * g + 3), 1);
+#undef HY_LOADR
+            }
             const __m512i l0 = _mm512_add_epi32(_mm512_set1_epi32(2 * g), half);
             const __m512i l1 = _mm512_add_epi32(l0, _mm512_set1_epi32(1));
             for (int i = 0; i < W; i++) {
@@ -104,21 +116,26 @@ hy_dot_q45_k_512_rows(const uint8_t *w, long wstep, const int W, long nsb, const
                     lo = _mm512_or_si512(lo, _mm512_slli_epi16(_mm512_and_si512(hs, one), 4));
                     hi = _mm512_or_si512(hi, _mm512_slli_epi16(_mm512_and_si512(_mm512_srli_epi16(hs, 1), one), 4));
                 }
-                const __m512i p0 = _mm512_dpbusd_epi32(_mm512_setzero_si512(), lo, alo);
-                const __m512i p1 = _mm512_dpbusd_epi32(_mm512_setzero_si512(), hi, ahi);
-                acc0[i] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(p0), _mm512_permutexvar_ps(l0, coef[i]), acc0[i]);
-                acc1[i] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(p1), _mm512_permutexvar_ps(l1, coef[i]), acc1[i]);
+                for (int r = 0; r < R; r++) {
+                    const int k = i * R + r;
+                    const __m512i p0 = _mm512_dpbusd_epi32(_mm512_setzero_si512(), lo, alo[r]);
+                    const __m512i p1 = _mm512_dpbusd_epi32(_mm512_setzero_si512(), hi, ahi[r]);
+                    acc0[k] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(p0), _mm512_permutexvar_ps(l0, coef[k]), acc0[k]);
+                    acc1[k] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(p1), _mm512_permutexvar_ps(l1, coef[k]), acc1[k]);
+                }
             }
         }
     }
     for (int i = 0; i < W; i++)
-        out[i] = _mm512_reduce_add_ps(_mm512_add_ps(acc0[i], acc1[i])) - hy_hsum256(accm[i]);
+        for (int r = 0; r < R; r++)
+            out[r * ldo + i] = _mm512_reduce_add_ps(_mm512_add_ps(acc0[i * R + r], acc1[i * R + r]))
+                               - hy_hsum256(accm[i * R + r]);
 }
 
 HY_UNUSED static float hy_dot_q45_k_512(const uint8_t *w, long nsb, const int8_t *qa,
                                         const float *da, const float *sa, int five) {
     float out;
-    hy_dot_q45_k_512_rows(w, 0, 1, nsb, qa, da, sa, five, 0, &out);
+    hy_dot_q45_k_512_rows(w, 0, 1, nsb, 1, qa, 0, da, sa, 0, five, 0, &out, 0);
     return out;
 }
 

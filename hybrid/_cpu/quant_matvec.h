@@ -126,6 +126,24 @@ static inline void hy_q_matvec_range(int type, const uint8_t *w, long row_bytes,
     /* Q4_K / Q5_K / Q6_K: two weight rows per pass share the activations' loads and
      * arrangement; each row takes the operations of a single row (the same bits), and the
      * odd row left over takes the one-row path (four rows per pass gain nothing over two). */
+    if (per_pass == 2 && qa != NULL && (type == HY_Q_Q4_K || type == HY_Q_Q5_K) && rows > 1) {
+        /* several activation rows: one weight row per pass, unpacked once for up to four of
+         * them (each pair the same operations as below: the same bits) */
+        const int pf_l2 = hy_q_kquant_pf_l2(n), five = type == HY_Q_Q5_K;
+        for (; o < o1; o++) {
+            for (int r = 0; r < rows; r += 4) {
+                const int left = rows - r < 4 ? rows - r : 4;
+#define HY_RK(R) case R: \
+                if (five) hy_dot_q45_k_512_rows(w + o * row_bytes, 0, 1, n / 256, R, qa + r * n, n, da + r * nb, sa + r * nb, nb, 1, pf_l2, out + r * ldo + o, ldo); \
+                else hy_dot_q45_k_512_rows(w + o * row_bytes, 0, 1, n / 256, R, qa + r * n, n, da + r * nb, sa + r * nb, nb, 0, pf_l2, out + r * ldo + o, ldo); \
+                break;
+                switch (left) { HY_RK(1) HY_RK(2) HY_RK(3) HY_RK(4) }
+#undef HY_RK
+            }
+            if (bias)
+                for (int r = 0; r < rows; r++) out[r * ldo + o] += bias[o];
+        }
+    }
     if (per_pass == 2 && qa != NULL) {
         const int pf_l2 = hy_q_kquant_pf_l2(n);
         for (; o + 2 <= o1; o += 2)
@@ -135,11 +153,11 @@ static inline void hy_q_matvec_range(int type, const uint8_t *w, long row_bytes,
                     hy_dot_q6_k_512_rows(w + o * row_bytes, row_bytes, 2, n / 256, qa + r * n,
                                          da + r * nb, s16 + 2 * r * nb, v);
                 else if (type == HY_Q_Q5_K)  /* (five a constant in each call) */
-                    hy_dot_q45_k_512_rows(w + o * row_bytes, row_bytes, 2, n / 256, qa + r * n,
-                                          da + r * nb, sa + r * nb, 1, pf_l2, v);
+                    hy_dot_q45_k_512_rows(w + o * row_bytes, row_bytes, 2, n / 256, 1, qa + r * n, 0,
+                                          da + r * nb, sa + r * nb, 0, 1, pf_l2, v, 1);
                 else
-                    hy_dot_q45_k_512_rows(w + o * row_bytes, row_bytes, 2, n / 256, qa + r * n,
-                                          da + r * nb, sa + r * nb, 0, pf_l2, v);
+                    hy_dot_q45_k_512_rows(w + o * row_bytes, row_bytes, 2, n / 256, 1, qa + r * n, 0,
+                                          da + r * nb, sa + r * nb, 0, 0, pf_l2, v, 1);
                 for (int i = 0; i < 2; i++) out[r * ldo + o + i] = v[i] + (bias ? bias[o + i] : 0.0f);
             }
     }
