@@ -147,12 +147,14 @@ HY_UNUSED static float hy_dot_q45_k_512(const uint8_t *w, long nsb, const int8_t
  * 256-bit lane n), so each step serves 64 values.  Unlike the AVX2 scheme below, the integer
  * sums (vpdpbusd, 4 values per lane) carry no scale: each lane's factor d * scale * da is one
  * float product (d * scale exact), cheaper than maddubs + scale shuffle + madd.
- * W (<= 2) weight rows share a pass as in hy_dot_q45_k_512_rows. */
+ * W weight rows times R activation rows, W * R <= 4, share a pass as in hy_dot_q45_k_512_rows
+ * (each pair the same operations, the same bits): out[r*ldo + i]. */
 static inline __attribute__((always_inline)) void
-hy_dot_q6_k_512_rows(const uint8_t *w, long wstep, const int W, long nsb, const int8_t *qa,
-                     const float *da, const float *s16, float *out) {
-    __m512 acc[2][4], acco[2];
-    for (int i = 0; i < W; i++) {
+hy_dot_q6_k_512_rows(const uint8_t *w, long wstep, const int W, long nsb, const int R,
+                     const int8_t *qa, long lda, const float *da, const float *s16, long ldd,
+                     float *out, long ldo) {
+    __m512 acc[4][4], acco[4];  /* [i * R + r] */
+    for (int i = 0; i < W * R; i++) {
         acco[i] = _mm512_setzero_ps();
         for (int k = 0; k < 4; k++) acc[i][k] = _mm512_setzero_ps();
     }
@@ -168,11 +170,11 @@ hy_dot_q6_k_512_rows(const uint8_t *w, long wstep, const int W, long nsb, const 
         blk8[k] = _mm512_mask_blend_epi32((__mmask16)0xFF00, _mm512_set1_epi32(k), _mm512_set1_epi32(4 + k));
     }
     for (long s = 0; s < nsb; s++) {
-        const int8_t *a = qa + 256 * s;
-        const __m512 s16v = _mm512_loadu_ps(s16 + 16 * s);
-        const __m512 dav = _mm512_castps256_ps512(_mm256_loadu_ps(da + 8 * s));
-        __m512 dak[4];  /* step k's activation scale per lane (shared by the W rows) */
-        for (int k = 0; k < 4; k++) dak[k] = _mm512_permutexvar_ps(blk8[k], dav);
+        __m512 s16v[4], dav[4];
+        for (int r = 0; r < R; r++) {
+            s16v[r] = _mm512_loadu_ps(s16 + 2 * r * ldd + 16 * s);
+            dav[r] = _mm512_castps256_ps512(_mm256_loadu_ps(da + r * ldd + 8 * s));
+        }
         __m512 scf[2];
         __m512i v[2][4];
         for (int i = 0; i < W; i++) {
@@ -185,7 +187,7 @@ hy_dot_q6_k_512_rows(const uint8_t *w, long wstep, const int W, long nsb, const 
             /* d * scale of the 16 groups (exact: an 8-bit integer times a float16) */
             scf[i] = _mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i *)(blk + 192)))),
                                    _mm512_set1_ps(hy_f16(blk + 208)));
-            acco[i] = _mm512_fmadd_ps(scf[i], s16v, acco[i]);
+            for (int r = 0; r < R; r++) acco[i * R + r] = _mm512_fmadd_ps(scf[i], s16v[r], acco[i * R + r]);
             /* half n: ql at 64n, qh at 128 + 32n */
             const __m512i l0 = _mm512_inserti64x4(_mm512_castsi256_si512(_mm256_loadu_si256((const __m256i *)blk)),
                                                   _mm256_loadu_si256((const __m256i *)(blk + 64)), 1);
@@ -202,25 +204,33 @@ hy_dot_q6_k_512_rows(const uint8_t *w, long wstep, const int W, long nsb, const 
                                       _mm512_srli_epi16(_mm512_and_si512(h, _mm512_set1_epi8((char)0xC0)), 2));
         }
         for (int k = 0; k < 4; k++) {
-            const __m512i av = _mm512_inserti64x4(
-                _mm512_castsi256_si512(_mm256_loadu_si256((const __m256i *)(a + 32 * k))),
-                _mm256_loadu_si256((const __m256i *)(a + 128 + 32 * k)), 1);
-            for (int i = 0; i < W; i++) {
-                const __m512i p32 = _mm512_dpbusd_epi32(_mm512_setzero_si512(), v[i][k], av);
-                const __m512 f = _mm512_mul_ps(_mm512_permutexvar_ps(grp[k], scf[i]), dak[k]);
-                acc[i][k] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(p32), f, acc[i][k]);
+            for (int r = 0; r < R; r++) {
+                const int8_t *a = qa + r * lda + 256 * s;
+                const __m512i av = _mm512_inserti64x4(
+                    _mm512_castsi256_si512(_mm256_loadu_si256((const __m256i *)(a + 32 * k))),
+                    _mm256_loadu_si256((const __m256i *)(a + 128 + 32 * k)), 1);
+                const __m512 dak = _mm512_permutexvar_ps(blk8[k], dav[r]);  /* step k's scales */
+                for (int i = 0; i < W; i++) {
+                    const __m512i p32 = _mm512_dpbusd_epi32(_mm512_setzero_si512(), v[i][k], av);
+                    const __m512 f = _mm512_mul_ps(_mm512_permutexvar_ps(grp[k], scf[i]), dak);
+                    acc[i * R + r][k] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(p32), f, acc[i * R + r][k]);
+                }
             }
         }
     }
     for (int i = 0; i < W; i++)
-        out[i] = _mm512_reduce_add_ps(_mm512_add_ps(_mm512_add_ps(acc[i][0], acc[i][1]), _mm512_add_ps(acc[i][2], acc[i][3])))
-                 - 32.0f * _mm512_reduce_add_ps(acco[i]);
+        for (int r = 0; r < R; r++) {
+            const int j = i * R + r;
+            out[r * ldo + i] = _mm512_reduce_add_ps(_mm512_add_ps(_mm512_add_ps(acc[j][0], acc[j][1]),
+                                                                  _mm512_add_ps(acc[j][2], acc[j][3])))
+                               - 32.0f * _mm512_reduce_add_ps(acco[j]);
+        }
 }
 
 HY_UNUSED static float hy_dot_q6_k_512(const uint8_t *w, long nsb, const int8_t *qa,
                                        const float *da, const float *s16) {
     float out;
-    hy_dot_q6_k_512_rows(w, 0, 1, nsb, qa, da, s16, &out);
+    hy_dot_q6_k_512_rows(w, 0, 1, nsb, 1, qa, 0, da, s16, 0, &out, 0);
     return out;
 }
 #endif

@@ -126,6 +126,21 @@ static inline void hy_q_matvec_range(int type, const uint8_t *w, long row_bytes,
     /* Q4_K / Q5_K / Q6_K: two weight rows per pass share the activations' loads and
      * arrangement; each row takes the operations of a single row (the same bits), and the
      * odd row left over takes the one-row path (four rows per pass gain nothing over two). */
+    if (per_pass == 2 && qa != NULL && type == HY_Q_Q6_K && rows > 1) {
+        /* several activation rows: one weight row per pass, unpacked once for two of them
+         * (each pair the same operations as below: the same bits) */
+        for (; o < o1; o++) {
+            for (int r = 0; r < rows; r += 4) {
+                const int left = rows - r < 4 ? rows - r : 4;
+#define HY_R6(R) case R: hy_dot_q6_k_512_rows(w + o * row_bytes, 0, 1, n / 256, R, qa + r * n, n, \
+                                              da + r * nb, s16 + 2 * r * nb, nb, out + r * ldo + o, ldo); break;
+                switch (left) { HY_R6(1) HY_R6(2) HY_R6(3) HY_R6(4) }
+#undef HY_R6
+            }
+            if (bias)
+                for (int r = 0; r < rows; r++) out[r * ldo + o] += bias[o];
+        }
+    }
     if (per_pass == 2 && qa != NULL && (type == HY_Q_Q4_K || type == HY_Q_Q5_K) && rows > 1) {
         /* several activation rows: one weight row per pass, unpacked once for up to four of
          * them (each pair the same operations as below: the same bits) */
@@ -150,8 +165,8 @@ static inline void hy_q_matvec_range(int type, const uint8_t *w, long row_bytes,
             for (int r = 0; r < rows; r++) {
                 float v[2];
                 if (type == HY_Q_Q6_K)
-                    hy_dot_q6_k_512_rows(w + o * row_bytes, row_bytes, 2, n / 256, qa + r * n,
-                                         da + r * nb, s16 + 2 * r * nb, v);
+                    hy_dot_q6_k_512_rows(w + o * row_bytes, row_bytes, 2, n / 256, 1, qa + r * n, 0,
+                                         da + r * nb, s16 + 2 * r * nb, 0, v, 1);
                 else if (type == HY_Q_Q5_K)  /* (five a constant in each call) */
                     hy_dot_q45_k_512_rows(w + o * row_bytes, row_bytes, 2, n / 256, 1, qa + r * n, 0,
                                           da + r * nb, sa + r * nb, 0, 1, pf_l2, v, 1);
