@@ -160,11 +160,14 @@ static inline __m256 hy_k4_factors(const uint8_t *blk, const float *da, const fl
     return hy_k4_row_factors(dsc, mnf, hy_f16(blk + 2), da, sa, accm);
 }
 
-/* Q4_K / Q5_K, one activation row */
-HY_UNUSED static float hy_dot_q45_k_avx2(const uint8_t *w, long nsb, const int8_t *qa,
-                                         const float *da, const float *sa, int five) {
+/* Q4_K / Q5_K for R (<= 2) activation rows (row r at qa + r*lda, da/sa + r*ldd): the weights
+ * unpacked once for both, each row the same operations as alone (the same bits): out[r*ldo] */
+static inline __attribute__((always_inline)) void
+hy_dot_q45_k_avx2_rows(const uint8_t *w, long nsb, const int R, const int8_t *qa, long lda,
+                       const float *da, const float *sa, long ldd, int five, float *out, long ldo) {
     const int bb = five ? 176 : 144;
-    __m256 acc0 = _mm256_setzero_ps(), acc1 = _mm256_setzero_ps(), accm = _mm256_setzero_ps();
+    __m256 acc0[2], acc1[2], accm[2];
+    for (int r = 0; r < R; r++) acc0[r] = acc1[r] = accm[r] = _mm256_setzero_ps();
     const __m256i low4 = _mm256_set1_epi8(0x0F), one = _mm256_set1_epi8(1);
     for (long s = 0; s < nsb; s++) {
         const uint8_t *blk = w + bb * s;
@@ -173,7 +176,11 @@ HY_UNUSED static float hy_dot_q45_k_avx2(const uint8_t *w, long nsb, const int8_
         HY_PREFETCH(blk);
         HY_PREFETCH(blk + 64);
         HY_PREFETCH(blk + 128);
-        const __m256 coef = hy_k4_factors(blk, da + a0, sa + a0, &accm);
+        __m256 dsc, mnf, coef[2];
+        hy_k4_unpack(blk, &dsc, &mnf);
+        const float dmin = hy_f16(blk + 2);
+        for (int r = 0; r < R; r++)
+            coef[r] = hy_k4_row_factors(dsc, mnf, dmin, da + r * ldd + a0, sa + r * ldd + a0, &accm[r]);
         __m256i hbits = five ? _mm256_loadu_si256((const __m256i *)qh) : _mm256_setzero_si256();
         for (int g = 0; g < 4; g++) {
             __m256i raw = _mm256_loadu_si256((const __m256i *)(q + 32 * g));
@@ -185,30 +192,46 @@ HY_UNUSED static float hy_dot_q45_k_avx2(const uint8_t *w, long nsb, const int8_
                 hi = _mm256_or_si256(hi, _mm256_slli_epi16(
                     _mm256_and_si256(_mm256_srli_epi16(hbits, 2 * g + 1), one), 4));
             }
-            __m256i p0 = hy_dot_u8s8(lo, HY_LOADA(a0 + 2 * g));
-            __m256i p1 = hy_dot_u8s8(hi, HY_LOADA(a0 + 2 * g + 1));
-            acc0 = _mm256_fmadd_ps(_mm256_cvtepi32_ps(p0),
-                                   _mm256_permutevar8x32_ps(coef, _mm256_set1_epi32(2 * g)), acc0);
-            acc1 = _mm256_fmadd_ps(_mm256_cvtepi32_ps(p1),
-                                   _mm256_permutevar8x32_ps(coef, _mm256_set1_epi32(2 * g + 1)), acc1);
+            for (int r = 0; r < R; r++) {
+                const int8_t *ar = qa + r * lda + 32 * (a0 + 2 * g);
+                __m256i p0 = hy_dot_u8s8(lo, _mm256_loadu_si256((const __m256i *)ar));
+                __m256i p1 = hy_dot_u8s8(hi, _mm256_loadu_si256((const __m256i *)(ar + 32)));
+                acc0[r] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(p0),
+                                          _mm256_permutevar8x32_ps(coef[r], _mm256_set1_epi32(2 * g)), acc0[r]);
+                acc1[r] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(p1),
+                                          _mm256_permutevar8x32_ps(coef[r], _mm256_set1_epi32(2 * g + 1)), acc1[r]);
+            }
         }
     }
-    return hy_hsum256(_mm256_add_ps(acc0, acc1)) - hy_hsum256(accm);
+    for (int r = 0; r < R; r++)
+        out[r * ldo] = hy_hsum256(_mm256_add_ps(acc0[r], acc1[r])) - hy_hsum256(accm[r]);
 }
 
-/* Q6_K, one activation row: s16 as hy_q_act gives it */
-HY_UNUSED static float hy_dot_q6_k_avx2(const uint8_t *w, long nsb, const int8_t *qa,
-                                        const float *da, const float *s16) {
-    float sum = 0.0f;
-    __m256 acc[4] = {_mm256_setzero_ps(), _mm256_setzero_ps(), _mm256_setzero_ps(), _mm256_setzero_ps()};
-    __m256 acco = _mm256_setzero_ps();
+/* Q4_K / Q5_K, one activation row */
+HY_UNUSED static float hy_dot_q45_k_avx2(const uint8_t *w, long nsb, const int8_t *qa,
+                                         const float *da, const float *sa, int five) {
+    float out;
+    hy_dot_q45_k_avx2_rows(w, nsb, 1, qa, 0, da, sa, 0, five, &out, 0);
+    return out;
+}
+
+/* Shuffle control that picks, from 8 int16 in each 128-bit lane, element 2j into every int16 of
+ * the low lane and element 2j+1 into every int16 of the high lane: the scales of the two 16-value
+ * halves of a 32-value block */
+static inline __m256i hy_scale_pair_ctrl(int j) {
+    return _mm256_set_m128i(_mm_set1_epi16((short)(((4 * j + 3) << 8) | (4 * j + 2))),
+                            _mm_set1_epi16((short)(((4 * j + 1) << 8) | (4 * j))));
+}
+
+/* Q6_K for R (<= 2) activation rows (row r at qa + r*lda, da + r*ldd, s16 + 2*r*ldd; s16 as
+ * hy_q_act gives it): the weights unpacked once for both, each row the same operations as alone
+ * (the same bits): out[r*ldo] */
+static inline __attribute__((always_inline)) void
+hy_dot_q6_k_avx2_rows(const uint8_t *w, long nsb, const int R, const int8_t *qa, long lda,
+                      const float *da, const float *s16, long ldd, float *out, long ldo) {
+    __m256 acc[2][2], acco[2];
+    for (int r = 0; r < R; r++) acc[r][0] = acc[r][1] = acco[r] = _mm256_setzero_ps();
     const __m256i low4 = _mm256_set1_epi8(0x0F);
-    /* int16 scale 2k of 8 in the low lane, 2k+1 in the high lane */
-    const __m256i pick[4] = {
-        _mm256_set_epi8(3, 2, 3, 2, 3, 2, 3, 2, 3, 2, 3, 2, 3, 2, 3, 2, 1, 0, 1, 0, 1, 0, 1, 0, 1, 0, 1, 0, 1, 0, 1, 0),
-        _mm256_set_epi8(7, 6, 7, 6, 7, 6, 7, 6, 7, 6, 7, 6, 7, 6, 7, 6, 5, 4, 5, 4, 5, 4, 5, 4, 5, 4, 5, 4, 5, 4, 5, 4),
-        _mm256_set_epi8(11, 10, 11, 10, 11, 10, 11, 10, 11, 10, 11, 10, 11, 10, 11, 10, 9, 8, 9, 8, 9, 8, 9, 8, 9, 8, 9, 8, 9, 8, 9, 8),
-        _mm256_set_epi8(15, 14, 15, 14, 15, 14, 15, 14, 15, 14, 15, 14, 15, 14, 15, 14, 13, 12, 13, 12, 13, 12, 13, 12, 13, 12, 13, 12, 13, 12, 13, 12)};
     for (long s = 0; s < nsb; s++) {
         const uint8_t *blk = w + 210 * s;
         const int8_t *sc = (const int8_t *)(blk + 192);
@@ -217,21 +240,24 @@ HY_UNUSED static float hy_dot_q6_k_avx2(const uint8_t *w, long nsb, const int8_t
         HY_PREFETCH(blk + 64);
         HY_PREFETCH(blk + 128);
         HY_PREFETCH(blk + 192);
-        __m128i sc8 = _mm_loadu_si128((const __m128i *)sc);
-        __m256 dv = _mm256_set1_ps(d);
-        acco = _mm256_fmadd_ps(_mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(sc8)), dv),
-                               _mm256_loadu_ps(s16 + 16 * s), acco);
-        acco = _mm256_fmadd_ps(_mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_srli_si128(sc8, 8))), dv),
-                               _mm256_loadu_ps(s16 + 16 * s + 8), acco);
-        __m256 cf = _mm256_mul_ps(dv, _mm256_loadu_ps(da + 8 * s)); /* d * da of the 8 blocks */
+        const __m128i sc8 = _mm_loadu_si128((const __m128i *)sc);
+        const __m256 dv = _mm256_set1_ps(d);
+        const __m256 dsc0 = _mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(sc8)), dv);
+        const __m256 dsc1 = _mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_srli_si128(sc8, 8))), dv);
+        __m256 cf[2];  /* d * da of the 8 blocks, per activation row */
+        for (int r = 0; r < R; r++) {
+            const float *s16r = s16 + 2 * r * ldd + 16 * s;
+            acco[r] = _mm256_fmadd_ps(dsc0, _mm256_loadu_ps(s16r), acco[r]);
+            acco[r] = _mm256_fmadd_ps(dsc1, _mm256_loadu_ps(s16r + 8), acco[r]);
+            cf[r] = _mm256_mul_ps(dv, _mm256_loadu_ps(da + r * ldd + 8 * s));
+        }
         for (int n = 0; n < 2; n++) {
             const uint8_t *ql = blk + 64 * n, *qh = blk + 128 + 32 * n;
-            const int8_t *scn = sc + 8 * n;
             const long a0 = 8 * s + 4 * n;
-            __m256i l0 = _mm256_loadu_si256((const __m256i *)ql);
-            __m256i l1 = _mm256_loadu_si256((const __m256i *)(ql + 32));
-            __m256i h = _mm256_loadu_si256((const __m256i *)qh);
-            __m256i s16x = _mm256_broadcastsi128_si256(_mm_cvtepi8_epi16(_mm_loadl_epi64((const __m128i *)scn)));
+            const __m256i l0 = _mm256_loadu_si256((const __m256i *)ql);
+            const __m256i l1 = _mm256_loadu_si256((const __m256i *)(ql + 32));
+            const __m256i h = _mm256_loadu_si256((const __m256i *)qh);
+            const __m256i s16x = _mm256_broadcastsi128_si256(_mm_cvtepi8_epi16(_mm_loadl_epi64((const __m128i *)(sc + 8 * n))));
             __m256i v[4];
             v[0] = _mm256_or_si256(_mm256_and_si256(l0, low4),
                                    _mm256_slli_epi16(_mm256_and_si256(h, _mm256_set1_epi8(0x03)), 4));
@@ -242,25 +268,30 @@ HY_UNUSED static float hy_dot_q6_k_avx2(const uint8_t *w, long nsb, const int8_t
             v[3] = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(l1, 4), low4),
                                    _mm256_srli_epi16(_mm256_and_si256(h, _mm256_set1_epi8((char)0xC0)), 2));
             for (int k = 0; k < 4; k++) {
-                __m256i p16 = _mm256_maddubs_epi16(v[k], HY_LOADA(a0 + k));
-                __m256i p32 = _mm256_madd_epi16(p16, _mm256_shuffle_epi8(s16x, pick[k]));
-                acc[k] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(p32),
-                                         _mm256_permutevar8x32_ps(cf, _mm256_set1_epi32(4 * n + k)), acc[k]);
+                /* int16 scale 2k of 8 in the low lane, 2k+1 in the high lane */
+                const __m256i sck = _mm256_shuffle_epi8(s16x, hy_scale_pair_ctrl(k));
+                for (int r = 0; r < R; r++) {
+                    const __m256i p16 = _mm256_maddubs_epi16(
+                        v[k], _mm256_loadu_si256((const __m256i *)(qa + r * lda + 32 * (a0 + k))));
+                    const __m256i p32 = _mm256_madd_epi16(p16, sck);
+                    acc[r][k & 1] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(p32),
+                        _mm256_permutevar8x32_ps(cf[r], _mm256_set1_epi32(4 * n + k)), acc[r][k & 1]);
+                }
             }
         }
     }
-    sum = hy_hsum256(_mm256_add_ps(_mm256_add_ps(acc[0], acc[1]), _mm256_add_ps(acc[2], acc[3])))
-          - 32.0f * hy_hsum256(acco);
-    return sum;
+    for (int r = 0; r < R; r++)
+        out[r * ldo] = hy_hsum256(_mm256_add_ps(acc[r][0], acc[r][1])) - 32.0f * hy_hsum256(acco[r]);
 }
 
-/* Shuffle control that picks, from 8 int16 in each 128-bit lane, element 2j into every int16 of
- * the low lane and element 2j+1 into every int16 of the high lane: the scales of the two 16-value
- * halves of a 32-value block */
-static inline __m256i hy_scale_pair_ctrl(int j) {
-    return _mm256_set_m128i(_mm_set1_epi16((short)(((4 * j + 3) << 8) | (4 * j + 2))),
-                            _mm_set1_epi16((short)(((4 * j + 1) << 8) | (4 * j))));
+/* Q6_K, one activation row */
+HY_UNUSED static float hy_dot_q6_k_avx2(const uint8_t *w, long nsb, const int8_t *qa,
+                                        const float *da, const float *s16) {
+    float out;
+    hy_dot_q6_k_avx2_rows(w, nsb, 1, qa, 0, da, s16, 0, &out, 0);
+    return out;
 }
+
 
 /* Q2_K / Q3_K: the 2-bit values of block k = 4h + j, bits 2j of the 32 bytes of half h */
 #define HY_Q2_BITS(raw, j) _mm256_and_si256(_mm256_srli_epi16((raw), 2 * (j)), _mm256_set1_epi8(3))
