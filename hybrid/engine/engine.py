@@ -28,6 +28,7 @@ import numpy as np
 from .. import kernel_role
 from ..kvpool import KVBlockPool, default_kv_memory, parse_bytes
 from .kv_manager import KVCacheManager
+from .speculative import METHODS, ngram_drafts
 from .params import GenerationParams
 from .request import Request, RequestOutput
 from .sampling import token_logprob
@@ -46,14 +47,26 @@ class Engine:
     kv_memory : bytes or "4GiB" for the shared KV pool; default: half of the available memory
         (num_blocks: the same in blocks)
     prefix_cache : reuse the K/V of prompt prefixes computed before
+    speculative : "ngram" to feed each decoding request up to ``num_speculative_tokens`` draft
+        tokens per step (n-gram prompt lookup, hybrid/engine/speculative.py); the output is the
+        same as without.  Requests with a constraint decode one token per step.
     """
 
     def __init__(self, model, *, max_batch: int = 16, max_batched_tokens: int = 512,
                  kv_memory=None, num_blocks: "int | None" = None, prefix_cache: bool = True,
-                 poison_unused: bool = False):
+                 poison_unused: bool = False, speculative: "str | None" = None,
+                 num_speculative_tokens: int = 4):
         for name, v in (("max_batch", max_batch), ("max_batched_tokens", max_batched_tokens)):
             if isinstance(v, bool) or not isinstance(v, int) or v < 1:
                 raise ValueError(f"{name} must be an integer >= 1, got {v!r}")
+        if speculative is not None and speculative not in METHODS:
+            raise ValueError(f"speculative must be one of {', '.join(METHODS)} or None, got "
+                             f"{speculative!r}")
+        if isinstance(num_speculative_tokens, bool) or not isinstance(num_speculative_tokens, int) \
+                or not 1 <= num_speculative_tokens <= 16:
+            raise ValueError(f"num_speculative_tokens must be an integer in [1, 16], got "
+                             f"{num_speculative_tokens!r}")
+        self.speculative, self.num_speculative_tokens = speculative, num_speculative_tokens
         if kv_memory is None and num_blocks is None:
             kv_memory = default_kv_memory()
         elif kv_memory is not None:
@@ -75,6 +88,8 @@ class Engine:
         self.generation_tokens = 0
         self.aborted = 0
         self.steps = 0
+        self.draft_tokens = 0  # drafts fed (speculative decoding), and those the sampler kept
+        self.accepted_tokens = 0
         self._mask_thread = None  # computes constraint masks while the model runs a step
 
     # -- requests ---------------------------------------------------------------------------
@@ -175,11 +190,13 @@ class Engine:
         prompt = [(r, n) for r, n, role in plan.prefills if role == kernel_role.PROMPT]
         decode = [(r, n) for r, n, role in plan.prefills if role == kernel_role.DECODE]
         decode += [(r, 1) for r in plan.decodes]
+        drafts = self._drafts(plan.decodes)
         masks = self._start_masks([r for r, n in prompt + decode if r.pending == n])
-        ready = []  # (request, logits row) ready to sample
+        ready = []  # (request, logits row, or rows for one with drafts) ready to sample
         for items, role in ((prompt, kernel_role.PROMPT), (decode, kernel_role.DECODE)):
             if items:
-                ready.extend(self._run(items, role, outputs))
+                ready.extend(self._run(items, role, outputs,
+                                       drafts if role == kernel_role.DECODE else {}))
         if masks is not None:
             try:
                 masks.result()
@@ -187,24 +204,51 @@ class Engine:
                 pass
         for req, logits in ready:
             try:
-                outputs.append(self._sample(req, logits))
+                outputs.append(self._verify(req, logits, drafts[req.request_id])
+                               if req.request_id in drafts else self._sample(req, logits))
             except Exception as exc:  # noqa: BLE001 - this request's fault, not the batch's
                 outputs.append(self._finish(req, "error", f"{type(exc).__name__}: {exc}"))
         return outputs
 
-    def _run(self, items: list, role: str, outputs: list) -> list:
-        """Feed each request its next n tokens in one ragged step; if the step fails, each
-        request alone, so that only the failing ones finish with an error."""
-        chunks = [r.tokens[r.computed:r.computed + n] for r, n in items]
+    def _drafts(self, decodes: list) -> dict:
+        """{request id: draft tokens} for the decoding requests that speculate in this step,
+        their slots taken (a request whose slots the pool cannot give decodes one token)."""
+        if self.speculative is None:
+            return {}
+        out = {}
+        for r in decodes:
+            room = min(self.num_speculative_tokens,
+                       r.params.max_new_tokens - len(r.generated) - 1,
+                       self.max_tokens - len(r.prompt) - len(r.generated) - 1)
+            if r.matcher is not None or room < 1:
+                continue
+            d = ngram_drafts(r.tokens, room)
+            if not d:
+                continue
+            try:
+                self.kv.allocate_slots(r, 1 + len(d))
+            except MemoryError:
+                continue
+            out[r.request_id] = d
+        return out
+
+    def _run(self, items: list, role: str, outputs: list, drafts: dict) -> list:
+        """Feed each request its next n tokens (and its drafts) in one ragged step; if the step
+        fails, each request alone, so that only the failing ones finish with an error.  A
+        request with drafts gets the logits of every row it fed."""
+        chunks = [r.tokens[r.computed:r.computed + n] + drafts.get(r.request_id, [])
+                  for r, n in items]
+        kw = {"rows": "all"} if drafts else {}  # (the logits of every row)
         try:
             logits = self.model.forward_step([(r.cache, c) for (r, _), c in zip(items, chunks)],
-                                             role=role)
+                                             role=role, **kw)
             results = list(zip(items, logits))
         except Exception:  # noqa: BLE001 - find the request(s) at fault
             results = []
             for (r, n), c in zip(items, chunks):
                 try:
-                    results.append(((r, n), self.model.forward_step([(r.cache, c)], role=role)[0]))
+                    results.append(((r, n), self.model.forward_step([(r.cache, c)], role=role,
+                                                                    **kw)[0]))
                 except Exception as exc:  # noqa: BLE001
                     outputs.append(self._finish(r, "error", f"{type(exc).__name__}: {exc}"))
         ready = []
@@ -215,7 +259,7 @@ class Engine:
                 self.kv.cache_prompt_blocks(r)
             self.kv.release_out_of_window(r)
             if r.pending == 0:
-                ready.append((r, row))
+                ready.append((r, row if r.request_id in drafts or not kw else row[-1]))
         return ready
 
     def _start_masks(self, sampling: list):
@@ -228,13 +272,47 @@ class Engine:
             self._mask_thread = ThreadPoolExecutor(1, thread_name_prefix="hybrid-masks")
         return self._mask_thread.submit(lambda: [m.fill_mask() for m in matchers])
 
+    def _verify(self, req: Request, rows: np.ndarray, drafts: list) -> RequestOutput:
+        """Sample each fed row in order (rows[i] follows draft i); keep the drafts up to the
+        first the sampler did not pick, and drop the K/V of the rest."""
+        toks, lps, reason = [], [], None
+        kept = 0
+        for i, row in enumerate(rows):
+            tok, lp, reason = self._take(req, row)
+            toks.append(tok)
+            lps.append(lp)
+            if i == len(drafts) or tok != drafts[i]:
+                break
+            kept += 1
+            if reason is not None:
+                break
+        self.draft_tokens += len(drafts)
+        self.accepted_tokens += kept
+        req.computed += kept
+        req.cache.truncate(req.computed)
+        return self._emit(req, toks, lps if req.params.logprobs is not None else None, reason)
+
     def _sample(self, req: Request, logits: np.ndarray) -> RequestOutput:
+        tok, lp, reason = self._take(req, logits)
+        return self._emit(req, [tok], None if lp is None else [lp], reason)
+
+    def _emit(self, req: Request, toks: list, lps, reason) -> RequestOutput:
+        """The RequestOutput of the tokens req took in this step (finishing it if reason)."""
+        if reason is not None:
+            out = self._finish(req, reason)
+            out.new_tokens, out.logprobs = toks, lps
+            return out
+        return req.report(toks, logprobs=lps)
+
+    def _take(self, req: Request, logits: np.ndarray):
+        """Sample req's next token and append it: (token, its logprob entry or None, the
+        finish reason or None)."""
         m = req.matcher
         tok = req.sampler(logits, req.tokens, None if m is None else m.allowed())
         if m is not None:
             m.accept(tok)
         k = req.params.logprobs
-        lps = None if k is None else [token_logprob(logits, tok, k)]
+        lp = None if k is None else token_logprob(logits, tok, k)
         req.generated.append(tok)
         self.generation_tokens += 1
         if req.output is not None:
@@ -246,11 +324,7 @@ class Engine:
         elif len(req.generated) >= req.params.max_new_tokens \
                 or len(req.prompt) + len(req.generated) >= self.max_tokens:
             reason = "length"
-        if reason is not None:
-            out = self._finish(req, reason)
-            out.new_tokens, out.logprobs = [tok], lps
-            return out
-        return req.report([tok], logprobs=lps)
+        return tok, lp, reason
 
     # -- offline ----------------------------------------------------------------------------
     def generate(self, prompts, max_new_tokens: int = 32, *, seed=None, **kw) -> list:

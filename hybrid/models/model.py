@@ -182,10 +182,11 @@ class Model:
         The one-sequence case of ``forward_step``."""
         return self.forward_step([(cache, ids)], role)[0]
 
-    def forward_step(self, items, role: str = kernel_role.AUTO) -> np.ndarray:
+    def forward_step(self, items, role: str = kernel_role.AUTO, rows: str = "last"):
         """One step of many sequences: items [(cache, ids)], each cache continued by its ids
         (a prefill chunk or decode tokens).  Returns the logits of each sequence's last row
-        [len(items), vocab] and commits every cache.  The sequences of one pool (the engine's
+        [len(items), vocab] (rows="all": a list with each sequence's [len(ids), vocab]) and
+        commits every cache.  The sequences of one pool (the engine's
         caches share one) run as one ragged step through every layer (hybrid/step.py); caches
         with pools of their own run as one step each.  On error every cache is left as it
         was."""
@@ -200,9 +201,15 @@ class Model:
             if t.size == 0:
                 raise ValueError("every sequence of a step needs at least one token")
             self._check_room(c.seq_len + t.size, c.max_tokens)
+        if rows not in ("last", "all"):
+            raise ValueError(f"rows must be 'last' or 'all', got {rows!r}")
         pools: dict = {}  # pool -> the indices of its sequences, in order
         for i, c in enumerate(caches):
             pools.setdefault(id(c.pool), []).append(i)
+        if rows == "all":
+            if len(pools) != 1:
+                raise ValueError("rows='all' needs the caches of one pool")
+            return self._run_step(caches, ids, role, every_row=True)
         if len(pools) == 1:
             return self._run_step(caches, ids, role)
         logits = np.empty((len(caches), self.vocab_size), dtype=np.float32)
@@ -218,11 +225,16 @@ class Model:
             raise
         return logits
 
-    def _run_step(self, caches, ids, role: str) -> np.ndarray:
+    def _run_step(self, caches, ids, role: str, every_row: bool = False):
         """One ragged step over caches of one pool: plan, every layer, commit (or roll back),
-        the head on each sequence's last row.  The projections take the kernels of the step's
-        role (hybrid/kernel_role.py)."""
+        the head on each sequence's last row (every_row: on every row, split by sequence).  The
+        projections take the kernels of the step's role (hybrid/kernel_role.py)."""
         x, batch = self._run_layers(caches, ids, role)
+        if every_row:  # the head's mat-vec gives each row the bits it has alone
+            total = sum(t.size for t in ids)
+            logits = (np.concatenate([self._head(x[r:r + 1]) for r in range(total)])
+                      if is_device_array(x) else self._head(x))
+            return np.split(logits, np.cumsum([t.size for t in ids])[:-1])
         if is_device_array(x):  # the head on a GPU: device arrays slice by ranges only
             return np.concatenate([self._head(x[r:r + 1]) for r in batch.last_rows.tolist()])
         return self._head(x[batch.last_rows])  # [S, vocab]

