@@ -67,7 +67,9 @@ def _generate(args) -> int:
         return 2
     try:
         for piece in model.stream(ids, max_new_tokens=args.max_tokens, temperature=args.temperature,
-                                  top_k=args.top_k, top_p=args.top_p, seed=args.seed):
+                                  top_k=args.top_k, top_p=args.top_p, seed=args.seed,
+                                  speculative=args.speculative,
+                                  num_speculative_tokens=args.num_speculative_tokens):
             sys.stdout.write(piece)
             sys.stdout.flush()
     except ValueError as exc:
@@ -238,7 +240,8 @@ def _serve(args) -> int:
               api_key=args.api_key, api_key_file=args.api_key_file, max_queue=args.max_queue,
               model_name=args.model_name, ray=args.ray, replicas=args.replicas,
               max_model_len=args.max_model_len, max_body_bytes=args.max_body_bytes,
-              max_concurrency=args.max_concurrency, request_timeout=args.request_timeout)
+              max_concurrency=args.max_concurrency, request_timeout=args.request_timeout,
+              speculative=args.speculative, num_speculative_tokens=args.num_speculative_tokens)
     except (ModelLoadError, NoBackendError, ValueError, OSError) as exc:
         print(f"hybrid serve: {exc}", file=sys.stderr)
         return 2
@@ -264,6 +267,10 @@ def main(argv=None) -> int:
     gen.add_argument("--kv-on-cpu", action="store_true",
                      help="keep the KV cache of GPU layers in host memory")
     gen.add_argument("--kv-dtype", choices=["float16", "float32"], default="float16")
+    gen.add_argument("--speculative", choices=["ngram"], default=None,
+                     help="draft tokens by n-gram prompt lookup (the output is the same)")
+    gen.add_argument("--num-speculative-tokens", type=int, default=4,
+                     help="draft tokens per step with --speculative")
     gen.add_argument("--weights", default=None, choices=list(TARGETS),
                      help="convert every matrix to this format at load (default: keep the "
                           "file's encodings, memory-mapped)")
@@ -299,6 +306,10 @@ def main(argv=None) -> int:
     srv.add_argument("--kv-memory", default=None,
                      help="KV pool size, e.g. 2GiB (default: half of the available memory)")
     srv.add_argument("--kv-dtype", choices=["float16", "float32"], default="float16")
+    srv.add_argument("--speculative", choices=["ngram"], default=None,
+                     help="draft tokens by n-gram prompt lookup (the output is the same)")
+    srv.add_argument("--num-speculative-tokens", type=int, default=4,
+                     help="draft tokens per step with --speculative")
     srv.add_argument("--gpu-layers", type=int, default=0)
     srv.add_argument("--api-key", default=None,
                      help="require Authorization: Bearer KEY on every request (visible in ps: "

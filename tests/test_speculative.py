@@ -82,3 +82,41 @@ def test_bad_settings_are_refused(model):
         Engine(model, speculative="eagle")
     with pytest.raises(ValueError, match=r"num_speculative_tokens must be an integer in \[1, 16\]"):
         Engine(model, speculative="ngram", num_speculative_tokens=0)
+
+
+def test_server_with_ngram_drafts_answers_as_without(model):
+    """`hybrid serve --speculative ngram` as a real process: a greedy completion and a stream
+    equal the model's own generation, and /metrics reports the acceptance rate and tokens per
+    step."""
+    openai = pytest.importorskip("openai")
+    pytest.importorskip("fastapi")
+    from test_serve import NAME, Server
+
+    text = _prompts(model)[0]
+    prompt = model.tokenizer.decode(text)
+    want = model.generate(model.tokenizer.encode(prompt), 40)
+    srv = Server("--max-batch", "4", "--speculative", "ngram", "--num-speculative-tokens", "6")
+    try:
+        client = openai.OpenAI(base_url=srv.url + "/v1", api_key="unused", max_retries=0)
+        r = client.completions.create(model=NAME, prompt=prompt, max_tokens=40, temperature=0)
+        assert r.choices[0].text == model.tokenizer.decode(want)
+        stream = client.completions.create(model=NAME, prompt=prompt, max_tokens=40,
+                                           temperature=0, stream=True)
+        assert "".join(c.choices[0].text for c in stream) == r.choices[0].text
+        assert 0 < srv.metric("hybrid_speculative_acceptance_rate") <= 1
+        assert srv.metric("hybrid_tokens_per_step") > 0
+    finally:
+        srv.stop()
+
+
+def test_cli_generate_with_drafts_prints_the_same_text():
+    import subprocess
+    import sys
+
+    args = [sys.executable, "-m", "hybrid", "generate", "Count: one, two, three, four,",
+            "--max-tokens", "24"]
+    plain = subprocess.run(args, capture_output=True, text=True, timeout=300)
+    spec = subprocess.run(args + ["--speculative", "ngram", "--num-speculative-tokens", "4"],
+                          capture_output=True, text=True, timeout=300)
+    assert plain.returncode == 0 and spec.returncode == 0, spec.stderr
+    assert spec.stdout == plain.stdout and plain.stdout.strip()

@@ -361,7 +361,8 @@ class Engine:
     # -- monitoring -------------------------------------------------------------------------
     def stats(self) -> dict:
         """Counters: requests running/waiting, KV blocks used/cached/total, prefix-cache hit
-        tokens, prompt and generated tokens, preemptions, aborted requests, steps."""
+        tokens, prompt and generated tokens, preemptions, aborted requests, steps, draft tokens
+        fed and kept (speculative decoding)."""
         return {"requests_running": len(self.scheduler.running),
                 "requests_waiting": len(self.scheduler.waiting),
                 "kv_blocks_used": self.pool.num_used,
@@ -373,4 +374,6 @@ class Engine:
                 "generation_tokens": self.generation_tokens,
                 "preemptions": self.scheduler.preemptions,
                 "requests_aborted": self.aborted,
-                "steps": self.steps}
+                "steps": self.steps,
+                "draft_tokens": self.draft_tokens,
+                "accepted_tokens": self.accepted_tokens}

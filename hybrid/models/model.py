@@ -311,6 +311,8 @@ class Model:
         off (each call computes its prompt, as a fresh cache would)."""
         from ..engine import Engine, GenerationParams
 
+        kw = dict(kw)
+        spec = {k: kw.pop(k) for k in ("speculative", "num_speculative_tokens") if k in kw}
         ids = [int(t) for t in self.check_ids(ids)]
         if not ids:
             raise ValueError("the prompt has no tokens")
@@ -323,9 +325,10 @@ class Model:
             GenerationParams(1, **kw)  # the parameters are still checked
             return
         params = GenerationParams(max_new_tokens, detokenize=detokenize, **kw)
+        drafts = spec.get("num_speculative_tokens", 4) if spec.get("speculative") else 0
         engine = Engine(self, max_batch=1, max_batched_tokens=len(ids),
-                        num_blocks=-(-(len(ids) + max_new_tokens) // self.block_size),
-                        prefix_cache=False)
+                        num_blocks=-(-(len(ids) + max_new_tokens + drafts) // self.block_size),
+                        prefix_cache=False, **spec)
         rid = engine.add_request(ids, params)
         t0 = time.perf_counter()
         t_first = None
@@ -349,7 +352,8 @@ class Model:
         """The new token ids (stop tokens and the token completing a stop string included).
 
         Keywords: the fields of ``hybrid.GenerationParams`` (temperature, top_k, top_p,
-        repetition_penalty, seed, stop_tokens, stop_strings)."""
+        repetition_penalty, seed, stop_tokens, stop_strings), and ``speculative="ngram"`` with
+        ``num_speculative_tokens`` (hybrid.Engine's; the output is the same)."""
         new: list = []
         for out in self._requests(ids, max_new_tokens, False, kw):
             new.extend(out.new_tokens)

@@ -21,7 +21,14 @@ _TOTALS = [("prefix_cache_hit_tokens", "Prompt tokens served from the prefix cac
            ("prefill_tokens", "Prompt tokens computed (not those of cached prefixes)"),
            ("generation_tokens", "Tokens generated"),
            ("preemptions", "Requests preempted when the KV pool ran dry"),
-           ("requests_aborted", "Requests aborted (their client left, or read too slowly)")]
+           ("requests_aborted", "Requests aborted (their client left, or read too slowly)"),
+           ("steps", "Engine steps"),
+           ("draft_tokens", "Draft tokens fed by speculative decoding"),
+           ("accepted_tokens", "Draft tokens the sampler kept")]
+# ratios of the totals above, over the engine's life
+_RATIOS = [("speculative_acceptance_rate", "Share of draft tokens the sampler kept",
+            "accepted_tokens", "draft_tokens"),
+           ("tokens_per_step", "Tokens generated per engine step", "generation_tokens", "steps")]
 
 
 class _EngineCollector:
@@ -38,6 +45,11 @@ class _EngineCollector:
             c = CounterMetricFamily(f"hybrid_{name}", doc)
             c.add_metric([], float(st.get(name) or 0))
             yield c
+        for name, doc, num, den in _RATIOS:
+            g = GaugeMetricFamily(f"hybrid_{name}", doc)
+            g.add_metric([], float(st.get(num) or 0) / float(st.get(den) or 0)
+                         if st.get(den) else 0.0)
+            yield g
 
 
 class Metrics:

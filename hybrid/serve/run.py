@@ -39,7 +39,8 @@ def serve(model_path=None, *, host: str = "127.0.0.1", port: int = 8000, threads
           max_queue: int = 256, model_name=None, log_level: str = "info", ray: bool = False,
           replicas: int = 1, max_model_len: "int | None" = None,
           max_body_bytes: int = MAX_BODY_BYTES, max_concurrency: "int | None" = None,
-          request_timeout: "float | None" = None) -> None:
+          request_timeout: "float | None" = None, speculative: "str | None" = None,
+          num_speculative_tokens: int = 4) -> None:
     if max_model_len is not None and (isinstance(max_model_len, bool)
                                       or not isinstance(max_model_len, int) or max_model_len < 2):
         raise ValueError(f"max_model_len must be an integer >= 2, got {max_model_len!r}")
@@ -54,6 +55,9 @@ def serve(model_path=None, *, host: str = "127.0.0.1", port: int = 8000, threads
     if api_key is None and not _is_loopback(host):
         log.warning("serving on %s without an API key: anyone who can reach this address can "
                     "use the model (set --api-key-file or HYBRID_API_KEY)", host)
+    if ray and speculative is not None:
+        raise ValueError("--speculative is not supported with --ray (each replica's engine "
+                         "decodes one token per step)")
     if ray:
         from .ray_app import serve_on_ray
 
@@ -78,7 +82,8 @@ def serve(model_path=None, *, host: str = "127.0.0.1", port: int = 8000, threads
     app = build_app(model, model_name=name, api_key=api_key, max_queue=max_queue,
                     max_batch=max_batch, max_batched_tokens=max_batched_tokens,
                     kv_memory=kv_memory, max_body_bytes=max_body_bytes,
-                    max_concurrency=max_concurrency, request_timeout=request_timeout)
+                    max_concurrency=max_concurrency, request_timeout=request_timeout,
+                    speculative=speculative, num_speculative_tokens=num_speculative_tokens)
     # On SIGINT/SIGTERM: close the engine first (running streams end with an error event and
     # [DONE]), then uvicorn stops accepting and gives open connections 5 s before dropping them.
     server = uvicorn.Server(uvicorn.Config(app, host=host, port=port, log_level=log_level,
