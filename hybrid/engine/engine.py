@@ -217,7 +217,10 @@ class Engine:
             return {}
         out = {}
         for r in decodes:
-            room = min(self.num_speculative_tokens,
+            if r.draft_pause > 0:  # its drafts were rejected lately: plain decode steps first
+                r.draft_pause -= 1
+                continue
+            room = min(r.draft_k or self.num_speculative_tokens,
                        r.params.max_new_tokens - len(r.generated) - 1,
                        self.max_tokens - len(r.prompt) - len(r.generated) - 1)
             if r.matcher is not None or room < 1:
@@ -288,6 +291,18 @@ class Engine:
                 break
         self.draft_tokens += len(drafts)
         self.accepted_tokens += kept
+        # k follows the acceptance: one more after a full acceptance, what was kept plus one
+        # otherwise; after rejected drafts, 1, 2, 4 ... up to 32 steps without drafts
+        if kept == len(drafts):
+            r_k, req.draft_misses = min(self.num_speculative_tokens, len(drafts) + 1), 0
+        else:
+            r_k = kept + 1
+            if kept == 0:
+                req.draft_pause = min(32, 1 << req.draft_misses)
+                req.draft_misses += 1
+            else:
+                req.draft_misses = 0
+        req.draft_k = r_k
         req.computed += kept
         req.cache.truncate(req.computed)
         return self._emit(req, toks, lps if req.params.logprobs is not None else None, reason)

@@ -85,6 +85,9 @@ class Request:
     output: "TextOutput | None" = None
     finish_reason: "str | None" = None
     matcher: object = None  # hybrid.structured.TokenMatcher when params.constraint is set
+    draft_k: int = 0  # speculative decoding: drafts to feed next (0: the engine's maximum)
+    draft_pause: int = 0  # decode steps to run without drafts first (after rejections)
+    draft_misses: int = 0  # verify steps in a row that kept no draft
 
     def __post_init__(self):
         self.sampler = Sampler(self.params)
