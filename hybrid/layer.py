@@ -253,6 +253,25 @@ class DecoderLayer:
             return None
         return self._buffers(1).get("decode_step")
 
+    def decode_rows(self, max_rows: int):
+        """A bound native decode step for up to max_rows rows (its own [max_rows, ...] buffers
+        in the shared scratch), or None, as decode_step."""
+        if not self.placement.is_cpu or self._bind_decode is None:
+            return None
+        have = getattr(self, "_rows_step", None)
+        if have is not None and have[0] == (max_rows, self.buffers_version):
+            return have[1]
+        cfg, s = self.config, self.scratch
+        shapes = {"h": (max_rows, cfg.hidden_size), "q": (max_rows, cfg.q_size),
+                  "k": (max_rows, cfg.kv_size), "v": (max_rows, cfg.kv_size),
+                  "att": (max_rows, cfg.q_size), "o": (max_rows, cfg.hidden_size),
+                  "x1": (max_rows, cfg.hidden_size), "gate": (max_rows, cfg.intermediate_size),
+                  "up": (max_rows, cfg.intermediate_size)}
+        bufs = {name: s.get(f"rows_{name}", shape) for name, shape in shapes.items()}
+        step = self._bind_decode(cfg, self._w, bufs, self._inv_freq, max_rows)
+        self._rows_step = ((max_rows, self.buffers_version), step)
+        return step
+
     def decode_attention_out(self) -> np.ndarray:
         """The [1, H*D] buffer a bound decode step reads the attention output from."""
         return self._buffers(1)["att"]

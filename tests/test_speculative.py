@@ -120,3 +120,27 @@ def test_cli_generate_with_drafts_prints_the_same_text():
                           capture_output=True, text=True, timeout=300)
     assert plain.returncode == 0 and spec.returncode == 0, spec.stderr
     assert spec.stdout == plain.stdout and plain.stdout.strip()
+
+
+def test_native_stack_rows_equal_the_layer_by_layer_path(model, monkeypatch):
+    """A step of several generated rows (three sequences, one of them with four verify rows)
+    through the one-call native stack gives every row's logits bit for bit as the layers run
+    one by one do."""
+    from hybrid import PagedKVCache
+    from hybrid._cpu import backend
+
+    prompts = _prompts(model)[:3]
+
+    def step_logits():
+        pool = Engine(model).pool
+        caches = [PagedKVCache.on(pool) for _ in prompts]
+        for c, p in zip(caches, prompts):
+            model.forward_step([(c, p)], role="prompt")
+        items = [(caches[0], [11, 12, 13, 14]), (caches[1], [15]), (caches[2], [16, 17])]
+        return model.forward_step(items, role="decode", rows="all")
+
+    native = step_logits()
+    monkeypatch.setattr(backend, "NATIVE_ROWS", 1)
+    by_layer = step_logits()
+    for a, b in zip(native, by_layer):
+        assert a.shape == b.shape and a.tobytes() == b.tobytes()

@@ -145,7 +145,7 @@ class DecodeStep:
     bound to the layer's weights and scratch buffers once (decode_step.DecodeLayer holds the
     pointers).  Same kernels and order as the op-by-op path."""
 
-    def __init__(self, cfg, w, bufs, inv_freq):
+    def __init__(self, cfg, w, bufs, inv_freq, max_rows: int = 1):
         def arg(weight, bias, out):
             return (weight.format.kernel_code, weight.data, bias, out)
 
@@ -155,8 +155,9 @@ class DecodeStep:
         self.native = decode_step.DecodeLayer(mats, w.attn_norm, w.mlp_norm, w.q_norm, w.k_norm,
                                         inv_freq, bufs["h"], bufs["o"], bufs["x1"],
                                         cfg.rms_norm_eps, cfg.rope_style == "neox",
-                                        cfg.num_heads, cfg.num_kv_heads, cfg.head_dim)
+                                        cfg.num_heads, cfg.num_kv_heads, cfg.head_dim, max_rows)
         self.qkv = (bufs["q"], bufs["k"], bufs["v"])
+        self.att = bufs["att"]  # [max_rows, H*D]: what decode_stack reads attention into
 
     def prologue(self, x, position: int):
         self.native.prologue(x, position, get_num_threads())
@@ -167,11 +168,12 @@ class DecodeStep:
         return out
 
 
-def bind_decode_step(cfg, weights, bufs, inv_freq):
-    """A DecodeStep when every projection is a QuantizedTensor (else None)."""
+def bind_decode_step(cfg, weights, bufs, inv_freq, max_rows: int = 1):
+    """A DecodeStep for up to max_rows rows (bufs: [max_rows, ...]) when every projection is a
+    QuantizedTensor (else None)."""
     names = ("wq", "wk", "wv", "wo", "w_gate", "w_up", "w_down")
     if all(type(getattr(weights, n)) is QuantizedTensor for n in names):
-        return DecodeStep(cfg, weights, bufs, inv_freq)
+        return DecodeStep(cfg, weights, bufs, inv_freq, max_rows)
     return None
 
 
@@ -204,24 +206,27 @@ def attend_step(batch, layer, q, k, v, num_heads, scale, out, window=0, softcap=
 
 
 def step_layers(layers, batch, x, memo):
-    """Run one step (a StepBatch) through consecutive CPU layers; returns their output.  A
-    generated row of one sequence (a decode step, not profiled) whose layers all hold a bound
-    native decode step runs the whole stack in one native call (decode_step.decode_stack, x
-    overwritten): the same kernels in the same order as layer by layer.  Any other step runs
-    layer by layer.  ``memo``: the caller's dict, where the layers' bound steps are kept until
-    one of the layers rebuilds its buffers."""
-    if batch.num_rows == 1 and batch.role != kernel_role.PROMPT and not batch.profiled \
+    """Run one step (a StepBatch) through consecutive CPU layers; returns their output.  Up to
+    NATIVE_ROWS generated rows (a decode or verify step, not profiled) whose layers all hold
+    a bound native decode step run the whole stack in one native call (decode_step.
+    decode_stack, x overwritten): the same kernels in the same order as layer by layer.  Any
+    other step runs layer by layer.  ``memo``: the caller's dict, where the layers' bound steps
+    are kept until one of the layers rebuilds its buffers."""
+    rows = batch.num_rows
+    if rows <= NATIVE_ROWS and batch.role != kernel_role.PROMPT and not batch.profiled \
             and type(x) is np.ndarray and x.dtype == np.float32 and x.flags.c_contiguous:
-        steps = _bound_steps(layers, memo)
+        steps = _bound_steps(layers, memo, 1 if rows == 1 else NATIVE_ROWS)
         if steps is not None and (batch.pool.on_cpu or all(
                 batch.pool.placements[layer.index].is_cpu for layer in layers)):
             first = layers[0]
             lo, n = first.index, len(layers)
+            att = (first.decode_attention_out() if rows == 1
+                   else memo[("att", NATIVE_ROWS)][:rows])
             decode_step.decode_stack(
                 steps, _step_plan(batch, first.config.num_heads, first.config.softmax_scale,
                                   first.config.sliding_window, first.config.attn_softcap),
-                batch.pool.k_addr[lo:lo + n], batch.pool.v_addr[lo:lo + n], x,
-                first.decode_attention_out(), int(batch.positions[0]), get_num_threads())
+                batch.pool.k_addr[lo:lo + n], batch.pool.v_addr[lo:lo + n], x, att,
+                np.ascontiguousarray(batch.positions, dtype=np.int64), get_num_threads())
             batch.wrote_layers(range(lo, lo + n))
             return x
     from ..layer import forward_layers
@@ -229,18 +234,28 @@ def step_layers(layers, batch, x, memo):
     return forward_layers(layers, batch, x)
 
 
-def _bound_steps(layers, memo):
-    """The layers' native decode steps (decode_step.DecodeLayer) when every layer has one and
-    the layers are consecutive; else None."""
+# rows a native stack call carries at most (a decode step of that many sequences, or a sequence's
+# verify rows); more take the layer-by-layer path
+NATIVE_ROWS = 16
+
+
+def _bound_steps(layers, memo, max_rows: int):
+    """The layers' native decode steps (decode_step.DecodeLayer) for up to max_rows rows when
+    every layer has one and the layers are consecutive; else None.  The multi-row steps'
+    attention output buffer is memo[("att", max_rows)]."""
     key = tuple([layer.buffers_version for layer in layers])
-    if memo.get("key") != key:
+    if memo.get(("key", max_rows)) != key:
         lo = layers[0].index
-        steps = [layer.decode_step() for layer in layers]  # may rebuild buffers: key after
+        # may rebuild buffers: the key after
+        steps = [layer.decode_step() if max_rows == 1 else layer.decode_rows(max_rows)
+                 for layer in layers]
         ok = all(s is not None for s in steps) \
             and [layer.index for layer in layers] == list(range(lo, lo + len(layers)))
-        memo["steps"] = [s.native for s in steps] if ok else None
-        memo["key"] = tuple([layer.buffers_version for layer in layers])
-    return memo["steps"]
+        memo[("steps", max_rows)] = [s.native for s in steps] if ok else None
+        if ok and max_rows > 1:
+            memo[("att", max_rows)] = steps[0].att
+        memo[("key", max_rows)] = tuple([layer.buffers_version for layer in layers])
+    return memo[("steps", max_rows)]
 
 
 def to_device(array, placement):

@@ -6,7 +6,7 @@ writes and attention in between, without returning to Python.  The mat-vecs are 
 as the layer's op-by-op path, so both give the same bits.
 """
 from libc.stdint cimport int8_t, int64_t, uint8_t
-from libc.stdlib cimport free
+from libc.stdlib cimport free, malloc
 from libc.string cimport memcmp
 
 from hybrid._cpu.attention cimport RaggedStep
@@ -46,6 +46,7 @@ cdef class DecodeLayer:
     cdef object _keep
     cdef QuantMat mats[7]          # Q, K, V | O | gate, up | down
     cdef long dim, inter, max_in, max_nb
+    cdef int max_rows              # rows one call may carry (the buffers' first dimension)
     cdef int H, KVH, D, neox
     cdef float eps
     cdef const float *attn_norm
@@ -73,17 +74,21 @@ cdef class DecodeLayer:
         self.s16 = NULL
         self.prep = NULL
 
-    def __init__(self, list mats,     # 7 x (code, w [out, row_bytes] uint8, bias or None, out [1, out])
+    def __init__(self, list mats,     # 7 x (code, w [out, row_bytes] uint8, bias or None, out [M, out])
                  attn_norm, mlp_norm, q_norm, k_norm,   # [dim], [dim], [D] or None x 2
                  inv_freq,            # [D/2] float64 or None
-                 h, o, x1,            # scratch [1, dim]
-                 float eps, bint neox, int num_heads, int num_kv_heads, int head_dim):
+                 h, o, x1,            # scratch [M, dim]
+                 float eps, bint neox, int num_heads, int num_kv_heads, int head_dim,
+                 int max_rows=1):     # M
         cdef int i
         cdef const uint8_t[:, ::1] w
         cdef float[:, ::1] ov
         cdef const double[::1] f
         if len(mats) != 7:
             raise ValueError("DecodeLayer takes the 7 projections Q, K, V, O, gate, up, down")
+        if max_rows < 1:
+            raise ValueError("DecodeLayer: max_rows >= 1")
+        self.max_rows = max_rows
         self._keep = (mats, attn_norm, mlp_norm, q_norm, k_norm, inv_freq, h, o, x1)
         self.H, self.KVH, self.D, self.neox, self.eps = num_heads, num_kv_heads, head_dim, neox, eps
         self.dim = attn_norm.shape[0]
@@ -96,8 +101,8 @@ cdef class DecodeLayer:
             self.mats[i].n_out = w.shape[0]
             self.mats[i].w = &w[0, 0]
             ov = out  # float32, C-contiguous, or a TypeError / ValueError
-            if ov.shape[0] != 1 or ov.shape[1] != w.shape[0]:
-                raise ValueError(f"projection {i}: out must be [1, {w.shape[0]}]")
+            if ov.shape[0] != max_rows or ov.shape[1] != w.shape[0]:
+                raise ValueError(f"projection {i}: out must be [{max_rows}, {w.shape[0]}]")
             self.mats[i].out = &ov[0, 0]
             if bias is not None and bias.shape != (w.shape[0],):
                 raise ValueError(f"projection {i}: bias must have {w.shape[0]} entries")
@@ -114,16 +119,19 @@ cdef class DecodeLayer:
         if inv_freq is not None:
             f = inv_freq
             self.inv_freq = &f[0]
+        for a in (h, o, x1):
+            if a.shape != (max_rows, self.dim):
+                raise ValueError(f"DecodeLayer: h, o and x1 must be [{max_rows}, {self.dim}]")
         self.h, self.o, self.x1 = <float *> _fptr(h), <float *> _fptr(o), <float *> _fptr(x1)
         self.q, self.k = self.mats[0].out, self.mats[1].out
         self.gate, self.up = self.mats[4].out, self.mats[5].out
         self.max_in = max(ins)
         self.max_nb = self.max_in // 32 + 1
-        self.qa = <int8_t *> hy_alloc64(self.max_in)
-        self.da = <float *> hy_alloc64(sizeof(float) * self.max_nb)
-        self.sa = <float *> hy_alloc64(sizeof(float) * self.max_nb)
-        self.s16 = <float *> hy_alloc64(sizeof(float) * 2 * self.max_nb)
-        self.prep = <uint8_t *> hy_alloc64(hy_q_stream_bytes(self.max_in) + 1)
+        self.qa = <int8_t *> hy_alloc64(max_rows * self.max_in)
+        self.da = <float *> hy_alloc64(sizeof(float) * max_rows * self.max_nb)
+        self.sa = <float *> hy_alloc64(sizeof(float) * max_rows * self.max_nb)
+        self.s16 = <float *> hy_alloc64(sizeof(float) * 2 * max_rows * self.max_nb)
+        self.prep = <uint8_t *> hy_alloc64(max_rows * hy_q_stream_bytes(self.max_in) + 1)
         if self.qa == NULL or self.da == NULL or self.sa == NULL or self.s16 == NULL \
                 or self.prep == NULL:
             raise MemoryError()
@@ -131,10 +139,11 @@ cdef class DecodeLayer:
     def __dealloc__(self):
         free(self.qa); free(self.da); free(self.sa); free(self.s16); free(self.prep)
 
-    cdef void _project(self, int first, int count, const float *x, long n_in,
+    cdef void _project(self, int first, int count, const float *x, long n_in, int rows,
                        int num_threads) noexcept nogil:
-        """out_i = x @ W_i.T (+ bias_i) for mats [first, first+count): matvec_many for one row."""
-        matvec_group(&self.mats[first], count, x, n_in, 1, self.qa, self.da, self.sa, self.s16,
+        """out_i = x @ W_i.T (+ bias_i) for mats [first, first+count): matvec_many for the
+        rows (each row's bits as alone)."""
+        matvec_group(&self.mats[first], count, x, n_in, rows, self.qa, self.da, self.sa, self.s16,
                       self.prep, num_threads)
 
     def prologue(self, const float[:, ::1] x,   # IN  [1, hidden] the layer's input
@@ -147,22 +156,26 @@ cdef class DecodeLayer:
         with nogil:
             if self.inv_freq != NULL:
                 hy_rope_angles(position, self.inv_freq, self.D // 2, cs, sn)
-            self.prologue_c(&x[0, 0], cs, sn, num_threads)
+            self.prologue_c(&x[0, 0], 1, cs, sn, num_threads)
 
-    cdef void prologue_c(self, const float *x, const float *cs, const float *sn,
+    cdef void prologue_c(self, const float *x, int rows, const float *cs, const float *sn,
                          int num_threads) noexcept nogil:
-        """cs, sn [D/2]: the RoPE angles' cos/sin of the row's position (hy_rope_angles)."""
-        cdef int i, D = self.D
-        hy_rmsnorm_row(x, self.attn_norm, self.eps, self.h, self.dim)
-        self._project(0, 3, self.h, self.dim, num_threads)
-        if self.q_norm != NULL:
-            for i in range(self.H):
-                hy_rmsnorm_row(self.q + i * D, self.q_norm, self.eps, self.q + i * D, D)
-            for i in range(self.KVH):
-                hy_rmsnorm_row(self.k + i * D, self.k_norm, self.eps, self.k + i * D, D)
-        if self.inv_freq != NULL:
-            hy_rope_apply(self.q, self.H, D, self.neox, cs, sn)
-            hy_rope_apply(self.k, self.KVH, D, self.neox, cs, sn)
+        """x [rows, dim]; cs, sn [rows, 512]: row r's RoPE angles' cos/sin at r*512
+        (hy_rope_angles)."""
+        cdef int i, r, D = self.D
+        cdef long qn = self.mats[0].n_out, kn = self.mats[1].n_out
+        for r in range(rows):
+            hy_rmsnorm_row(x + r * self.dim, self.attn_norm, self.eps, self.h + r * self.dim, self.dim)
+        self._project(0, 3, self.h, self.dim, rows, num_threads)
+        for r in range(rows):
+            if self.q_norm != NULL:
+                for i in range(self.H):
+                    hy_rmsnorm_row(self.q + r * qn + i * D, self.q_norm, self.eps, self.q + r * qn + i * D, D)
+                for i in range(self.KVH):
+                    hy_rmsnorm_row(self.k + r * kn + i * D, self.k_norm, self.eps, self.k + r * kn + i * D, D)
+            if self.inv_freq != NULL:
+                hy_rope_apply(self.q + r * qn, self.H, D, self.neox, cs + r * 512, sn + r * 512)
+                hy_rope_apply(self.k + r * kn, self.KVH, D, self.neox, cs + r * 512, sn + r * 512)
 
     def epilogue(self, const float[:, ::1] att,   # IN  [1, H*D] attention output
                  const float[:, ::1] x,           # IN  [1, hidden] the layer's input
@@ -173,33 +186,36 @@ cdef class DecodeLayer:
                 or x.shape[1] != self.dim or out.shape[0] != 1 or out.shape[1] != self.dim:
             raise ValueError("decode epilogue: att [1, H*D], x and out [1, hidden]")
         with nogil:
-            self.epilogue_c(&att[0, 0], &x[0, 0], &out[0, 0], num_threads)
+            self.epilogue_c(&att[0, 0], &x[0, 0], &out[0, 0], 1, num_threads)
 
-    cdef void epilogue_c(self, const float *att, const float *x, float *out,
+    cdef void epilogue_c(self, const float *att, const float *x, float *out, int rows,
                          int num_threads) noexcept nogil:
-        cdef Py_ssize_t d, dim = self.dim
-        self._project(3, 1, att, self.H * self.D, num_threads)
-        for d in range(dim):
+        """att [rows, H*D], x and out [rows, dim] (out may be x)."""
+        cdef Py_ssize_t d, r, dim = self.dim
+        self._project(3, 1, att, self.H * self.D, rows, num_threads)
+        for d in range(rows * dim):
             self.x1[d] = x[d] + self.o[d]
-        hy_rmsnorm_row(self.x1, self.mlp_norm, self.eps, self.h, dim)
-        self._project(4, 2, self.h, dim, num_threads)
-        hy_silu_mul(self.gate, self.up, self.gate, self.inter)
-        self._project(6, 1, self.gate, self.inter, num_threads)
-        for d in range(dim):
+        for r in range(rows):
+            hy_rmsnorm_row(self.x1 + r * dim, self.mlp_norm, self.eps, self.h + r * dim, dim)
+        self._project(4, 2, self.h, dim, rows, num_threads)
+        hy_silu_mul(self.gate, self.up, self.gate, rows * self.inter)
+        self._project(6, 1, self.gate, self.inter, rows, num_threads)
+        for d in range(rows * dim):
             out[d] = self.x1[d] + self.o[d]
 
 
 def decode_stack(list layers,            # [L] DecodeLayer, in order
-                 RaggedStep plan,        # the step's attention (one decode row)
+                 RaggedStep plan,        # the step's attention (its R rows)
                  list k_addrs, list v_addrs,   # [L] each layer's K / V block address tables
-                 float[:, ::1] x,        # IN/OUT [1, hidden]: the step's input, then its output
-                 float[:, ::1] att,      # scratch [1, H*D]
-                 int64_t position, int num_threads):
-    """One decode row through every layer of a quantized CPU stack without returning to Python:
-    per layer the prologue, the K/V write and attention of the planned step, the epilogue (the
-    same calls DecoderLayer.forward_step makes one by one, so the same bits).  The GIL is
-    released around each layer's work."""
-    cdef Py_ssize_t i, n = len(layers)
+                 float[:, ::1] x,        # IN/OUT [R, hidden]: the step's input, then its output
+                 float[:, ::1] att,      # scratch [R, H*D]
+                 const int64_t[::1] positions,  # [R] each row's position
+                 int num_threads):
+    """R generated rows (R <= every layer's max_rows) through every layer of a quantized CPU
+    stack without returning to Python: per layer the prologue, the K/V writes and attention of
+    the planned step, the epilogue (the same calls DecoderLayer.forward_step makes one by one,
+    so the same bits).  The GIL is released around each layer's work."""
+    cdef Py_ssize_t i, r, n = len(layers), R = x.shape[0]
     cdef DecodeLayer L
     cdef const int64_t[::1] ka
     cdef const int64_t[::1] va
@@ -208,28 +224,35 @@ def decode_stack(list layers,            # [L] DecodeLayer, in order
         raise ValueError("decode_stack: one K and one V address table per layer")
     for i in range(n):  # every check before any layer runs: a bad argument changes nothing
         L = layers[i]
-        if x.shape[0] != 1 or x.shape[1] != L.dim or att.shape[0] != 1 \
-                or att.shape[1] != L.H * L.D or plan.T != 1:
-            raise ValueError("decode_stack: x [1, hidden], att [1, H*D] and a one-row plan")
+        if R < 1 or R > L.max_rows or x.shape[1] != L.dim or att.shape[0] != R \
+                or att.shape[1] != L.H * L.D or plan.T != R or positions.shape[0] != R:
+            raise ValueError("decode_stack: x [R, hidden], att [R, H*D], R positions and an "
+                             "R-row plan, R <= the layers' max_rows")
         plan.check_tables(len(k_addrs[i]), len(v_addrs[i]))
     # the RoPE angles once for the step: layers with the same frequencies share them
-    cdef float cs[512]
-    cdef float sn[512]
+    cdef float *cs = <float *> malloc(sizeof(float) * 512 * R)
+    cdef float *sn = <float *> malloc(sizeof(float) * 512 * R)
+    if cs == NULL or sn == NULL:
+        free(cs); free(sn)
+        raise MemoryError()
     cdef const double *freq = NULL
     cdef int half = 0
-    for i in range(n):
-        L = layers[i]
-        ka = k_addrs[i]
-        va = v_addrs[i]
-        with nogil:
-            if L.inv_freq != NULL and (freq == NULL or half != L.D // 2
-                                       or memcmp(freq, L.inv_freq, sizeof(double) * half) != 0):
-                freq, half = L.inv_freq, L.D // 2
-                hy_rope_angles(position, freq, half, cs, sn)
-            L.prologue_c(&x[0, 0], cs, sn, num_threads)
-            failed = plan.run(L.q, L.k, L.mats[2].out, &ka[0], &va[0], &att[0, 0])
-            if not failed:
-                L.epilogue_c(&att[0, 0], &x[0, 0], &x[0, 0], num_threads)
-        if failed:
-            raise MemoryError("paged attention: could not allocate per-thread scratch")
-
+    try:
+        for i in range(n):
+            L = layers[i]
+            ka = k_addrs[i]
+            va = v_addrs[i]
+            with nogil:
+                if L.inv_freq != NULL and (freq == NULL or half != L.D // 2
+                                           or memcmp(freq, L.inv_freq, sizeof(double) * half) != 0):
+                    freq, half = L.inv_freq, L.D // 2
+                    for r in range(R):
+                        hy_rope_angles(positions[r], freq, half, cs + r * 512, sn + r * 512)
+                L.prologue_c(&x[0, 0], <int> R, cs, sn, num_threads)
+                failed = plan.run(L.q, L.k, L.mats[2].out, &ka[0], &va[0], &att[0, 0])
+                if not failed:
+                    L.epilogue_c(&att[0, 0], &x[0, 0], &x[0, 0], <int> R, num_threads)
+            if failed:
+                raise MemoryError("paged attention: could not allocate per-thread scratch")
+    finally:
+        free(cs); free(sn)
