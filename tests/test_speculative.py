@@ -110,14 +110,16 @@ def test_server_with_ngram_drafts_answers_as_without(model):
 
 
 def test_cli_generate_with_drafts_prints_the_same_text():
+    import os
     import subprocess
     import sys
 
+    here = os.path.dirname(os.path.abspath(__file__))  # not the source tree: the install
     args = [sys.executable, "-m", "hybrid", "generate", "Count: one, two, three, four,",
             "--max-tokens", "24"]
-    plain = subprocess.run(args, capture_output=True, text=True, timeout=300)
+    plain = subprocess.run(args, capture_output=True, text=True, timeout=300, cwd=here)
     spec = subprocess.run(args + ["--speculative", "ngram", "--num-speculative-tokens", "4"],
-                          capture_output=True, text=True, timeout=300)
+                          capture_output=True, text=True, timeout=300, cwd=here)
     assert plain.returncode == 0 and spec.returncode == 0, spec.stderr
     assert spec.stdout == plain.stdout and plain.stdout.strip()
 
