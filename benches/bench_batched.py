@@ -7,7 +7,6 @@ llama.cpp's batched decode, 16 sequences >= 3x one.  Skipped where llama-cpp-pyt
 installed (pip install llama-cpp-python builds it for this CPU)."""
 
 import ctypes
-import os
 import time
 
 import numpy as np
@@ -23,25 +22,14 @@ FILES = ["smollm2 Q4_K_M", "llama1b-shaped Q4_K_M", "llama1b-shaped Q4_0", "llam
 @pytest.fixture(scope="module")
 def files(tmp_path_factory):
     pytest.importorskip("llama_cpp", reason="llama-cpp-python is not installed (the peer)")
-    from hybrid.models import ModelLoadError, default_model_path
+    from hybrid.models import ModelLoadError
 
     import gguf_models
 
     try:
-        src = default_model_path()
+        return gguf_models.peer_files(str(tmp_path_factory.mktemp("batched")), FILES)
     except ModelLoadError as exc:
         pytest.skip(str(exc))
-    folder = tmp_path_factory.mktemp("batched")
-    out = {}
-    smol = gguf_models.float32_gguf(src, str(folder / "smollm2-f32.gguf"))
-    l1b = gguf_models.random_llama_gguf(src, str(folder / "llama1b-shaped-f32.gguf"))
-    for name in FILES:
-        base, ft = name.split()
-        out[name] = gguf_models.llama_quantize(smol if base == "smollm2" else l1b,
-                                               str(folder / f"{base}-{ft}.gguf"), ft)
-    os.remove(smol)
-    os.remove(l1b)
-    return out
 
 
 def _prompts():

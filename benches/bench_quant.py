@@ -90,24 +90,16 @@ FILE_TYPES = ["Q8_0", "Q4_0", "Q4_K_M", "Q4_1", "Q3_K_M", "IQ4_XS", "Q2_K"]
 def gguf_files(tmp_path_factory):
     pytest.importorskip("llama_cpp", reason="llama-cpp-python is not installed (the peer; "
                                             "pip install llama-cpp-python builds it for this CPU)")
-    from hybrid.models import ModelLoadError, default_model_path
+    from hybrid.models import ModelLoadError
 
     import gguf_models
 
     try:
-        src = default_model_path()
+        return gguf_models.peer_files(str(tmp_path_factory.mktemp("gguf")),
+                                      [f"{b} {ft}" for b in ("smollm2", "llama1b-shaped")
+                                       for ft in FILE_TYPES])
     except ModelLoadError as exc:
         pytest.skip(str(exc))
-    folder = tmp_path_factory.mktemp("gguf")
-    files = {}
-    smol = gguf_models.float32_gguf(src, str(folder / "smollm2-f32.gguf"))
-    l1b = gguf_models.random_llama_gguf(src, str(folder / "llama1b-shaped-f32.gguf"))
-    for base, f32 in (("smollm2", smol), ("llama1b-shaped", l1b)):
-        for ft in FILE_TYPES:
-            files[f"{base} {ft}"] = gguf_models.llama_quantize(
-                f32, str(folder / f"{base}-{ft}.gguf"), ft)
-        os.remove(f32)
-    return files
 
 
 def _prompt():

@@ -140,3 +140,26 @@ def llama_quantize(src: str, dst: str, ftype: str) -> str:
     if rc != 0 or not os.path.isfile(dst):
         raise RuntimeError(f"llama_model_quantize({src} -> {ftype}) failed with {rc}")
     return dst
+
+
+def peer_files(folder: str, names) -> dict:
+    """{name: path} for names "smollm2 FT" / "llama1b-shaped FT" (FT one of FTYPES): SmolLM2 (the
+    default model, decoded to float32) and the Llama-3.2-1B-shaped random model, quantized by
+    llama.cpp's own quantizer into ``folder``; the float32 sources are removed.  Raises
+    ModelLoadError when the default model is not installed."""
+    from hybrid.models import default_model_path
+
+    src = default_model_path()
+    names = list(names)
+    sources = {}
+    if any(n.split()[0] == "smollm2" for n in names):
+        sources["smollm2"] = float32_gguf(src, os.path.join(folder, "smollm2-f32.gguf"))
+    if any(n.split()[0] == "llama1b-shaped" for n in names):
+        sources["llama1b-shaped"] = random_llama_gguf(src, os.path.join(folder, "llama1b-shaped-f32.gguf"))
+    out = {}
+    for name in names:
+        base, ft = name.split()
+        out[name] = llama_quantize(sources[base], os.path.join(folder, f"{base}-{ft}.gguf"), ft)
+    for f32 in sources.values():
+        os.remove(f32)
+    return out
