@@ -9,13 +9,13 @@ prefill tokens/s (600 tokens: past the window), hybrid and llama.cpp, and their 
 Targets: decode >= 1.1x llama.cpp, prefill >= 1.0x.
 """
 
-import os
 import time
 
 import numpy as np
 import pytest
 
 import hybrid
+import gguf_models
 from conftest import RESULTS, THREADS, record_ratio
 
 gguf = pytest.importorskip("gguf")
@@ -68,25 +68,13 @@ def _write(path, quantize_here: bool):
         add(p + "ffn_gate.weight", FF, HIDDEN)
         add(p + "ffn_up.weight", FF, HIDDEN)
         add(p + "ffn_down.weight", HIDDEN, FF)
-    w.write_header_to_file()
-    w.write_kv_data_to_file()
-    w.write_tensors_to_file()
-    w.close()
+    gguf_models.finish(w)
     return path
 
 
 @pytest.fixture(scope="module")
 def gemma_file(tmp_path_factory):
-    d = tmp_path_factory.mktemp("gemma")
-    try:
-        import llama_cpp  # noqa: F401
-        import gguf_models
-    except ImportError:
-        return _write(str(d / "gemma-q4_k.gguf"), True), "Q4_K (hybrid's quantizer)"
-    src = _write(str(d / "gemma-f16.gguf"), False)
-    dst = gguf_models.llama_quantize(src, str(d / "gemma-q4_k_m.gguf"), "Q4_K_M")
-    os.remove(src)
-    return dst, "Q4_K_M (llama.cpp's quantizer)"
+    return gguf_models.q4_k_m_file(_write, str(tmp_path_factory.mktemp("gemma")), "gemma")
 
 
 def _prompts():

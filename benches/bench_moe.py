@@ -16,6 +16,7 @@ import numpy as np
 import pytest
 
 import hybrid
+import gguf_models
 from conftest import RESULTS, THREADS, record_ratio
 
 gguf = pytest.importorskip("gguf")
@@ -87,25 +88,13 @@ def _write(path, quantize_here: bool):
         add(p + "ffn_gate_exps.weight", mat(EXPERTS, EXPERT_FF, HIDDEN))
         add(p + "ffn_up_exps.weight", mat(EXPERTS, EXPERT_FF, HIDDEN))
         add(p + "ffn_down_exps.weight", mat(EXPERTS, HIDDEN, EXPERT_FF))
-    w.write_header_to_file()
-    w.write_kv_data_to_file()
-    w.write_tensors_to_file()
-    w.close()
+    gguf_models.finish(w)
     return path
 
 
 @pytest.fixture(scope="module")
 def moe_file(tmp_path_factory):
-    d = tmp_path_factory.mktemp("moe")
-    try:
-        import llama_cpp  # noqa: F401
-        import gguf_models
-    except ImportError:
-        return _write(str(d / "moe-q4_k.gguf"), True), "Q4_K (hybrid's quantizer)"
-    src = _write(str(d / "moe-f16.gguf"), False)
-    dst = gguf_models.llama_quantize(src, str(d / "moe-q4_k_m.gguf"), "Q4_K_M")
-    os.remove(src)
-    return dst, "Q4_K_M (llama.cpp's quantizer)"
+    return gguf_models.q4_k_m_file(_write, str(tmp_path_factory.mktemp("moe")), "moe")
 
 
 def _rss() -> int:

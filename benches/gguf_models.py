@@ -163,3 +163,25 @@ def peer_files(folder: str, names) -> dict:
     for f32 in sources.values():
         os.remove(f32)
     return out
+
+
+def finish(writer) -> None:
+    """Write a GGUFWriter's header, metadata and tensors, and close it."""
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
+
+
+def q4_k_m_file(write, folder: str, name: str):
+    """(path, how) of a model that ``write(path, quantize_here)`` writes: as float16, then
+    quantized to Q4_K_M by llama.cpp's quantizer where llama-cpp-python is installed, else
+    written as Q4_K by hybrid's quantizer."""
+    try:
+        import llama_cpp  # noqa: F401
+    except ImportError:
+        return write(os.path.join(folder, f"{name}-q4_k.gguf"), True), "Q4_K (hybrid's quantizer)"
+    src = write(os.path.join(folder, f"{name}-f16.gguf"), False)
+    dst = llama_quantize(src, os.path.join(folder, f"{name}-q4_k_m.gguf"), "Q4_K_M")
+    os.remove(src)
+    return dst, "Q4_K_M (llama.cpp's quantizer)"
