@@ -74,6 +74,8 @@ class DecoderLayer:
         self._gpu = not self.placement.is_cpu
         self.expert_counts = None if self._experts is None else \
             np.zeros(self._experts.num_experts, dtype=np.int64)  # rows routed to each expert
+        self._linear_sets = None if self._experts is None else \
+            registry.lookup("linear_sets", self.placement)  # the experts' projections
         # the weights on the layer's device (the same arrays on the cpu); on a GPU the Q/K/V and
         # gate/up weights are stacked, so one fused kernel reads each group in one pass
         self._w, self._stacked = self.weights, None
@@ -434,8 +436,7 @@ class DecoderLayer:
             h2 = k_.rmsnorm(x1, w.mlp_norm, cfg.rms_norm_eps, b["h"])
         if self._experts is not None:
             with region("Block/Experts"):
-                d = moe_forward(h2, self._experts,
-                                lambda a, m, r: k_.linear(a, m, None, _rows_out(a, m), r),
+                d = moe_forward(h2, self._experts, self._linear_sets,
                                 lambda g, u: k_.swiglu(g, u, g), role, self.expert_counts)
             return k_.add(x1, d, result)
         if fused:  # GPU: gate, up and SwiGLU in one pass
@@ -483,11 +484,6 @@ def gelu_tanh(x: np.ndarray) -> np.ndarray:
     """GELU's tanh form in float32 (Gemma's gelu_pytorch_tanh)."""
     inner = np.float32(0.7978845608028654) * (x + np.float32(0.044715) * x * x * x)
     return np.float32(0.5) * x * (np.float32(1.0) + np.tanh(inner))
-
-
-def _rows_out(a, m) -> np.ndarray:
-    """A fresh float32 [rows of a, out features of m] array."""
-    return np.empty((a.shape[0], m.shape[0]), dtype=np.float32)
 
 
 @dataclasses.dataclass

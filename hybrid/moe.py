@@ -2,10 +2,11 @@
 SwiGLU experts for each row, and the row's output is their weighted sum.
 
     experts = ExpertWeights(router, gate, up, down, top_k=2, normalize=True)
-    y = moe_forward(h, experts, linear, swiglu, role)      # h: [n, hidden] after the MLP norm
+    y = moe_forward(h, experts, linear_sets, swiglu, role)  # h: [n, hidden] after the MLP norm
 
-Routing is per row in float64 (each row's scores from its own mat-vec, so a row routes the same
-alone or in a batch); the experts' weights stay in their encoding (memory-mapped GGUF slices).
+Routing takes each row's router scores from the backend's float32 linear (whose sums for a row do
+not depend on the other rows) and its softmax in float64, so a row routes the same alone or in a
+batch; the experts' weights stay in their encoding (memory-mapped GGUF slices).
 A row reads only the experts it picked; the rows of a step are grouped by expert, so each
 expert's weights are read once per step.  Each row adds its experts' outputs in the order of
 its own ranking, which keeps a row's bits independent of the other rows.
@@ -66,51 +67,58 @@ class ExpertWeights:
         conv = [[m if isinstance(m, QuantizedTensor)
                  else np.ascontiguousarray(m, dtype=np.float32) for m in mats]
                 for mats in (self.gate, self.up, self.down)]
-        out = ExpertWeights(router, *conv, top_k=self.top_k, normalize=bool(self.normalize))
-        out.router64 = router.astype(np.float64)  # what the routing multiplies with
-        return out
+        return ExpertWeights(router, *conv, top_k=self.top_k, normalize=bool(self.normalize))
 
     def matrices(self) -> list:
         return [*self.gate, *self.up, *self.down]
 
 
-def route(h: np.ndarray, experts: ExpertWeights):
+def route(scores: np.ndarray, experts: ExpertWeights):
     """(ids [n, k] int64, weights [n, k] float32): each row's experts, best first (ties: the
-    lower id), and their weights."""
-    router = getattr(experts, "router64", None)
-    if router is None:
-        router = experts.router.astype(np.float64)
-    n, k = h.shape[0], experts.top_k
-    ids = np.empty((n, k), dtype=np.int64)
-    weights = np.empty((n, k), dtype=np.float32)
-    for r in range(n):  # one mat-vec per row: its scores do not depend on the other rows
-        s = router @ h[r].astype(np.float64)
-        p = np.exp(s - s.max())
-        p /= p.sum()
-        top = np.lexsort((np.arange(s.shape[0]), -s))[:k]
-        w = p[top]
-        if experts.normalize:
-            w = w / w.sum()
-        ids[r], weights[r] = top, w
-    return ids, weights
+    lower id), and their weights, from its router scores [n, E] (softmax in float64; every
+    operation is per row, so a row routes the same alone or in a batch)."""
+    s = np.asarray(scores, dtype=np.float64)
+    p = np.exp(s - s.max(axis=1, keepdims=True))
+    p /= p.sum(axis=1, keepdims=True)
+    ids = np.argsort(-s, axis=1, kind="stable")[:, :experts.top_k]
+    w = np.take_along_axis(p, ids, axis=1)
+    if experts.normalize:
+        w = w / w.sum(axis=1, keepdims=True)
+    return ids.astype(np.int64), w.astype(np.float32)
 
 
-def moe_forward(h: np.ndarray, experts: ExpertWeights, linear, swiglu, role: str,
+def moe_forward(h: np.ndarray, experts: ExpertWeights, linear_sets, swiglu, role: str,
                 counts: "np.ndarray | None" = None) -> np.ndarray:
-    """[n, hidden] float32: the experts' weighted outputs for the rows of ``h``.  ``linear(x,
-    w, role)`` and ``swiglu(gate, up)`` are the backend's kernels; ``counts`` (int64 [E]), when
-    given, is incremented by how many rows picked each expert."""
+    """[n, hidden] float32: the experts' weighted outputs for the rows of ``h``.
+    ``linear_sets(sets, role)`` (sets of (x, [(W, out), ...])) and ``swiglu(gate, up)`` are the
+    backend's kernels; ``counts`` (int64 [E]), when given, is incremented by how many rows
+    picked each expert.  Every chosen expert's gate and up go to the backend in one call, then
+    every down: at decode one parallel region each, however many experts."""
     n, hidden = h.shape
-    ids, weights = route(h, experts)
-    parts = np.zeros((experts.top_k, n, hidden), dtype=np.float32)  # [rank, row, hidden]
-    for e in np.unique(ids):
-        rows, rank = np.nonzero(ids == e)
-        x = np.ascontiguousarray(h[rows])
-        act = swiglu(linear(x, experts.gate[e], role), linear(x, experts.up[e], role))
-        parts[rank, rows] = linear(act, experts.down[e], role)
-        if counts is not None:
-            counts[e] += rows.shape[0]
+    k = experts.top_k
+    scores = np.empty((n, experts.num_experts), dtype=np.float32)
+    linear_sets([(h, [(experts.router, scores)])], role)  # each row's own mat-vec at decode
+    ids, weights = route(scores, experts)
+    # the (row, rank) pairs sorted by expert, rows ascending within an expert
+    order = np.argsort(ids.ravel(), kind="stable")
+    by_expert = ids.ravel()[order]
+    starts = np.concatenate(([0], np.flatnonzero(np.diff(by_expert)) + 1, [n * k]))
+    chosen = by_expert[starts[:-1]]
+    spans = list(zip(chosen.tolist(), starts[:-1].tolist(), starts[1:].tolist()))
+    rows, rank = order // k, order % k
+    x = h[rows]  # [n*k, hidden]: each expert's rows together
+    gate = np.empty((n * k, experts.intermediate_size), dtype=np.float32)
+    up = np.empty_like(gate)
+    down = np.empty((n * k, hidden), dtype=np.float32)
+    linear_sets([(x[a:b], [(experts.gate[e], gate[a:b]), (experts.up[e], up[a:b])])
+                 for e, a, b in spans], role)
+    act = swiglu(gate, up)
+    linear_sets([(act[a:b], [(experts.down[e], down[a:b])]) for e, a, b in spans], role)
+    parts = np.empty((k, n, hidden), dtype=np.float32)  # [rank, row, hidden]
+    parts[rank, rows] = down
+    if counts is not None:
+        np.add.at(counts, chosen, np.diff(starts))
     out = parts[0] * weights[:, 0:1]
-    for j in range(1, experts.top_k):  # each row in its own ranking's order
+    for j in range(1, k):  # each row in its own ranking's order
         out += parts[j] * weights[:, j:j + 1]
     return out

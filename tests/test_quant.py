@@ -124,7 +124,8 @@ def test_linear_against_float64(name, rows, rng):
         w = oracle(qt).astype(np.float64)
         x = rng.standard_normal((rows, n)).astype(np.float32)
         x[:, :32] *= 30  # blocks of very different scales
-        bias = rng.standard_normal(out_features).astype(np.float32) if rows % 2 else None
+        bias = rng.standard_normal(out_features).astype(np.float32) \
+            if rows % 2 or rows > 16 else None  # the GEMM's rows always with a bias
         got = ops.linear(x, qt, bias)
         b = 0 if bias is None else bias.astype(np.float64)
         exact = x.astype(np.float64) @ w.T + b
@@ -308,6 +309,39 @@ def test_each_row_is_independent_of_the_batch(rng, name):
                 part = np.empty((rows.stop - rows.start, 37), np.float32)
                 kernel(code, w.data, np.ascontiguousarray(x[rows]), None, part, 2)
                 assert np.array_equal(part, full[rows]), (kernel.__name__, n, rows)
+
+
+def test_sets_of_matrices_give_each_matrix_its_own_bits(rng):
+    """matvec_sets and gemm_sets (mixture-of-experts: every expert's rows in one call) give
+    every output the bits of its own matvec or gemm call: sets of different widths, row counts,
+    formats and biases, with full and partial panels, in one parallel region."""
+    from hybrid._cpu import quant as kernels
+
+    names = ["q4_k", "q6_k", "q8_0", "q4_0", "q5_k", "iq4_xs"]
+    sets, want = [], []
+    for i, (n, rows) in enumerate([(512, 1), (256, 3), (512, 8), (256, 17), (768, 2)]):
+        x = rng.standard_normal((rows, n)).astype(np.float32)
+        mats = []
+        for j in range(2):
+            name = names[(i + j) % len(names)]
+            if n % FORMATS[name].block_values:
+                name = "q8_0"
+            out = int(rng.choice([32, 37, 70]))
+            w = random_blocks(name, out, n, rng)
+            bias = rng.standard_normal(out).astype(np.float32) if j else None
+            mats.append((w.format.kernel_code, w.data, bias, out))
+        sets.append((x, mats))
+    for kernel, many in ((kernels.matvec, kernels.matvec_sets), (kernels.gemm, kernels.gemm_sets)):
+        want = [[np.empty((x.shape[0], out), np.float32) for *_, out in mats] for x, mats in sets]
+        for (x, mats), outs in zip(sets, want):
+            for (code, data, bias, _), y in zip(mats, outs):
+                kernel(code, data, x, bias, y, 2)
+        got = [[np.full_like(y, np.nan) for y in outs] for outs in want]
+        many([(x, [(code, data, bias, y) for (code, data, bias, _), y in zip(mats, outs)])
+              for (x, mats), outs in zip(sets, got)], 2)
+        for outs_w, outs_g in zip(want, got):
+            for y_w, y_g in zip(outs_w, outs_g):
+                assert np.array_equal(y_g, y_w), kernel.__name__
 
 
 @pytest.mark.parametrize("name", NAMES)

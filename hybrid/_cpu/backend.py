@@ -122,6 +122,30 @@ def linear_quantized(x, weight, bias, out, role=kernel_role.AUTO):
         out += bias
 
 
+def linear_sets(sets, role=kernel_role.AUTO):
+    """x @ W.T into out for sets (x, [(W, out), ...]) whose weights each read the set's x
+    (mixture-of-experts: each expert's rows).  Quantized weights go to the native kernels in
+    one call per kind: the mat-vec sets (each x quantized once, one parallel region over all
+    their rows) and the integer GEMM sets (one parallel region over all their panels); the rest
+    one linear at a time.  The bits are each linear's."""
+    matvec, gemm = [], []
+    for x, pairs in sets:
+        if all(type(w) is QuantizedTensor for w, _ in pairs):
+            args = [(w.format.kernel_code, w.data, None, o) for w, o in pairs]
+            if _matvec_rows(x.shape[0], role):
+                matvec.append((x, args))
+                continue
+            if INT8_GEMM and all(w.format.integer for w, _ in pairs):
+                gemm.append((x, args))
+                continue
+        for w, o in pairs:
+            (linear_quantized if type(w) is QuantizedTensor else linear)(x, w, None, o, role)
+    if matvec:
+        quant.matvec_sets(matvec, get_num_threads())
+    if gemm:
+        quant.gemm_sets(gemm, get_num_threads())
+
+
 def bind_linear_many(triples):
     """Several projections of the same x (Q/K/V, gate/up) for fixed (weight, bias, out) triples,
     as a function of (x, role).  Quantized weights at decode share one quantization of x and one parallel
@@ -267,7 +291,7 @@ def to_device(array, placement):
 
 
 def register(registrar):
-    for name in ("rmsnorm", "rope", "swiglu", "add", "linear", "bind_linear_many",
+    for name in ("rmsnorm", "rope", "swiglu", "add", "linear", "linear_sets", "bind_linear_many",
                  "bind_decode_step", "paged_attention", "attend_step", "step_layers",
                  "to_device"):
         registrar.op(name, globals()[name])

@@ -33,12 +33,11 @@ cdef extern from "quant.h" nogil:
     int hy_q_uses_stream(int type)
     void hy_q_stream_acts(const int8_t *qa, const float *da, const float *sa, long n,
                           uint8_t *prep)
-    void hy_q_panel_row(int type, const uint8_t *row, long n, uint8_t *v, float *c, float *m)
     int hy_q_gemm_panel_rows()
     void hy_q_half_sums(const int8_t *qa, long n, int32_t *asum16)
     void hy_q_gemm_panel(int type, long rows, long n, const int8_t *qa, const float *da,
-                         const float *sa, const int32_t *a16, const uint8_t *v, const float *c,
-                         const float *m, int np, uint8_t *vi, float *cT, float *mT, float *out,
+                         const float *sa, const int32_t *a16, const uint8_t *w, long row_bytes,
+                         int np, uint8_t *tmp, uint8_t *vi, float *cT, float *mT, float *out,
                          long ldo)
 
 cdef extern from "omp_compat.h" nogil:
@@ -195,65 +194,147 @@ def gemm(int qtype,
          int num_threads):
     """out = x @ W.T (+ bias) for many rows (prefill): 8-bit activations times panels of weight
     rows decoded to 8-bit integers with a factor and an offset per 16 values."""
-    cdef Py_ssize_t n_in = x.shape[1], rows = x.shape[0], n_out = w.shape[0]
-    check_weight(qtype, w, n_in)
-    if qtype not in INTEGER_FORMATS:
-        raise ValueError(f"gemm serves the integer formats, not code {qtype}")
-    if out.shape[0] != rows or out.shape[1] != n_out:
-        raise ValueError(f"out has shape {tuple(out.shape)[:2]}, expected {(rows, n_out)}")
-    cdef const float *bp = NULL
-    bp = _bias_ptr(bias, n_out, "")
-    if rows == 0 or n_out == 0:
+    gemm_sets([(x, [(qtype, w, bias, out)])], num_threads)
+
+
+cdef struct GemmMat:
+    # one matrix of gemm_sets, and the 8-bit activations of the set it belongs to
+    int code
+    const uint8_t *w
+    long row_bytes
+    long n_out
+    const float *bias
+    float *out
+    long n_in
+    long rows
+    const int8_t *qa
+    const float *da
+    const float *sa
+    const int32_t *a16
+    long first_panel      # this matrix's panels are [first_panel, next matrix's first_panel)
+
+
+def gemm_sets(list sets,   # [(x [rows_i, in_i] float32, [(code, w, bias or None, out), ...])]
+              int num_threads):
+    """out = x_i @ W.T (+ bias) for every matrix of every set (integer formats), each set's x
+    quantized once, and one parallel region over the panels of all the matrices (mixture of
+    experts: each expert's prompt rows).  Each output has the bits gemm gives it."""
+    cdef int ns = len(sets), nm = 0, i, m
+    cdef Py_ssize_t total_rows = 0, a_bytes = 0, max_in = 32
+    for x_, mats_ in sets:  # sizes first: the activations' buffer
+        nm += len(mats_)
+        total_rows += x_.shape[0]
+        a_bytes += _act_bytes(x_.shape[0], x_.shape[1])
+        max_in = max(max_in, x_.shape[1])
+    if nm == 0:
         return
-    cdef Py_ssize_t nb = n_in // 32, n16 = n_in // 16, r, p, i, j
-    cdef Py_ssize_t npanels = (n_out + GEMM_PANEL - 1) // GEMM_PANEL
-    cdef int8_t *qa = <int8_t *> hy_alloc64(rows * n_in)
-    cdef float *da = <float *> hy_alloc64(sizeof(float) * rows * nb)
-    cdef float *sa = <float *> hy_alloc64(sizeof(float) * rows * nb)
-    cdef int32_t *a16 = <int32_t *> hy_alloc64(sizeof(int32_t) * rows * n16)
-    # per thread: one panel of weight rows decoded (v, c, m), then interleaved (vi, cT, mT)
-    cdef Py_ssize_t nt = max(1, num_threads)
-    cdef Py_ssize_t f_c = 0, f_ct = f_c + GEMM_PANEL * n16, f_m = f_ct + GEMM_PANEL * n16
-    cdef Py_ssize_t f_mt = f_m + GEMM_PANEL * n16, nfloats = f_mt + GEMM_PANEL * n16
-    cdef Py_ssize_t per_thread = (2 * GEMM_PANEL * n_in + sizeof(float) * nfloats + 63) // 64 * 64
-    cdef uint8_t *scratch = <uint8_t *> hy_alloc64(nt * per_thread)
-    cdef uint8_t *v
-    cdef uint8_t *vi
-    cdef float *fl
-    cdef int np_, tid
+    cdef GemmMat *ms = <GemmMat *> malloc(sizeof(GemmMat) * (nm + 1))
+    cdef GemmMat *row_set = <GemmMat *> malloc(sizeof(GemmMat) * (total_rows + 1))
+    cdef const float **row_x = <const float **> malloc(sizeof(float *) * (total_rows + 1))
+    cdef uint8_t *acts = NULL
+    cdef uint8_t *scratch = NULL
+    cdef const uint8_t[:, ::1] w
+    cdef const float[:, ::1] x
+    cdef float[:, ::1] o
+    cdef Py_ssize_t rows, n_in, nb, n16, total_panels = 0, per_thread, p, r, j, q
+    cdef Py_ssize_t nt = max(1, num_threads), k = 0, off = 0
     cdef long o0
-    if qa == NULL or da == NULL or sa == NULL or a16 == NULL or scratch == NULL:
-        free(qa); free(da); free(sa); free(a16); free(scratch)
-        raise MemoryError()
+    cdef int np_, tid
+    cdef uint8_t *tmp
+    cdef uint8_t *vi
+    cdef float *ct
+    cdef GemmMat *g
+    cdef GemmMat a
     try:
+        acts = <uint8_t *> hy_alloc64(a_bytes + 64)
+        # per thread: one panel of weight rows interleaved (vi, factors cT, offsets mT), built
+        # block by block through tmp
+        per_thread = (32 * GEMM_PANEL + GEMM_PANEL * max_in
+                      + 2 * sizeof(float) * GEMM_PANEL * (max_in // 16) + 63) // 64 * 64
+        scratch = <uint8_t *> hy_alloc64(nt * per_thread)
+        if ms == NULL or row_set == NULL or row_x == NULL or acts == NULL or scratch == NULL:
+            raise MemoryError()
+        m = 0
+        for i in range(ns):  # check everything, and place each set's activations
+            x, mats_ = sets[i]
+            rows, n_in = x.shape[0], x.shape[1]
+            nb, n16 = n_in // 32, n_in // 16
+            a.n_in, a.rows = n_in, rows
+            a.qa = <int8_t *> (acts + off)
+            a.da = <float *> (acts + off + rows * n_in)
+            a.sa = a.da + rows * nb
+            a.a16 = <int32_t *> (a.sa + rows * nb)
+            off += _act_bytes(rows, n_in)
+            for r in range(rows):
+                row_set[k] = a
+                row_set[k].qa, row_set[k].da = a.qa + r * n_in, a.da + r * nb
+                row_set[k].sa, row_set[k].a16 = a.sa + r * nb, a.a16 + r * n16
+                row_x[k] = &x[r, 0]
+                k += 1
+            for code, w, bias, o in mats_:
+                g = &ms[m]
+                g[0] = a
+                g.code = code
+                g.row_bytes = check_weight(code, w, n_in)
+                if code not in INTEGER_FORMATS:
+                    raise ValueError(f"gemm serves the integer formats, not code {code}")
+                g.n_out = w.shape[0]
+                if o.shape[0] != rows or o.shape[1] != g.n_out:
+                    raise ValueError(f"out has shape {tuple(o.shape)[:2]}, expected "
+                                     f"{(rows, g.n_out)}")
+                g.w = &w[0, 0] if g.n_out else NULL
+                g.out = &o[0, 0] if g.n_out and rows else NULL
+                g.bias = _bias_ptr(bias, g.n_out, "")
+                g.first_panel = total_panels
+                if rows:
+                    total_panels += (g.n_out + GEMM_PANEL - 1) // GEMM_PANEL
+                m += 1
+        ms[nm].first_panel = total_panels
         with nogil:
-            # 8-bit activations: values, scales, scaled block sums, integer sums per 16
-            for r in prange(rows, num_threads=num_threads, schedule="static"):
-                hy_q_act(&x[r, 0], n_in, qa + r * n_in, da + r * nb, sa + r * nb, NULL)
-                hy_q_half_sums(qa + r * n_in, n_in, a16 + r * n16)
+            # 8-bit activations of every row of every set: values, scales, scaled block sums,
+            # integer sums per 16
+            for q in prange(total_rows, num_threads=num_threads, schedule="static"):
+                g = &row_set[q]
+                hy_q_act(row_x[q], g.n_in, <int8_t *> g.qa, <float *> g.da, <float *> g.sa, NULL)
+                hy_q_half_sums(g.qa, g.n_in, <int32_t *> g.a16)
             # panels handed out one at a time: when one core is slowed (a shared machine) the
             # other takes more panels; a panel's result does not depend on the thread
-            for p in prange(npanels, num_threads=num_threads, schedule="dynamic"):
+            for p in prange(total_panels, num_threads=num_threads, schedule="dynamic"):
                 tid = threadid()
-                fl = <float *> (scratch + tid * per_thread + 2 * GEMM_PANEL * n_in)
-                v = scratch + tid * per_thread
-                vi = v + GEMM_PANEL * n_in
-                o0 = p * GEMM_PANEL
-                np_ = <int> min(GEMM_PANEL, n_out - o0)
-                if np_ < GEMM_PANEL:  # rows past the matrix: zero values, factors and offsets
-                    memset(v, 0, GEMM_PANEL * n_in)
-                    memset(fl, 0, sizeof(float) * nfloats)
-                for i in range(np_):
-                    hy_q_panel_row(qtype, &w[o0 + i, 0], n_in, v + i * n_in, fl + f_c + i * n16,
-                                   fl + f_m + i * n16)
-                hy_q_gemm_panel(qtype, rows, n_in, qa, da, sa, a16, v, fl + f_c, fl + f_m, np_,
-                                vi, fl + f_ct, fl + f_mt, &out[0, o0], n_out)
-                if bp != NULL:
-                    for r in range(rows):
+                g = &ms[_matrix_of_panel(ms, nm, p)]
+                tmp = scratch + tid * per_thread
+                vi = tmp + 32 * GEMM_PANEL
+                ct = <float *> (vi + GEMM_PANEL * g.n_in)
+                o0 = (p - g.first_panel) * GEMM_PANEL
+                np_ = <int> min(GEMM_PANEL, g.n_out - o0)
+                hy_q_gemm_panel(g.code, g.rows, g.n_in, g.qa, g.da, g.sa, g.a16,
+                                g.w + o0 * g.row_bytes, g.row_bytes, np_, tmp, vi, ct,
+                                ct + GEMM_PANEL * (g.n_in // 16), g.out + o0, g.n_out)
+                if g.bias != NULL:
+                    for r in range(g.rows):
                         for j in range(np_):
-                            out[r, o0 + j] += bp[o0 + j]
+                            g.out[r * g.n_out + o0 + j] += g.bias[o0 + j]
     finally:
-        free(qa); free(da); free(sa); free(a16); free(scratch)
+        free(ms); free(row_set); free(row_x); free(acts); free(scratch)
+
+
+cdef inline Py_ssize_t _act_bytes(Py_ssize_t rows, Py_ssize_t n_in) noexcept:
+    """Bytes of rows 8-bit activation rows of n_in values with their scales, scaled block sums
+    and integer sums per 16 (64-byte aligned)."""
+    return (rows * n_in + sizeof(float) * 2 * rows * (n_in // 32)
+            + sizeof(int32_t) * rows * (n_in // 16) + 63) // 64 * 64
+
+
+cdef inline Py_ssize_t _matrix_of_panel(const GemmMat *ms, int nm, Py_ssize_t p) noexcept nogil:
+    """The matrix whose panels include p (binary search over first_panel)."""
+    cdef int lo = 0, hi = nm - 1, mid
+    while lo < hi:
+        mid = (lo + hi + 1) // 2
+        if ms[mid].first_panel <= p:
+            lo = mid
+        else:
+            hi = mid - 1
+    return lo
 
 
 cdef inline bint _integer(int code) noexcept nogil:
@@ -262,45 +343,90 @@ cdef inline bint _integer(int code) noexcept nogil:
     return t != NULL and t.integer != 0
 
 
+cdef struct QuantActs:
+    # one input of a mat-vec: x [rows, n_in] and its 8-bit form (hy_q_act) for integer formats
+    long n_in
+    int rows
+    const float *x
+    const int8_t *qa
+    const float *da
+    const float *sa
+    const float *s16
+    const uint8_t *prep
+
+
+cdef void _quantize_acts(const QuantActs *a, int integer, int stream) noexcept nogil:
+    """a's 8-bit activations (and the stream kernel's layout) from its x, row by row."""
+    cdef long nb = a.n_in // 32, pstride = hy_q_stream_bytes(a.n_in)
+    cdef int r
+    if not integer:
+        return
+    for r in range(a.rows):
+        hy_q_act(a.x + r * a.n_in, a.n_in, <int8_t *> a.qa + r * a.n_in, <float *> a.da + r * nb,
+                 <float *> a.sa + r * nb, <float *> a.s16 + r * 2 * nb)
+        if stream:
+            hy_q_stream_acts(a.qa + r * a.n_in, a.da + r * nb, a.sa + r * nb, a.n_in,
+                             <uint8_t *> a.prep + r * pstride)
+
+
+cdef inline void _matvec_rows(const QuantMat *m, const QuantActs *a, long o0,
+                              long o1) noexcept nogil:
+    hy_q_matvec_range(m.code, m.w, m.row_bytes, a.n_in, o0, o1, a.rows, a.qa, a.da, a.sa, a.s16,
+                      a.prep, a.x, m.bias, m.out, m.n_out)
+
+
+cdef void _matvec_run(const QuantMat *mats, int count, const QuantActs *acts, const int *act_of,
+                      int num_threads) noexcept nogil:
+    """out_i = x_i @ W_i.T (+ bias_i) for `count` matrices whose inputs are already quantized:
+    matrix i reads acts[act_of[i]] (act_of NULL: acts[0]).  The chunks of MATVEC_CHUNK rows of
+    every matrix are shared by the threads (matvec_claimed), or all run on this thread when the
+    matrices are small.  Each output row takes the same operations however the rows are
+    shared."""
+    cdef long own_first[9]
+    cdef long *first_chunk = own_first
+    cdef long total = 0
+    cdef int i
+    for i in range(count):
+        total += mats[i].n_out * mats[i].row_bytes
+    if total < PARALLEL_MIN_BYTES or num_threads <= 1:  # no parallel region at all
+        for i in range(count):
+            _matvec_rows(&mats[i], &acts[act_of[i] if act_of != NULL else 0], 0, mats[i].n_out)
+        return
+    if count > 8:
+        first_chunk = <long *> malloc(sizeof(long) * (count + 1))
+        if first_chunk == NULL:  # no memory for the table: one matrix at a time
+            for i in range(count):
+                _matvec_run(&mats[i], 1, &acts[act_of[i] if act_of != NULL else 0], NULL,
+                            num_threads)
+            return
+    first_chunk[0] = 0
+    for i in range(count):
+        first_chunk[i + 1] = first_chunk[i] + (mats[i].n_out + MATVEC_CHUNK - 1) // MATVEC_CHUNK
+    _matvec_claimed(mats, count, first_chunk, total, acts, act_of, num_threads)
+    if first_chunk != own_first:
+        free(first_chunk)
+
+
 cdef void matvec_group(const QuantMat *mats, int count, const float *x, long n_in, int rows,
                        int8_t *qa, float *da, float *sa, float *s16, uint8_t *prep,
                        int num_threads) noexcept nogil:
     """out_i = x @ W_i.T (+ bias_i) for `count` (<= 4) matrices reading the same x [rows, n_in]:
     x quantized once into qa/da/sa/s16 (rows * n_in, rows * n_in/32, the same, twice that) and,
     for the formats the stream kernel serves, laid out for it in prep (rows *
-    hy_q_stream_bytes(n_in)), then the chunks of MATVEC_CHUNK rows of every matrix shared by
-    the threads (matvec_claimed), or all on this thread when the matrices are small.  Each
-    output row takes the same operations however the rows are shared."""
-    cdef long first_chunk[5]
-    cdef long total = 0, nb = n_in // 32
-    cdef int i, r, integer = 0, stream = 0
-    cdef long pstride = hy_q_stream_bytes(n_in)
-    first_chunk[0] = 0
+    hy_q_stream_bytes(n_in)), then _matvec_run."""
+    cdef QuantActs a
+    cdef int i, integer = 0, stream = 0
     for i in range(count):
-        total += mats[i].n_out * mats[i].row_bytes
         integer = integer or _integer(mats[i].code)
         stream = stream or hy_q_uses_stream(mats[i].code)
-        first_chunk[i + 1] = first_chunk[i] + (mats[i].n_out + MATVEC_CHUNK - 1) // MATVEC_CHUNK
-    if integer:
-        for r in range(rows):
-            hy_q_act(x + r * n_in, n_in, qa + r * n_in, da + r * nb, sa + r * nb, s16 + r * 2 * nb)
-            if stream:
-                hy_q_stream_acts(qa + r * n_in, da + r * nb, sa + r * nb, n_in, prep + r * pstride)
-    if total < PARALLEL_MIN_BYTES or num_threads <= 1:  # no parallel region at all
-        for i in range(count):
-            hy_q_matvec_range(mats[i].code, mats[i].w, mats[i].row_bytes, n_in, 0, mats[i].n_out,
-                              rows, qa, da, sa, s16, prep, x, mats[i].bias, mats[i].out,
-                              mats[i].n_out)
-        return
-    _matvec_claimed(mats, count, first_chunk, total, n_in, rows, qa, da, sa, s16, prep, x,
-                    num_threads)
+    a.n_in, a.rows, a.x, a.qa, a.da, a.sa, a.s16, a.prep = n_in, rows, x, qa, da, sa, s16, prep
+    _quantize_acts(&a, integer, stream)
+    _matvec_run(mats, count, &a, NULL, num_threads)
 
 
 cdef void _matvec_claimed(const QuantMat *mats, int count, const long *first_chunk, long total,
-                          long n_in, int rows, const int8_t *qa, const float *da,
-                          const float *sa, const float *s16, const uint8_t *prep,
-                          const float *x, int nt) noexcept nogil:
-    """The C = first_chunk[count] chunks of matvec_group's matrices (total bytes) over nt
+                          const QuantActs *acts, const int *act_of, int nt) noexcept nogil:
+    """The C = first_chunk[count] chunks of _matvec_run's matrices (total bytes) over nt
     threads.  Thread t owns the chunks [C*t/nt, C*(t+1)/nt) and claims them front to back in
     pieces from a counter of its own, so that it reads one forward stream, as a static split
     would; when its share is done it claims the pieces left in the other threads' shares.  On a
@@ -338,9 +464,7 @@ cdef void _matvec_claimed(const QuantMat *mats, int count, const long *first_chu
                     o0 = (c - first_chunk[m]) * MATVEC_CHUNK
                     o1 = min((min(c_end, first_chunk[m + 1]) - first_chunk[m]) * MATVEC_CHUNK,
                              mats[m].n_out)
-                    hy_q_matvec_range(mats[m].code, mats[m].w, mats[m].row_bytes, n_in, o0, o1,
-                                      rows, qa, da, sa, s16, prep, x, mats[m].bias,
-                                      mats[m].out, mats[m].n_out)
+                    _matvec_rows(&mats[m], &acts[act_of[m] if act_of != NULL else 0], o0, o1)
                     c = min(c_end, first_chunk[m + 1])
     if counter != own:
         free(counter)
@@ -394,6 +518,74 @@ def matvec_many(list mats,                    # [(code, w [out_i, row_bytes_i] u
             matvec_group(ms, nm, &x[0, 0], n_in, <int> rows, qa, da, sa, s16, prep, num_threads)
     finally:
         free(qa); free(da); free(sa); free(s16); free(prep)
+
+
+def matvec_sets(list sets,   # [(x [rows_i, in_i] float32, [(code, w, bias or None, out), ...])]
+                int num_threads):
+    """out = x_i @ W.T (+ bias) for every matrix of every set, each set's x quantized once, and
+    one parallel region over the rows of all the matrices (mixture-of-experts decode: each
+    expert's gate and up, or down, read their own rows).  Each output row has the bits that
+    matvec gives it."""
+    cdef int ns = len(sets), nm = 0, i, k, m, integer = 0, stream = 0
+    for x_, mats_ in sets:
+        nm += len(mats_)
+    if nm == 0:
+        return
+    cdef QuantMat *ms = <QuantMat *> malloc(sizeof(QuantMat) * nm)
+    cdef int *act_of = <int *> malloc(sizeof(int) * nm)
+    cdef QuantActs *acts = <QuantActs *> malloc(sizeof(QuantActs) * ns)
+    cdef uint8_t *buf = NULL
+    cdef const uint8_t[:, ::1] w
+    cdef const float[:, ::1] x
+    cdef float[:, ::1] o
+    cdef Py_ssize_t nbytes = 0, off, rows, n_in, nb
+    try:
+        if ms == NULL or act_of == NULL or acts == NULL:
+            raise MemoryError()
+        m = 0
+        for i in range(ns):
+            x, mats_ = sets[i]
+            rows, n_in = x.shape[0], x.shape[1]
+            acts[i].n_in, acts[i].rows, acts[i].x = n_in, <int> rows, &x[0, 0] if rows else NULL
+            acts[i].qa = NULL; acts[i].da = acts[i].sa = acts[i].s16 = NULL; acts[i].prep = NULL
+            for code, w, bias, o in mats_:
+                ms[m].code = code
+                ms[m].row_bytes = check_weight(code, w, n_in)
+                ms[m].n_out = w.shape[0]
+                if o.shape[0] != rows or o.shape[1] != ms[m].n_out:
+                    raise ValueError(f"set {i}: out has shape {tuple(o.shape)[:2]}, expected "
+                                     f"{(rows, ms[m].n_out)}")
+                ms[m].w, ms[m].out = &w[0, 0], &o[0, 0] if rows else NULL
+                ms[m].bias = _bias_ptr(bias, ms[m].n_out, f"set {i}: ")
+                act_of[m] = i
+                integer = integer or _integer(code)
+                stream = stream or hy_q_uses_stream(code)
+                m += 1
+            if rows == 0:
+                raise ValueError(f"set {i} has no rows")
+            nb = n_in // 32
+            nbytes += (rows * n_in + 4 * rows * nb * 4 + rows * hy_q_stream_bytes(n_in) + 127) \
+                // 64 * 64
+        if integer:
+            buf = <uint8_t *> hy_alloc64(nbytes)
+            if buf == NULL:
+                raise MemoryError()
+            off = 0
+            for i in range(ns):
+                rows, n_in, nb = acts[i].rows, acts[i].n_in, acts[i].n_in // 32
+                acts[i].qa = <int8_t *> (buf + off)
+                acts[i].da = <float *> (buf + off + rows * n_in)
+                acts[i].sa = acts[i].da + rows * nb
+                acts[i].s16 = acts[i].sa + rows * nb
+                acts[i].prep = <uint8_t *> (acts[i].s16 + 2 * rows * nb)
+                off += (rows * n_in + 4 * rows * nb * 4 + rows * hy_q_stream_bytes(n_in) + 127) \
+                    // 64 * 64
+        with nogil:
+            for i in range(ns):
+                _quantize_acts(&acts[i], integer, stream)
+            _matvec_run(ms, nm, acts, act_of, num_threads)
+    finally:
+        free(ms); free(act_of); free(acts); free(buf)
 
 
 cdef extern from "simd.h" nogil:

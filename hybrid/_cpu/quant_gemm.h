@@ -16,132 +16,153 @@
  * the activations of half h), is one short dot product per output.
  */
 
-/* the 32 grid values of 16 IQ4 index bytes as a panel's signed values (+128 where the GEMM
- * takes unsigned bytes, as for Q8_0) */
-static inline void hy_q_panel_signed(const uint8_t *q, uint8_t *vb) {
-    for (int j = 0; j < 16; j++) {
-        vb[j] = (uint8_t)hy_iq4_values[q[j] & 0x0F];
-        vb[j + 16] = (uint8_t)hy_iq4_values[q[j] >> 4];
-    }
-#if defined(HY_Q512)
-    for (int j = 0; j < 32; j++) vb[j] ^= 0x80;
-#endif
-}
-
-/* one weight row -> v [n] (uint8, or int8 for Q8_0, IQ4_NL, IQ4_XS), c [n/16], m [n/16] */
-static inline void hy_q_panel_row(int type, const uint8_t *row, long n, uint8_t *v, float *c,
-                                  float *m) {
+/* The 32 panel values of block b (values 32b..32b+31) of an encoded weight row: unsigned
+ * (0..63), or signed for Q8_0, IQ4_NL and IQ4_XS (+128, unsigned, where the AVX-512 GEMM takes
+ * unsigned bytes). */
+static inline __attribute__((always_inline)) void hy_q_panel_block(const int type, const uint8_t *row,
+                                                                    long b, uint8_t *vb) {
     const int bb = hy_q_block_bytes(type);
-    if (type == HY_Q_Q8_0 || type == HY_Q_Q4_0 || type == HY_Q_Q4_1 || type == HY_Q_Q5_0 ||
-        type == HY_Q_Q5_1) {
-        for (long b = 0; b < n / 32; b++) {
-            const uint8_t *blk = row + bb * b;
-            const float d = hy_f16(blk);
-            float mn = 0.0f;
-            uint8_t *vb = v + 32 * b;
-            if (type == HY_Q_Q8_0) {
+    if (type == HY_Q_Q8_0) {
+        const uint8_t *blk = row + 34 * b;
 #if defined(HY_Q512)  /* w + 128, unsigned for vpdpbusd; the GEMM takes 128 * sum(a) back out */
-                _mm256_storeu_si256((__m256i *)vb, _mm256_xor_si256(
-                    _mm256_loadu_si256((const __m256i *)(blk + 2)), _mm256_set1_epi8((char)0x80)));
+        _mm256_storeu_si256((__m256i *)vb, _mm256_xor_si256(
+            _mm256_loadu_si256((const __m256i *)(blk + 2)), _mm256_set1_epi8((char)0x80)));
 #else
-                memcpy(vb, blk + 2, 32);
+        memcpy(vb, blk + 2, 32);
 #endif
-            } else {
-                const int with_min = (type == HY_Q_Q4_1 || type == HY_Q_Q5_1);
-                const int five = (type == HY_Q_Q5_0 || type == HY_Q_Q5_1);
-                const uint8_t *q = blk + (with_min ? 4 : 2) + (five ? 4 : 0);
-                uint32_t qh = five ? hy_u32(blk + (with_min ? 4 : 2)) : 0;
-#ifdef HY_AVX2
-                __m256i vv = hy_nibbles16(q);
-                if (five) vv = _mm256_or_si256(vv, hy_bit4_from_bits(qh));
-                _mm256_storeu_si256((__m256i *)vb, vv);
-#else
-                for (int j = 0; j < 16; j++) {
-                    vb[j] = (uint8_t)((q[j] & 0x0F) | (((qh >> j) & 1) << 4));
-                    vb[j + 16] = (uint8_t)((q[j] >> 4) | (((qh >> (j + 16)) & 1) << 4));
-                }
-#endif
-                mn = with_min ? hy_f16(blk + 2) : -(five ? 16.0f : 8.0f) * d;
-            }
-            c[2 * b] = c[2 * b + 1] = d;
-            m[2 * b] = m[2 * b + 1] = mn;
-        }
         return;
     }
-    if (type == HY_Q_IQ4_NL) {
+    if (type == HY_Q_Q4_0 || type == HY_Q_Q4_1 || type == HY_Q_Q5_0 || type == HY_Q_Q5_1) {
+        const uint8_t *blk = row + bb * b;
+        const int with_min = (type == HY_Q_Q4_1 || type == HY_Q_Q5_1);
+        const int five = (type == HY_Q_Q5_0 || type == HY_Q_Q5_1);
+        const uint8_t *q = blk + (with_min ? 4 : 2) + (five ? 4 : 0);
+        const uint32_t qh = five ? hy_u32(blk + (with_min ? 4 : 2)) : 0;
+#ifdef HY_AVX2
+        __m256i vv = hy_nibbles16(q);
+        if (five) vv = _mm256_or_si256(vv, hy_bit4_from_bits(qh));
+        _mm256_storeu_si256((__m256i *)vb, vv);
+#else
+        for (int j = 0; j < 16; j++) {
+            vb[j] = (uint8_t)((q[j] & 0x0F) | (((qh >> j) & 1) << 4));
+            vb[j + 16] = (uint8_t)((q[j] >> 4) | (((qh >> (j + 16)) & 1) << 4));
+        }
+#endif
+        return;
+    }
+    if (type == HY_Q_IQ4_NL || type == HY_Q_IQ4_XS) {  /* the grid's signed values */
+        const uint8_t *q = type == HY_Q_IQ4_NL ? row + 18 * b + 2
+                                               : row + bb * (b / 8) + 8 + 16 * (b % 8);
+#ifdef HY_AVX2
+        __m256i vv = hy_iq4_lookup(q);
+#if defined(HY_Q512)
+        vv = _mm256_xor_si256(vv, _mm256_set1_epi8((char)0x80));
+#endif
+        _mm256_storeu_si256((__m256i *)vb, vv);
+#else
+        for (int j = 0; j < 16; j++) {
+            vb[j] = (uint8_t)hy_iq4_values[q[j] & 0x0F];
+            vb[j + 16] = (uint8_t)hy_iq4_values[q[j] >> 4];
+        }
+#endif
+        return;
+    }
+    const uint8_t *blk = row + bb * (b / 8);  /* the K formats: sub-block j of a super-block */
+    const int j = (int)(b % 8);
+    if (type == HY_Q_Q2_K) {  /* 2-bit values */
+        for (int l = 0; l < 32; l++)
+            vb[l] = (uint8_t)((blk[16 + 32 * (j / 4) + l] >> (2 * (j % 4))) & 3);
+    } else if (type == HY_Q_Q3_K) {  /* q | high << 2 (0..7) */
+        for (int l = 0; l < 32; l++)
+            vb[l] = (uint8_t)(((blk[32 + 32 * (j / 4) + l] >> (2 * (j % 4))) & 3) |
+                              (((blk[l] >> j) & 1) << 2));
+    } else if (type == HY_Q_Q6_K) {  /* 4 low bits from ql, 2 high bits from qh */
+        const uint8_t *ql = blk + 64 * (j / 4) + 32 * (j % 2), *qh = blk + 128 + 32 * (j / 4);
+        const int lo_shift = 4 * ((j % 4) / 2), hi_shift = 2 * (j % 4);
+#ifdef HY_AVX2
+        const __m256i l = _mm256_loadu_si256((const __m256i *)ql);
+        const __m256i h = _mm256_loadu_si256((const __m256i *)qh);
+        const __m256i lo = _mm256_and_si256(_mm256_srli_epi16(l, lo_shift), _mm256_set1_epi8(0x0F));
+        const __m256i hi = _mm256_and_si256(_mm256_slli_epi16(_mm256_srli_epi16(h, hi_shift), 4),
+                                            _mm256_set1_epi8(0x30));
+        _mm256_storeu_si256((__m256i *)vb, _mm256_or_si256(lo, hi));
+#else
+        for (int l = 0; l < 32; l++)
+            vb[l] = (uint8_t)(((ql[l] >> lo_shift) & 0x0F) | (((qh[l] >> hi_shift) & 3) << 4));
+#endif
+    } else {  /* Q4_K, Q5_K: nibbles (+ a fifth bit from qh) */
+        const int five = type == HY_Q_Q5_K;
+        const uint8_t *qh = blk + 16, *qq = (five ? blk + 48 : blk + 16) + 32 * (j / 2);
+#ifdef HY_AVX2
+        __m256i nv = _mm256_loadu_si256((const __m256i *)qq);
+        if (j & 1) nv = _mm256_srli_epi16(nv, 4);
+        nv = _mm256_and_si256(nv, _mm256_set1_epi8(0x0F));
+        if (five) {  /* bit j of each qh byte -> bit 4 */
+            const __m256i bit = _mm256_set1_epi8((char)(1 << j));
+            const __m256i hb = _mm256_loadu_si256((const __m256i *)qh);
+            nv = _mm256_or_si256(nv, _mm256_and_si256(
+                _mm256_cmpeq_epi8(_mm256_and_si256(hb, bit), bit), _mm256_set1_epi8(0x10)));
+        }
+        _mm256_storeu_si256((__m256i *)vb, nv);
+#else
+        for (int l = 0; l < 32; l++) {
+            int nv = (j & 1) ? (qq[l] >> 4) : (qq[l] & 0x0F);
+            if (five) nv |= ((qh[l] >> j) & 1) << 4;
+            vb[l] = (uint8_t)nv;
+        }
+#endif
+    }
+}
+
+/* A weight row's factors and offsets (value = c * v + m, v as hy_q_panel_block gives it) in
+ * the GEMM tile's layout, row i of a panel at c = cT + i, m = mT + i: c[P*h] for half block h
+ * (only h even, h = 2b, where the format has one factor per block), m[P*b] per block where the
+ * format has a float offset per block (Q4_1, Q5_1, Q4_K, Q5_K), m[P*h] per half for Q2_K;
+ * formats whose offset is a whole multiple of the factor (the tile's integer offset) write
+ * none. */
+static inline void hy_q_panel_scales(int type, const uint8_t *row, long n, float *c, float *m) {
+    const long P = HY_GEMM_P;
+    const int bb = hy_q_block_bytes(type);
+    if (type == HY_Q_Q8_0 || type == HY_Q_Q4_0 || type == HY_Q_Q4_1 || type == HY_Q_Q5_0 ||
+        type == HY_Q_Q5_1 || type == HY_Q_IQ4_NL) {
+        const int with_min = type == HY_Q_Q4_1 || type == HY_Q_Q5_1;
         for (long b = 0; b < n / 32; b++) {
-            const uint8_t *blk = row + 18 * b;
-            hy_q_panel_signed(blk + 2, v + 32 * b);
-            c[2 * b] = c[2 * b + 1] = hy_f16(blk);
-            m[2 * b] = m[2 * b + 1] = 0.0f;
+            const uint8_t *blk = row + bb * b;
+            c[P * 2 * b] = hy_f16(blk);
+            if (with_min) m[P * b] = hy_f16(blk + 2);
         }
         return;
     }
     for (long s = 0; s < n / 256; s++) {
         const uint8_t *blk = row + bb * s;
-        uint8_t *vs = v + 256 * s;
-        float *cs = c + 16 * s, *ms = m + 16 * s;
-        if (type == HY_Q_Q2_K) {  /* v: 2-bit values; c, m per 16: d * scale, -dmin * min */
+        float *cs = c + P * 16 * s;
+        if (type == HY_Q_Q2_K) {  /* d * scale, -dmin * min per 16 */
             const float d = hy_f16(blk + 80), dmin = hy_f16(blk + 82);
-            for (int k = 0; k < 8; k++)
-                for (int l = 0; l < 32; l++)
-                    vs[32 * k + l] = (uint8_t)((blk[16 + 32 * (k / 4) + l] >> (2 * (k % 4))) & 3);
             for (int g = 0; g < 16; g++) {
-                cs[g] = d * (float)(blk[g] & 0x0F);
-                ms[g] = -dmin * (float)(blk[g] >> 4);
+                cs[P * g] = d * (float)(blk[g] & 0x0F);
+                m[P * (16 * s + g)] = -dmin * (float)(blk[g] >> 4);
             }
-        } else if (type == HY_Q_Q3_K) {  /* v: q | high << 2 (0..7); value c * (v - 4) */
+        } else if (type == HY_Q_Q3_K) {  /* value c * (v - 4) */
             int8_t sc[16];
             hy_q3_k_scales(blk + 96, sc);
             const float d = hy_f16(blk + 108);
-            for (int k = 0; k < 8; k++)
-                for (int l = 0; l < 32; l++)
-                    vs[32 * k + l] = (uint8_t)(((blk[32 + 32 * (k / 4) + l] >> (2 * (k % 4))) & 3) |
-                                               (((blk[l] >> k) & 1) << 2));
-            for (int g = 0; g < 16; g++) {
-                cs[g] = d * (float)sc[g];
-                ms[g] = -4.0f * cs[g];
-            }
-        } else if (type == HY_Q_IQ4_XS) {  /* v: the grid's signed values; c per 32 */
+            for (int g = 0; g < 16; g++) cs[P * g] = d * (float)sc[g];
+        } else if (type == HY_Q_IQ4_XS) {  /* one factor per 32 */
             const float d = hy_f16(blk);
-            for (int j = 0; j < 8; j++) {
-                hy_q_panel_signed(blk + 8 + 16 * j, vs + 32 * j);
-                cs[2 * j] = cs[2 * j + 1] = d * (float)hy_iq4_xs_scale(blk, j);
-                ms[2 * j] = ms[2 * j + 1] = 0.0f;
-            }
-        } else if (type == HY_Q_Q6_K) {
-            const uint8_t *ql = blk, *qh = blk + 128;
+            for (int j = 0; j < 8; j++) cs[P * 2 * j] = d * (float)hy_iq4_xs_scale(blk, j);
+        } else if (type == HY_Q_Q6_K) {  /* value c * (v - 32) */
             const int8_t *sc = (const int8_t *)(blk + 192);
             const float d = hy_f16(blk + 208);
-            for (int half = 0; half < 2; half++) {
-                for (int l = 0; l < 32; l++) {
-                    vs[128 * half + l] = (uint8_t)((ql[l] & 0x0F) | (((qh[l] >> 0) & 3) << 4));
-                    vs[128 * half + l + 32] = (uint8_t)((ql[l + 32] & 0x0F) | (((qh[l] >> 2) & 3) << 4));
-                    vs[128 * half + l + 64] = (uint8_t)((ql[l] >> 4) | (((qh[l] >> 4) & 3) << 4));
-                    vs[128 * half + l + 96] = (uint8_t)((ql[l + 32] >> 4) | (((qh[l] >> 6) & 3) << 4));
-                }
-                ql += 64;
-                qh += 32;
-            }
-            for (int g = 0; g < 16; g++) {
-                cs[g] = d * (float)sc[g];
-                ms[g] = -32.0f * cs[g];
-            }
-        } else {
-            const int five = type == HY_Q_Q5_K;
-            const uint8_t *qh = blk + 16, *q = five ? blk + 48 : blk + 16;
+            for (int g = 0; g < 16; g++) cs[P * g] = d * (float)sc[g];
+        } else {  /* Q4_K, Q5_K: d * scale, -dmin * min per 32 */
             const float d = hy_f16(blk), dmin = hy_f16(blk + 2);
-            for (int j = 0; j < 8; j++) {
-                uint8_t sc, mn;
-                hy_k4_scale_min(j, blk + 4, &sc, &mn);
-                const uint8_t *qq = q + 32 * (j / 2);
-                for (int l = 0; l < 32; l++) {
-                    int nv = (j & 1) ? (qq[l] >> 4) : (qq[l] & 0x0F);
-                    if (five) nv |= ((qh[l] >> j) & 1) << 4;
-                    vs[32 * j + l] = (uint8_t)nv;
-                }
-                cs[2 * j] = cs[2 * j + 1] = d * (float)sc;
-                ms[2 * j] = ms[2 * j + 1] = -dmin * (float)mn;
+            const uint8_t *k = blk + 4;
+            float *ms = m + P * 8 * s;
+            for (int j = 0; j < 4; j++) {  /* hy_k4_scale_min, both halves of the table */
+                cs[P * 2 * j] = d * (float)(k[j] & 63);
+                ms[P * j] = -dmin * (float)(k[j + 4] & 63);
+                cs[P * 2 * (j + 4)] = d * (float)((k[j + 8] & 0x0F) | ((k[j] >> 6) << 4));
+                ms[P * (j + 4)] = -dmin * (float)((k[j + 8] >> 4) | ((k[j + 4] >> 6) << 4));
             }
         }
     }
@@ -160,28 +181,256 @@ static inline int hy_q_gemm_group(int type) {
 /* weight rows per GEMM panel (the lanes of one vector) */
 static inline int hy_q_gemm_panel_rows(void) { return HY_GEMM_P; }
 
-/* Interleave P = HY_GEMM_P decoded panel rows for the GEMM: vi[32*P*b + 4*P*j + 4*i ..] holds,
- * for block b and chunk j (values 4j..4j+3), the 4 values of row i; cT[P*(2b + h) + i] is row
- * i's factor for half h of block b. */
-static inline void hy_q_interleave(long n, const uint8_t *v, const float *c, uint8_t *vi,
-                                   float *cT) {
+/* The values part of hy_q_panel_build: each block of the np rows decoded into tmp, then
+ * interleaved into vi. */
+static inline __attribute__((always_inline)) void
+hy_q_panel_interleave(const int type, const uint8_t *w, long row_bytes, long n, int np,
+                      uint8_t *tmp, uint8_t *vi) {
     const int P = HY_GEMM_P;
+    for (long b = 0; b < n / 32; b++) {
+        for (int i = 0; i < np; i++) hy_q_panel_block(type, w + i * row_bytes, b, tmp + 32 * i);
+        uint8_t *vb = vi + 32 * P * b;
 #if defined(HY_Q512)
-    for (long b = 0; b < n / 32; b++)
         for (int g = 0; g < P / 16; g++) {  /* 16 rows' 32 values at a time */
             __m512i wc[8];
-            hy_transpose_16x8(v + 16 * g * n + 32 * b, n, wc);
-            for (int j = 0; j < 8; j++)
-                _mm512_storeu_si512((void *)(vi + 32 * P * b + 4 * P * j + 64 * g), wc[j]);
+            hy_transpose_16x8(tmp + 512 * g, 32, wc);
+            for (int j = 0; j < 8; j++) _mm512_storeu_si512((void *)(vb + 4 * P * j + 64 * g), wc[j]);
         }
 #else
-    for (long b = 0; b < n / 32; b++)
         for (int j = 0; j < 8; j++)
-            for (int i = 0; i < P; i++)
-                memcpy(vi + 32 * P * b + 4 * P * j + 4 * i, v + i * n + 32 * b + 4 * j, 4);
+            for (int i = 0; i < P; i++) memcpy(vb + 4 * P * j + 4 * i, tmp + 32 * i + 4 * j, 4);
 #endif
-    for (long h = 0; h < n / 16; h++)
-        for (int i = 0; i < P; i++) cT[P * h + i] = c[i * (n / 16) + h];
+    }
+}
+
+#if defined(HY_Q512) || (defined(HY_AVX2) && defined(__F16C__))
+/* The K formats' values straight from the encoded rows of a whole panel: the raw bytes of P rows
+ * are transposed (4 bytes of each row per vector lane, the panel's layout) and the nibble and
+ * bit operations then run on all rows at once.  One transpose of 32 bytes of Q4_K nibbles serves
+ * two blocks (low and high nibbles); Q6_K's three transposes serve four.  The bytes equal
+ * hy_q_panel_block's. */
+#if defined(HY_Q512)
+typedef __m512i hy_pv;
+#define HY_PV_ROWS 16  /* rows per transpose */
+#define HY_PV_AND _mm512_and_si512
+#define HY_PV_OR _mm512_or_si512
+#define HY_PV_SRLI16 _mm512_srli_epi16
+#define HY_PV_SLLI16 _mm512_slli_epi16
+#define HY_PV_SET1 _mm512_set1_epi8
+#define HY_PV_STORE(p, v) _mm512_storeu_si512((void *)(p), (v))
+#define HY_PV_TRANSPOSE hy_transpose_16x8
+#else
+typedef __m256i hy_pv;
+#define HY_PV_ROWS 8
+#define HY_PV_AND _mm256_and_si256
+#define HY_PV_OR _mm256_or_si256
+#define HY_PV_SRLI16 _mm256_srli_epi16
+#define HY_PV_SLLI16 _mm256_slli_epi16
+#define HY_PV_SET1 _mm256_set1_epi8
+#define HY_PV_STORE(p, v) _mm256_storeu_si256((__m256i *)(p), (v))
+/* The 32 bytes at src + i*stride for i < 8, as dwords: wc[c] lane i = dword c of row i */
+static inline __attribute__((always_inline)) void hy_transpose_8x8(const uint8_t *src, long stride,
+                                                                   __m256i wc[8]) {
+    __m256i r[8], t[8], u[8];
+    for (int k = 0; k < 8; k++) r[k] = _mm256_loadu_si256((const __m256i *)(src + k * stride));
+    for (int k = 0; k < 4; k++) {
+        t[2 * k] = _mm256_unpacklo_epi32(r[2 * k], r[2 * k + 1]);
+        t[2 * k + 1] = _mm256_unpackhi_epi32(r[2 * k], r[2 * k + 1]);
+    }
+    for (int k = 0; k < 2; k++) {
+        u[4 * k] = _mm256_unpacklo_epi64(t[4 * k], t[4 * k + 2]);
+        u[4 * k + 1] = _mm256_unpackhi_epi64(t[4 * k], t[4 * k + 2]);
+        u[4 * k + 2] = _mm256_unpacklo_epi64(t[4 * k + 1], t[4 * k + 3]);
+        u[4 * k + 3] = _mm256_unpackhi_epi64(t[4 * k + 1], t[4 * k + 3]);
+    }
+    for (int c = 0; c < 4; c++) {
+        wc[c] = _mm256_permute2x128_si256(u[c], u[4 + c], 0x20);
+        wc[4 + c] = _mm256_permute2x128_si256(u[c], u[4 + c], 0x31);
+    }
+}
+#define HY_PV_TRANSPOSE hy_transpose_8x8
+#endif
+
+/* bit j of every byte of v, moved to bit 4 */
+static inline __attribute__((always_inline)) hy_pv hy_pv_bit4(hy_pv v, int j) {
+    return HY_PV_AND(HY_PV_SLLI16(HY_PV_SRLI16(v, j), 4), HY_PV_SET1(0x10));
+}
+
+#if defined(HY_Q512)
+#define _hy_srai32 _mm512_srai_epi32
+#define _hy_set1f _mm512_set1_ps
+#else
+#define _hy_srai32 _mm256_srai_epi32
+#define _hy_set1f _mm256_set1_ps
+/* the low 16 bits of 8 int32 lanes as 8 int16 (AVX2 has no vpmovdw) */
+static inline __m128i _mm256_cvtepi32_epi16_compat(__m256i v) {
+    const __m256i pick = _mm256_setr_epi8(0, 1, 4, 5, 8, 9, 12, 13, -1, -1, -1, -1, -1, -1, -1, -1,
+                                          0, 1, 4, 5, 8, 9, 12, 13, -1, -1, -1, -1, -1, -1, -1, -1);
+    const __m256i p = _mm256_shuffle_epi8(v, pick);
+    return _mm256_castsi256_si128(_mm256_permute4x64_epi64(p, 0x08));
+}
+#endif
+
+/* The factors and offsets of P = HY_GEMM_P whole rows of a Q4_K, Q5_K or Q6_K matrix, as
+ * hy_q_panel_scales writes them row by row: each super-block's header words of HY_PV_ROWS rows
+ * are gathered into the lanes of a vector, and the scales decoded for all of them at once. */
+static inline void hy_q_panel_kquant_scales(int type, const uint8_t *w, long row_bytes, long n,
+                                            float *cT, float *mT) {
+    const int P = HY_GEMM_P, bb = hy_q_block_bytes(type);
+#if defined(HY_Q512)
+    typedef __m512i vi32;
+    typedef __m512 vf32;
+#define HY_GATHER(p) _mm512_i32gather_epi32(idx, (const void *)(p), 1)
+#define HY_SRLI _mm512_srli_epi32
+#define HY_SLLI _mm512_slli_epi32
+#define HY_AND _mm512_and_si512
+#define HY_OR _mm512_or_si512
+#define HY_SET1 _mm512_set1_epi32
+#define HY_CVT _mm512_cvtepi32_ps
+#define HY_MUL _mm512_mul_ps
+#define HY_STORE _mm512_storeu_ps
+#define HY_F16LO(v) _mm512_cvtph_ps(_mm512_cvtepi32_epi16(HY_AND(v, HY_SET1(0xFFFF))))
+    const vi32 idx = _mm512_mullo_epi32(_mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15),
+                                        _mm512_set1_epi32((int)row_bytes));
+#else
+    typedef __m256i vi32;
+    typedef __m256 vf32;
+#define HY_GATHER(p) _mm256_i32gather_epi32((const int *)(p), idx, 1)
+#define HY_SRLI _mm256_srli_epi32
+#define HY_SLLI _mm256_slli_epi32
+#define HY_AND _mm256_and_si256
+#define HY_OR _mm256_or_si256
+#define HY_SET1 _mm256_set1_epi32
+#define HY_CVT _mm256_cvtepi32_ps
+#define HY_MUL _mm256_mul_ps
+#define HY_STORE _mm256_storeu_ps
+#define HY_F16LO(v) _mm256_cvtph_ps(_mm256_cvtepi32_epi16_compat(HY_AND(v, HY_SET1(0xFFFF))))
+    const vi32 idx = _mm256_mullo_epi32(_mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7),
+                                        _mm256_set1_epi32((int)row_bytes));
+#endif
+#define HY_BYTE(v, k) HY_AND(HY_SRLI(v, 8 * (k)), HY_SET1(0xFF))
+    for (long s = 0; s < n / 256; s++)
+        for (int g = 0; g < P / HY_PV_ROWS; g++) {
+            const uint8_t *blk = w + bb * s + HY_PV_ROWS * g * row_bytes;
+            float *cs = cT + P * 16 * s + HY_PV_ROWS * g;
+            if (type == HY_Q_Q6_K) {  /* c = d * sc per 16 (the offsets are integers) */
+                const vf32 d = HY_F16LO(HY_GATHER(blk + 208));
+                for (int k = 0; k < 4; k++) {
+                    const vi32 sc4 = HY_GATHER(blk + 192 + 4 * k);
+                    for (int t = 0; t < 4; t++)  /* the signed byte t of each lane */
+                        HY_STORE(cs + P * (4 * k + t),
+                                 HY_MUL(d, HY_CVT(_hy_srai32(HY_SLLI(sc4, 24 - 8 * t), 24))));
+                }
+                continue;
+            }
+            const vi32 hd = HY_GATHER(blk), s0 = HY_GATHER(blk + 4), s1 = HY_GATHER(blk + 8),
+                       s2 = HY_GATHER(blk + 12);
+            const vf32 d = HY_F16LO(hd), ndmin = HY_MUL(HY_F16LO(HY_SRLI(hd, 16)), _hy_set1f(-1.0f));
+            float *ms = mT + P * 8 * s + HY_PV_ROWS * g;
+            for (int j = 0; j < 4; j++) {  /* hy_k4_scale_min for sub-blocks j and j + 4 */
+                const vi32 b0 = HY_BYTE(s0, j), b1 = HY_BYTE(s1, j), b2 = HY_BYTE(s2, j);
+                HY_STORE(cs + P * 2 * j, HY_MUL(d, HY_CVT(HY_AND(b0, HY_SET1(63)))));
+                HY_STORE(ms + P * j, HY_MUL(ndmin, HY_CVT(HY_AND(b1, HY_SET1(63)))));
+                HY_STORE(cs + P * 2 * (j + 4), HY_MUL(d, HY_CVT(HY_OR(
+                    HY_AND(b2, HY_SET1(0x0F)), HY_SLLI(HY_SRLI(b0, 6), 4)))));
+                HY_STORE(ms + P * (j + 4), HY_MUL(ndmin, HY_CVT(HY_OR(
+                    HY_SRLI(b2, 4), HY_SLLI(HY_SRLI(b1, 6), 4)))));
+            }
+        }
+#undef HY_GATHER
+#undef HY_SRLI
+#undef HY_SLLI
+#undef HY_AND
+#undef HY_OR
+#undef HY_SET1
+#undef HY_CVT
+#undef HY_MUL
+#undef HY_STORE
+#undef HY_F16LO
+#undef HY_BYTE
+}
+
+/* the values of P = HY_GEMM_P whole rows of a Q4_K, Q5_K or Q6_K matrix into vi */
+static inline void hy_q_panel_kquant(int type, const uint8_t *w, long row_bytes, long n,
+                                     uint8_t *vi) {
+    const int P = HY_GEMM_P, bb = hy_q_block_bytes(type);
+    const hy_pv lo4 = HY_PV_SET1(0x0F), hi2 = HY_PV_SET1(0x30);
+#define HY_OUT(b, g, c) (vi + 32 * P * (b) + 4 * P * (c) + 4 * HY_PV_ROWS * (g))
+    for (long s = 0; s < n / 256; s++)
+        for (int g = 0; g < P / HY_PV_ROWS; g++) {
+            const uint8_t *blk = w + bb * s + HY_PV_ROWS * g * row_bytes;
+            hy_pv qhT[8] = {0}, qT[8], q2T[8];
+            if (type == HY_Q_Q6_K) {
+                for (int half = 0; half < 2; half++) {
+                    HY_PV_TRANSPOSE(blk + 64 * half, row_bytes, qT);
+                    HY_PV_TRANSPOSE(blk + 64 * half + 32, row_bytes, q2T);
+                    HY_PV_TRANSPOSE(blk + 128 + 32 * half, row_bytes, qhT);
+                    const long b = 8 * s + 4 * half;
+                    for (int c = 0; c < 8; c++) {
+                        const hy_pv h = qhT[c];
+                        HY_PV_STORE(HY_OUT(b, g, c), HY_PV_OR(HY_PV_AND(qT[c], lo4),
+                                    HY_PV_AND(HY_PV_SLLI16(h, 4), hi2)));
+                        HY_PV_STORE(HY_OUT(b + 1, g, c), HY_PV_OR(HY_PV_AND(q2T[c], lo4),
+                                    HY_PV_AND(HY_PV_SLLI16(h, 2), hi2)));
+                        HY_PV_STORE(HY_OUT(b + 2, g, c), HY_PV_OR(
+                                    HY_PV_AND(HY_PV_SRLI16(qT[c], 4), lo4), HY_PV_AND(h, hi2)));
+                        HY_PV_STORE(HY_OUT(b + 3, g, c), HY_PV_OR(
+                                    HY_PV_AND(HY_PV_SRLI16(q2T[c], 4), lo4),
+                                    HY_PV_AND(HY_PV_SRLI16(h, 2), hi2)));
+                    }
+                }
+                continue;
+            }
+            const int five = type == HY_Q_Q5_K;
+            if (five) HY_PV_TRANSPOSE(blk + 16, row_bytes, qhT);
+            for (int jp = 0; jp < 4; jp++) {  /* sub-blocks 2jp (low nibbles), 2jp + 1 (high) */
+                HY_PV_TRANSPOSE(blk + (five ? 48 : 16) + 32 * jp, row_bytes, qT);
+                const long b = 8 * s + 2 * jp;
+                for (int c = 0; c < 8; c++) {
+                    hy_pv lo = HY_PV_AND(qT[c], lo4), hi = HY_PV_AND(HY_PV_SRLI16(qT[c], 4), lo4);
+                    if (five) {
+                        lo = HY_PV_OR(lo, hy_pv_bit4(qhT[c], 2 * jp));
+                        hi = HY_PV_OR(hi, hy_pv_bit4(qhT[c], 2 * jp + 1));
+                    }
+                    HY_PV_STORE(HY_OUT(b, g, c), lo);
+                    HY_PV_STORE(HY_OUT(b + 1, g, c), hi);
+                }
+            }
+        }
+#undef HY_OUT
+}
+#endif
+
+/* The interleaved panel of np (<= P = HY_GEMM_P) encoded weight rows w (row_bytes apart; rows
+ * past np zero) for the GEMM: vi[32*P*b + 4*P*j + 4*i ..] holds, for block b and chunk j
+ * (values 4j..4j+3), the 4 values of row i; cT[P*h + i] is row i's factor for half block h,
+ * mT[P*h + i] its offset (one per half for Q2_K, else one per block: mT[P*b + i]).  Each block
+ * of the P rows is decoded into tmp (32*P bytes, in L1) and interleaved from there. */
+static inline void hy_q_panel_build(int type, const uint8_t *w, long row_bytes, long n, int np,
+                                    uint8_t *tmp, uint8_t *vi, float *cT, float *mT) {
+    const int P = HY_GEMM_P;
+    const long n16 = n / 16;
+#if defined(HY_Q512) || (defined(HY_AVX2) && defined(__F16C__))
+    if (np == P && (type == HY_Q_Q4_K || type == HY_Q_Q5_K || type == HY_Q_Q6_K)) {
+        hy_q_panel_kquant(type, w, row_bytes, n, vi);  /* whole panels: from the rows at once */
+        hy_q_panel_kquant_scales(type, w, row_bytes, n, cT, mT);
+        return;
+    }
+#endif
+    memset(tmp, 0, (size_t)32 * P);
+    if (np < P) {
+        memset(cT, 0, sizeof(float) * P * n16);
+        memset(mT, 0, sizeof(float) * P * n16);
+    }
+    for (int i = 0; i < np; i++)  /* factors and offsets straight into their columns */
+        hy_q_panel_scales(type, w + i * row_bytes, n, cT + i, mT + i);
+    switch (type) {  /* the format a constant in each loop */
+#define HY_CASE(T) case T: hy_q_panel_interleave(T, w, row_bytes, n, np, tmp, vi); break;
+    HY_CASE(HY_Q_Q8_0) HY_CASE(HY_Q_Q4_0) HY_CASE(HY_Q_Q4_1) HY_CASE(HY_Q_Q5_0) HY_CASE(HY_Q_Q5_1)
+    HY_CASE(HY_Q_Q4_K) HY_CASE(HY_Q_Q5_K) HY_CASE(HY_Q_Q6_K)
+#undef HY_CASE
+    default: hy_q_panel_interleave(type, w, row_bytes, n, np, tmp, vi);
+    }
 }
 
 /* asum16[h] = integer sum of the 8-bit activations over values 16h..16h+15, for n values */
@@ -420,23 +669,16 @@ static inline __attribute__((always_inline)) void hy_q_gemm_rows(const int RB, i
 #undef HY_TILE
 }
 
-/* Every activation row against one panel of np (<= P) weight rows decoded into v, c, m (rows
- * past np zero): out[r*ldo + i].  qa, da, sa: the 8-bit activations, their scales and scaled
- * block sums; a16: their integer sums per 16 values.  vi, cT, mT: scratch for the interleaved
- * panel (P*n bytes, P*n/16 and P*n/32 floats). */
+/* Every activation row against one panel of np (<= P) encoded weight rows w (row_bytes apart):
+ * out[r*ldo + i].  qa, da, sa: the 8-bit activations, their scales and scaled block sums; a16:
+ * their integer sums per 16 values.  tmp, vi, cT, mT: scratch (32*P bytes, P*n bytes and P*n/16
+ * floats twice). */
 static inline void hy_q_gemm_panel(int type, long rows, long n, const int8_t *qa, const float *da,
-                                   const float *sa, const int32_t *a16, const uint8_t *v,
-                                   const float *c, const float *m, int np, uint8_t *vi,
-                                   float *cT, float *mT, float *out, long ldo) {
+                                   const float *sa, const int32_t *a16, const uint8_t *w,
+                                   long row_bytes, int np, uint8_t *tmp, uint8_t *vi, float *cT,
+                                   float *mT, float *out, long ldo) {
     const long nb = n / 32;
-    const int P = HY_GEMM_P;
-    hy_q_interleave(n, v, c, vi, cT);
-    if (type == HY_Q_Q2_K)  /* float offsets, one per half block */
-        for (long h = 0; h < n / 16; h++)
-            for (int i = 0; i < P; i++) mT[P * h + i] = m[i * (n / 16) + h];
-    else  /* one per block (m holds two equal per block) */
-        for (long b = 0; b < nb; b++)
-            for (int i = 0; i < P; i++) mT[P * b + i] = m[i * (n / 16) + 2 * b];
+    hy_q_panel_build(type, w, row_bytes, n, np, tmp, vi, cT, mT);
     long r = 0;
 #define HY_ROWS(RB) hy_q_gemm_rows(RB, type, nb, qa + r * n, da + r * nb, sa + r * nb, \
                                    a16 + r * 2 * nb, vi, cT, mT, out + r * ldo, ldo, np)
