@@ -91,7 +91,7 @@ def test_hybrid_gemma(benchmark, gemma_file):
     prefill, decode = [], []
     for _ in range(3):
         t0 = time.perf_counter()
-        model.forward(long, model.new_cache())
+        model.forward(long, model.new_cache(), role="prompt")  # the engine's prompt rows
         prefill.append(PREFILL / (time.perf_counter() - t0))
         model.generate(prompt, NEW, stop_tokens=[])
         decode.append(model.last_stats.decode_tps)
