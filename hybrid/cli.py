@@ -39,6 +39,7 @@ def cpu_features() -> list:
 
 
 def _generate(args) -> int:
+    from .engine.speculative import parse_speculative
     from .models import ModelLoadError, load_model
 
     if args.threads:
@@ -66,10 +67,13 @@ def _generate(args) -> int:
         print("hybrid: the prompt tokenises to nothing", file=sys.stderr)
         return 2
     try:
+        method, draft_path = parse_speculative(args.speculative)
+        spec = {} if method is None else {"speculative": method}
+        if draft_path is not None:
+            spec["draft_model"] = load_model(draft_path, kv_dtype=args.kv_dtype)
         for piece in model.stream(ids, max_new_tokens=args.max_tokens, temperature=args.temperature,
                                   top_k=args.top_k, top_p=args.top_p, seed=args.seed,
-                                  speculative=args.speculative,
-                                  num_speculative_tokens=args.num_speculative_tokens):
+                                  num_speculative_tokens=args.num_speculative_tokens, **spec):
             sys.stdout.write(piece)
             sys.stdout.flush()
     except ValueError as exc:
@@ -267,8 +271,9 @@ def main(argv=None) -> int:
     gen.add_argument("--kv-on-cpu", action="store_true",
                      help="keep the KV cache of GPU layers in host memory")
     gen.add_argument("--kv-dtype", choices=["float16", "float32"], default="float16")
-    gen.add_argument("--speculative", choices=["ngram"], default=None,
-                     help="draft tokens by n-gram prompt lookup (the output is the same)")
+    gen.add_argument("--speculative", default=None, metavar="ngram|draft:PATH",
+                     help="draft tokens by n-gram prompt lookup, or from a draft model sharing "
+                          "the tokenizer (the output is the same)")
     gen.add_argument("--num-speculative-tokens", type=int, default=4,
                      help="draft tokens per step with --speculative")
     gen.add_argument("--weights", default=None, choices=list(TARGETS),
@@ -306,8 +311,9 @@ def main(argv=None) -> int:
     srv.add_argument("--kv-memory", default=None,
                      help="KV pool size, e.g. 2GiB (default: half of the available memory)")
     srv.add_argument("--kv-dtype", choices=["float16", "float32"], default="float16")
-    srv.add_argument("--speculative", choices=["ngram"], default=None,
-                     help="draft tokens by n-gram prompt lookup (the output is the same)")
+    srv.add_argument("--speculative", default=None, metavar="ngram|draft:PATH",
+                     help="draft tokens by n-gram prompt lookup, or from a draft model sharing "
+                          "the tokenizer (the output is the same)")
     srv.add_argument("--num-speculative-tokens", type=int, default=4,
                      help="draft tokens per step with --speculative")
     srv.add_argument("--gpu-layers", type=int, default=0)

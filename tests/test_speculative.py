@@ -1,4 +1,5 @@
-"""Speculative decoding with n-gram drafts: the engine's output equals decoding without drafts,
+"""Speculative decoding with n-gram drafts and with a draft model (a lower-bit copy of the
+target): the engine's output equals decoding without drafts,
 token for token, greedy and seeded sampling, alone and in a crowd of requests mixing prompt
 chunks, plain decodes and drafts; rejected drafts leave no K/V behind (poisoned pool, nothing
 leaked)."""
@@ -8,7 +9,7 @@ import pytest
 
 import hybrid
 from hybrid import Engine
-from hybrid.engine.speculative import ngram_drafts
+from hybrid.engine.speculative import DraftModelProposer, ngram_drafts, parse_speculative
 
 pytest.importorskip("gguf", reason="GGUF loading needs the gguf package (pip install '.[models]')")
 from hybrid.models import ModelLoadError, default_model_path  # noqa: E402
@@ -77,15 +78,81 @@ def test_drafts_take_fewer_steps_with_stops_and_logprobs(model):
     assert got == [want[0][:want[0].index(stop) + 1]]
 
 
-def test_bad_settings_are_refused(model):
-    with pytest.raises(ValueError, match="speculative must be one of ngram"):
+@pytest.fixture(scope="module")
+def draft(model):
+    return hybrid.load_model(GGUF, weights="q4_0")  # a lower-bit copy sharing the tokenizer
+
+
+@pytest.mark.parametrize("sampling", [{}, {"temperature": 0.8, "top_p": 0.95, "seed": 11}])
+def test_draft_model_output_equals_decoding_without_drafts(model, draft, sampling):
+    """Drafts from the Q4_0 copy: the same tokens as without drafts, alone and in crowds with
+    prompt chunks; both pools hold nothing afterwards."""
+    prompts = _prompts(model)
+    want = Engine(model).generate(prompts, 40, stop_tokens=[], **sampling)
+    for max_batch in (1, 3):
+        eng = Engine(model, max_batch=max_batch, max_batched_tokens=64, speculative="draft",
+                     draft_model=draft, num_speculative_tokens=4, poison_unused=True)
+        assert eng.generate(prompts, 40, stop_tokens=[], **sampling) == want
+        assert 0 < eng.accepted_tokens < eng.draft_tokens
+        assert eng.pool.num_used == 0 and eng._proposer.pool.num_used == 0  # nothing leaked
+
+
+def test_drafts_are_the_draft_models_greedy_tokens_whatever_the_history(model, draft):
+    """After drafts kept in part and a token the draft did not propose (its cache cut back and
+    brought up to date), the drafts equal the draft model's greedy tokens from a fresh cache."""
+    def fresh(tokens, k):
+        cache, out = draft.new_cache(), []
+        logits = draft.forward(tokens, cache, role="decode")
+        for _ in range(k):
+            out.append(int(np.argmax(logits)))
+            logits = draft.forward(out[-1:], cache, role="decode")
+        return out
+
+    prop = DraftModelProposer(draft, model, None)
+    toks = list(_prompts(model)[2])
+    for step in range(6):
+        d = prop.propose([("r", toks, 3)])["r"]
+        assert d == fresh(toks, 3), step
+        keep = step % 3
+        toks = toks + d[:keep] + [(d[keep] + 1) % model.vocab_size]
+    prop.forget("r")
+    assert prop.pool.num_used == 0
+
+
+def test_a_request_can_turn_drafts_off_or_down(model, draft):
+    prompt = _prompts(model)[2]
+    eng = Engine(model, speculative="draft", draft_model=draft)
+    want = Engine(model).generate([prompt], 24, stop_tokens=[])
+    assert eng.generate([prompt], 24, stop_tokens=[], num_speculative_tokens=0) == want
+    assert eng.draft_tokens == 0
+    eng.generate([prompt], 24, stop_tokens=[], num_speculative_tokens=1)
+    assert 0 < eng.draft_tokens <= 23  # at most one per step
+    with pytest.raises(ValueError, match=r"num_speculative_tokens must be an integer in \[0, 16\]"):
+        hybrid.GenerationParams(8, num_speculative_tokens=17)
+
+
+def test_bad_settings_are_refused(model, draft):
+    with pytest.raises(ValueError, match="speculative must be one of ngram, draft"):
         Engine(model, speculative="eagle")
     with pytest.raises(ValueError, match=r"num_speculative_tokens must be an integer in \[1, 16\]"):
         Engine(model, speculative="ngram", num_speculative_tokens=0)
+    with pytest.raises(ValueError, match='a draft_model goes with speculative="draft"'):
+        Engine(model, speculative="draft")
+    with pytest.raises(ValueError, match='a draft_model goes with speculative="draft"'):
+        Engine(model, speculative="ngram", draft_model=draft)
+    small = type("Other", (), {"vocab_size": 1000})()
+    with pytest.raises(ValueError, match="vocabulary has 1000 tokens, the target's"):
+        DraftModelProposer(small, model, None)
+    assert parse_speculative("draft:/m.gguf") == ("draft", "/m.gguf")
+    assert parse_speculative("ngram") == ("ngram", None) and parse_speculative(None) == (None, None)
+    for bad in ("draft:", "eagle", "draft"):
+        with pytest.raises(ValueError, match="--speculative must be 'ngram' or 'draft:PATH'"):
+            parse_speculative(bad)
 
 
-def test_server_with_ngram_drafts_answers_as_without(model):
-    """`hybrid serve --speculative ngram` as a real process: a greedy completion and a stream
+@pytest.mark.parametrize("method", ["ngram", "draft"])
+def test_server_with_drafts_answers_as_without(model, method):
+    """`hybrid serve --speculative ngram|draft:PATH` as a real process: a greedy completion and a stream
     equal the model's own generation, and /metrics reports the acceptance rate and tokens per
     step."""
     openai = pytest.importorskip("openai")
@@ -95,7 +162,8 @@ def test_server_with_ngram_drafts_answers_as_without(model):
     text = _prompts(model)[0]
     prompt = model.tokenizer.decode(text)
     want = model.generate(model.tokenizer.encode(prompt), 40)
-    srv = Server("--max-batch", "4", "--speculative", "ngram", "--num-speculative-tokens", "6")
+    spec = "ngram" if method == "ngram" else "draft:" + GGUF  # the model as its own draft
+    srv = Server("--max-batch", "4", "--speculative", spec, "--num-speculative-tokens", "6")
     try:
         client = openai.OpenAI(base_url=srv.url + "/v1", api_key="unused", max_retries=0)
         r = client.completions.create(model=NAME, prompt=prompt, max_tokens=40, temperature=0)
@@ -118,10 +186,15 @@ def test_cli_generate_with_drafts_prints_the_same_text():
     args = [sys.executable, "-m", "hybrid", "generate", "Count: one, two, three, four,",
             "--max-tokens", "24"]
     plain = subprocess.run(args, capture_output=True, text=True, timeout=300, cwd=here)
-    spec = subprocess.run(args + ["--speculative", "ngram", "--num-speculative-tokens", "4"],
-                          capture_output=True, text=True, timeout=300, cwd=here)
-    assert plain.returncode == 0 and spec.returncode == 0, spec.stderr
-    assert spec.stdout == plain.stdout and plain.stdout.strip()
+    assert plain.returncode == 0 and plain.stdout.strip(), plain.stderr
+    for how in ("ngram", "draft:" + GGUF):
+        spec = subprocess.run(args + ["--speculative", how, "--num-speculative-tokens", "4"],
+                              capture_output=True, text=True, timeout=300, cwd=here)
+        assert spec.returncode == 0, spec.stderr
+        assert spec.stdout == plain.stdout, how
+    bad = subprocess.run(args + ["--speculative", "draft:"], capture_output=True, text=True,
+                         timeout=300, cwd=here)
+    assert bad.returncode == 2 and "--speculative must be 'ngram' or 'draft:PATH'" in bad.stderr
 
 
 def test_native_stack_rows_equal_the_layer_by_layer_path(model, monkeypatch):

@@ -28,7 +28,7 @@ import numpy as np
 from .. import kernel_role
 from ..kvpool import KVBlockPool, default_kv_memory, parse_bytes
 from .kv_manager import KVCacheManager
-from .speculative import METHODS, ngram_drafts
+from .speculative import METHODS, DraftModelProposer, ngram_drafts
 from .params import GenerationParams
 from .request import Request, RequestOutput
 from .sampling import token_logprob
@@ -47,15 +47,17 @@ class Engine:
     kv_memory : bytes or "4GiB" for the shared KV pool; default: half of the available memory
         (num_blocks: the same in blocks)
     prefix_cache : reuse the K/V of prompt prefixes computed before
-    speculative : "ngram" to feed each decoding request up to ``num_speculative_tokens`` draft
-        tokens per step (n-gram prompt lookup, hybrid/engine/speculative.py); the output is the
-        same as without.  Requests with a constraint decode one token per step.
+    speculative : "ngram" or "draft" to feed each decoding request up to
+        ``num_speculative_tokens`` draft tokens per step (n-gram prompt lookup, or the greedy
+        tokens of ``draft_model``, a Model sharing the tokenizer; hybrid/engine/speculative.py);
+        the output is the same as without.  A request's GenerationParams.num_speculative_tokens
+        overrides the number (0: none).  Requests with a constraint decode one token per step.
     """
 
     def __init__(self, model, *, max_batch: int = 16, max_batched_tokens: int = 512,
                  kv_memory=None, num_blocks: "int | None" = None, prefix_cache: bool = True,
                  poison_unused: bool = False, speculative: "str | None" = None,
-                 num_speculative_tokens: int = 4):
+                 num_speculative_tokens: int = 4, draft_model=None):
         for name, v in (("max_batch", max_batch), ("max_batched_tokens", max_batched_tokens)):
             if isinstance(v, bool) or not isinstance(v, int) or v < 1:
                 raise ValueError(f"{name} must be an integer >= 1, got {v!r}")
@@ -66,6 +68,8 @@ class Engine:
                 or not 1 <= num_speculative_tokens <= 16:
             raise ValueError(f"num_speculative_tokens must be an integer in [1, 16], got "
                              f"{num_speculative_tokens!r}")
+        if (speculative == "draft") != (draft_model is not None):
+            raise ValueError('a draft_model goes with speculative="draft", and only with it')
         self.speculative, self.num_speculative_tokens = speculative, num_speculative_tokens
         if kv_memory is None and num_blocks is None:
             kv_memory = default_kv_memory()
@@ -81,6 +85,12 @@ class Engine:
         salt = f"{id(model.weights)}:{model.kv_dtype}:{model.block_size}".encode()
         self.kv = KVCacheManager(self.pool, self.max_tokens, salt, window=model.kv_window)
         self.scheduler = Scheduler(self.kv, max_batch, max_batched_tokens)
+        self._proposer = None
+        if draft_model is not None:  # its pool holds as many tokens as the target's
+            total = self.pool.num_total
+            self._proposer = DraftModelProposer(
+                draft_model, model,
+                None if total is None else -(-total * model.block_size // draft_model.block_size))
         self._requests: dict = {}
         self._arrivals = itertools.count()
         self.prompt_tokens = 0  # counters for monitoring
@@ -161,6 +171,8 @@ class Engine:
 
     def _finish(self, req: Request, reason: str, error: "str | None" = None) -> RequestOutput:
         self.scheduler.remove(req)
+        if self._proposer is not None:
+            self._proposer.forget(req.request_id)
         self._requests.pop(req.request_id, None)
         req.finish_reason = reason
         if reason == "abort":
@@ -215,17 +227,25 @@ class Engine:
         their slots taken (a request whose slots the pool cannot give decodes one token)."""
         if self.speculative is None:
             return {}
-        out = {}
+        wants = []  # (request, most drafts)
         for r in decodes:
             if r.draft_pause > 0:  # its drafts were rejected lately: plain decode steps first
                 r.draft_pause -= 1
                 continue
-            room = min(r.draft_k or self.num_speculative_tokens,
+            most = r.params.num_speculative_tokens
+            most = self.num_speculative_tokens if most is None else most
+            room = min(r.draft_k or most, most,
                        r.params.max_new_tokens - len(r.generated) - 1,
                        self.max_tokens - len(r.prompt) - len(r.generated) - 1)
-            if r.matcher is not None or room < 1:
-                continue
-            d = ngram_drafts(r.tokens, room)
+            if r.matcher is None and room >= 1:
+                wants.append((r, room))
+        if self._proposer is not None:
+            found = self._proposer.propose([(r.request_id, r.tokens, k) for r, k in wants])
+        else:
+            found = {r.request_id: ngram_drafts(r.tokens, k) for r, k in wants}
+        out = {}
+        for r, _ in wants:
+            d = found.get(r.request_id)
             if not d:
                 continue
             try:

@@ -30,7 +30,8 @@ class GenerationParams:
     is cut before the stop string).  detokenize False skips the text (token ids only) where no
     stop string needs it.  ``constraint`` (hybrid.structured.Constraint: a JSON schema, regex,
     choice or grammar) masks the logits so that the output matches it; it ends the request
-    ("stop") once nothing more can follow.
+    ("stop") once nothing more can follow.  num_speculative_tokens (0..16) caps this request's
+    draft tokens per step where the engine speculates (0: none; None: the engine's number).
     """
 
     max_new_tokens: int = 32
@@ -48,8 +49,13 @@ class GenerationParams:
     stop_strings: tuple = ()
     detokenize: bool = True
     constraint: "Constraint | None" = None
+    num_speculative_tokens: "int | None" = None
 
     def __post_init__(self):
+        n = self.num_speculative_tokens
+        if n is not None and (isinstance(n, bool) or not isinstance(n, int) or not 0 <= n <= 16):
+            raise ValueError(f"num_speculative_tokens must be an integer in [0, 16] or None, got "
+                             f"{n!r}")
         if isinstance(self.max_new_tokens, bool) or not isinstance(self.max_new_tokens, int) \
                 or self.max_new_tokens < 1:
             raise ValueError(f"max_new_tokens must be an integer >= 1, got {self.max_new_tokens!r}")

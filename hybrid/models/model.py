@@ -312,7 +312,8 @@ class Model:
         from ..engine import Engine, GenerationParams
 
         kw = dict(kw)
-        spec = {k: kw.pop(k) for k in ("speculative", "num_speculative_tokens") if k in kw}
+        spec = {k: kw.pop(k) for k in ("speculative", "num_speculative_tokens", "draft_model")
+                if k in kw}
         ids = [int(t) for t in self.check_ids(ids)]
         if not ids:
             raise ValueError("the prompt has no tokens")
@@ -352,8 +353,9 @@ class Model:
         """The new token ids (stop tokens and the token completing a stop string included).
 
         Keywords: the fields of ``hybrid.GenerationParams`` (temperature, top_k, top_p,
-        repetition_penalty, seed, stop_tokens, stop_strings), and ``speculative="ngram"`` with
-        ``num_speculative_tokens`` (hybrid.Engine's; the output is the same)."""
+        repetition_penalty, seed, stop_tokens, stop_strings), and ``speculative="ngram"`` (or
+        "draft" with ``draft_model``) with ``num_speculative_tokens`` (hybrid.Engine's; the
+        output is the same)."""
         new: list = []
         for out in self._requests(ids, max_new_tokens, False, kw):
             new.extend(out.new_tokens)

@@ -70,20 +70,24 @@ def serve(model_path=None, *, host: str = "127.0.0.1", port: int = 8000, threads
     import uvicorn
 
     from .. import set_num_threads
+    from ..engine.speculative import parse_speculative
     from ..models import load_model
     from .app import build_app
 
     if threads:
         set_num_threads(threads)
+    method, draft_path = parse_speculative(speculative)
     model = load_model(model_path, gpu_layers=gpu_layers, kv_dtype=kv_dtype,
                        max_tokens=max_model_len)
+    draft = {} if draft_path is None else \
+        {"draft_model": load_model(draft_path, kv_dtype=kv_dtype, max_tokens=max_model_len)}
     name = model_name or (os.path.basename(str(model_path)).rsplit(".gguf", 1)[0]
                           if model_path else "smollm2-135m-instruct")
     app = build_app(model, model_name=name, api_key=api_key, max_queue=max_queue,
                     max_batch=max_batch, max_batched_tokens=max_batched_tokens,
                     kv_memory=kv_memory, max_body_bytes=max_body_bytes,
                     max_concurrency=max_concurrency, request_timeout=request_timeout,
-                    speculative=speculative, num_speculative_tokens=num_speculative_tokens)
+                    speculative=method, num_speculative_tokens=num_speculative_tokens, **draft)
     # On SIGINT/SIGTERM: close the engine first (running streams end with an error event and
     # [DONE]), then uvicorn stops accepting and gives open connections 5 s before dropping them.
     server = uvicorn.Server(uvicorn.Config(app, host=host, port=port, log_level=log_level,
