@@ -1,6 +1,7 @@
 """Decode attention: one query, 32 query heads / 8 KV heads, head_dim 128, contexts 1k/4k/16k/32k,
 float32 and float16 KV.  hybrid's paged kernel reads the cache's blocks; the peer, torch's
-scaled_dot_product_attention, gets a contiguous copy of the same keys and values."""
+scaled_dot_product_attention, gets a contiguous copy of the same keys and values.  At 16k and
+32k the q8_0 cache (ggml's 8-bit blocks) against float16, cold.  Target: >= 1.7x."""
 
 import math
 
@@ -105,6 +106,42 @@ def test_decode_attention_torch_sdpa(benchmark, read_bandwidth, ctx, dtype):
            bandwidth=read_bandwidth, fn=run)
     _fns[("torch", ctx, dtype)] = run
     _ratios(ctx, dtype)
+
+
+def _kv_bytes(ctx, dtype) -> int:
+    """Bytes of K and V of ctx tokens in the cache's format."""
+    per_value = 34 / 32 if dtype == "q8_0" else np.dtype(dtype).itemsize
+    return int(2 * ctx * KVH * D * per_value)
+
+
+@pytest.mark.parametrize("ctx", [16384, 32768])
+def test_decode_attention_q8_0(benchmark, read_bandwidth, ctx):
+    """The q8_0 cache at long context, and its speed against float16's, cold: each round calls
+    attention on several caches in turn (at least STREAM_BYTES of float16 caches, as many of
+    q8_0), as a decode step walks its layers, so none is in cache."""
+    rng = np.random.default_rng(0)
+    q = rng.standard_normal((1, H * D), dtype=np.float32)
+    out = np.empty_like(q)
+    copies = max(2, -(-STREAM_BYTES // _kv_bytes(ctx, "float16")))
+    caches = {dt: [_cache(ctx, dt, rng) for _ in range(copies)] for dt in ("q8_0", "float16")}
+
+    def call():
+        hybrid.ops.paged_attention(q, caches["q8_0"][0], 0, out=out)
+    benchmark(call)
+    record(benchmark, "attention", f"hybrid ctx={ctx} q8_0", bytes_moved=_kv_bytes(ctx, "q8_0"),
+           bandwidth=read_bandwidth, note="warm: one cache every call, part of it in L3", fn=call)
+
+    def cold(dt):
+        def run():
+            for c in caches[dt]:
+                hybrid.ops.paged_attention(q, c, 0, out=out)
+        return run
+    share, got, probe = paired_share(cold("q8_0"), _kv_bytes(ctx, "q8_0") * copies)
+    RESULTS.append(("attention", f"hybrid ctx={ctx} q8_0, share of read bw with the probe "
+                    f"alongside", share, "x", f"median of rounds: {got / 1e9:.1f} of "
+                    f"{probe / 1e9:.1f} GB/s"))
+    record_ratio("attention", f"q8_0 speed over float16 ctx={ctx}, cold",
+                 paired_time_ratio(cold("float16"), cold("q8_0")), 1.0, "target >= 1.7")
 
 
 def _ratios(ctx, dtype):

@@ -270,7 +270,8 @@ def main(argv=None) -> int:
                      help="run the last N layers on cuda:0")
     gen.add_argument("--kv-on-cpu", action="store_true",
                      help="keep the KV cache of GPU layers in host memory")
-    gen.add_argument("--kv-dtype", choices=["float16", "float32"], default="float16")
+    gen.add_argument("--kv-dtype", choices=["float16", "float32", "q8_0"], default="float16",
+                     help="KV cache type (q8_0: 8-bit blocks, half of float16's bytes)")
     gen.add_argument("--speculative", default=None, metavar="ngram|draft:PATH",
                      help="draft tokens by n-gram prompt lookup, or from a draft model sharing "
                           "the tokenizer (the output is the same)")
@@ -294,7 +295,8 @@ def main(argv=None) -> int:
     demo.add_argument("--layers", type=int, default=30)
     demo.add_argument("--prompt", type=int, default=128)
     demo.add_argument("--decode", type=int, default=32)
-    demo.add_argument("--kv-dtype", choices=["float16", "float32"], default="float16")
+    demo.add_argument("--kv-dtype", choices=["float16", "float32", "q8_0"], default="float16",
+                     help="KV cache type (q8_0: 8-bit blocks, half of float16's bytes)")
     demo.add_argument("--threads", type=int, default=0)
     demo.add_argument("--seed", type=int, default=0)
     demo.set_defaults(fn=_demo)
@@ -310,7 +312,8 @@ def main(argv=None) -> int:
                      help="tokens computed per engine step (prompts are prefilled in chunks)")
     srv.add_argument("--kv-memory", default=None,
                      help="KV pool size, e.g. 2GiB (default: half of the available memory)")
-    srv.add_argument("--kv-dtype", choices=["float16", "float32"], default="float16")
+    srv.add_argument("--kv-dtype", choices=["float16", "float32", "q8_0"], default="float16",
+                     help="KV cache type (q8_0: 8-bit blocks, half of float16's bytes)")
     srv.add_argument("--speculative", default=None, metavar="ngram|draft:PATH",
                      help="draft tokens by n-gram prompt lookup, or from a draft model sharing "
                           "the tokenizer (the output is the same)")

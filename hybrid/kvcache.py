@@ -41,7 +41,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from .kvpool import KV_DTYPES, KVBlockPool, PoolExhaustedError
+from .kvpool import KV_DTYPES, KVBlockPool, PoolExhaustedError, widen_q8_rows, kv_row_bytes
 from .placement import Placement, is_device_array
 
 
@@ -114,7 +114,7 @@ class PagedKVCache:
         self.pool = pool
         self.num_layers, self.num_kv_heads = pool.num_layers, pool.num_kv_heads
         self.head_dim, self.block_size = pool.head_dim, pool.block_size
-        self.dtype = pool.dtype
+        self.dtype, self.kv_format, self.kv_code = pool.dtype, pool.kv_format, pool.kv_code
         self.max_tokens = None if max_tokens is None else int(max_tokens)
         self._placements = pool.placements
         self._blocks: list = []  # block ids in position order, shared by every layer
@@ -127,7 +127,7 @@ class PagedKVCache:
     def on(cls, pool: KVBlockPool, max_tokens: "int | None" = None) -> "PagedKVCache":
         """A sequence's cache over a shared pool."""
         return cls(pool.num_layers, pool.num_kv_heads, pool.head_dim, pool.block_size,
-                   pool.dtype.name, pool.placements, max_tokens, pool=pool)
+                   pool.kv_format, pool.placements, max_tokens, pool=pool)
 
     # -- shape and state --------------------------------------------------------------------
     @property
@@ -141,8 +141,10 @@ class PagedKVCache:
 
     @property
     def head_stride(self) -> int:
-        """Elements from one KV head's rows to the next head's inside a K (or V) block."""
-        return 2 * self.block_size * self.head_dim
+        """Elements (bytes for q8_0) from one KV head's rows to the next head's inside a K (or
+        V) block."""
+        return 2 * self.block_size * (kv_row_bytes("q8_0", self.head_dim)
+                                      if self.kv_format == "q8_0" else self.head_dim)
 
     @property
     def block_ids(self) -> list:
@@ -416,10 +418,15 @@ class PagedKVCache:
 
     def blocks(self, layer: int):
         """(k_blocks, v_blocks): lists of the layer's K and V views [num_kv_heads, block_size,
-        head_dim], in position order (views into the pool, for reference checks and debugging)."""
+        head_dim], in position order (views into the pool, for reference checks and debugging;
+        q8_0 blocks as float32 copies, widened as the kernels widen them)."""
         layer = self._check_layer(layer)
         st = self.pool.storages[layer]
         pairs = [st.block_arrays(b) for b in self._blocks[:self.num_blocks(layer)]]
+        if self.kv_format == "q8_0":
+            d = self.head_dim
+            pairs = [tuple(widen_q8_rows(a.reshape(-1, a.shape[-1]), d).reshape(*a.shape[:-1], d)
+                           for a in p) for p in pairs]
         return [p[0] for p in pairs], [p[1] for p in pairs]
 
     def dense(self, layer: int, n_tokens: "int | None" = None):
@@ -435,7 +442,7 @@ class PagedKVCache:
 
     def __repr__(self) -> str:
         return (f"PagedKVCache(layers={self.num_layers}, kv_heads={self.num_kv_heads}, "
-                f"head_dim={self.head_dim}, block_size={self.block_size}, dtype={self.dtype.name}, "
+                f"head_dim={self.head_dim}, block_size={self.block_size}, dtype={self.kv_format}, "
                 f"seq_len={self._seq_len})")
 
     @staticmethod

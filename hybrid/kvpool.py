@@ -35,7 +35,18 @@ import numpy as np
 from .placement import Placement
 from .scratch import aligned_empty
 
-KV_DTYPES = {"float32": np.dtype(np.float32), "float16": np.dtype(np.float16)}
+# What a block stores, by name: its numpy storage type, and the code the attention kernels take
+# (attention_core.h's HY_KV_*).  q8_0 rows are ggml's Q8_0 blocks (34 bytes per 32 values).
+KV_DTYPES = {"float32": np.dtype(np.float32), "float16": np.dtype(np.float16),
+             "q8_0": np.dtype(np.uint8)}
+KV_CODES = {"float32": 0, "float16": 1, "q8_0": 2}
+
+
+def kv_row_bytes(kv_format: str, head_dim: int) -> int:
+    """Bytes of one cached row (one token, one KV head)."""
+    if kv_format == "q8_0":
+        return head_dim // 32 * 34
+    return head_dim * KV_DTYPES[kv_format].itemsize
 
 
 class PoolExhaustedError(MemoryError):
@@ -62,18 +73,20 @@ class HostLayerStorage:
         self.placement = placement
         self.shape = (num_kv_heads, block_size, head_dim)
         self.block_size = block_size
-        self.dtype = np.dtype(dtype)
-        self.chunks: list = []  # each [n, KVH, 2, bs, D]
+        self.q8 = isinstance(dtype, str) and dtype == "q8_0"  # rows of q8_0 blocks (bytes)
+        self.dtype = KV_DTYPES["q8_0"] if self.q8 else np.dtype(dtype)
+        self.row = kv_row_bytes("q8_0", head_dim) if self.q8 else head_dim  # elements per row
+        self.chunks: list = []  # each [n, KVH, 2, bs, row]
         self.where: list = []  # block id -> (chunk index, index in chunk)
 
     def grow(self, n: int):
-        kvh, bs, d = self.shape
-        chunk = aligned_empty((n, kvh, 2, bs, d), self.dtype)
+        kvh, bs, _ = self.shape
+        chunk = aligned_empty((n, kvh, 2, bs, self.row), self.dtype)
         c = len(self.chunks)
         self.chunks.append(chunk)
         self.where.extend((c, i) for i in range(n))
         base = chunk.__array_interface__["data"][0] + chunk[0].nbytes * np.arange(n, dtype=np.int64)
-        return base, base + bs * d * self.dtype.itemsize  # V rows of head 0 follow its K rows
+        return base, base + bs * self.row * self.dtype.itemsize  # V rows of head 0 follow its K rows
 
     def new_table(self) -> "LayerTable":
         return LayerTable(self)
@@ -87,8 +100,8 @@ class HostLayerStorage:
         return blk[:, 0], blk[:, 1]
 
     def poison(self, block_ids) -> None:
-        for b in block_ids:
-            self.block(b).fill(np.nan)
+        for b in block_ids:  # q8_0: every factor 0xFFFF, a float16 NaN, so every value is NaN
+            self.block(b).fill(0xFF if self.q8 else np.nan)
 
     def copy_block(self, src: int, dst: int) -> None:
         np.copyto(self.block(dst), self.block(src))
@@ -96,6 +109,9 @@ class HostLayerStorage:
     def write(self, table: "LayerTable", start: int, k: np.ndarray, v: np.ndarray) -> None:
         kvh, bs, d = self.shape
         n = k.shape[0]
+        if self.q8:  # the kernels' quantizer, row by row
+            k, v = (quantize_q8_rows(a.reshape(n * kvh, d)) for a in (k, v))
+            d = self.row
         k3 = k.reshape(n, kvh, d)
         v3 = v.reshape(n, kvh, d)
         p = start
@@ -151,16 +167,38 @@ class LayerTable:
         """Entries from ``first`` on were rewritten (device tables re-upload them)."""
 
     def dense(self, n_tokens: int):
-        """K, V of the first n_tokens as [n_tokens, KVH*D] copies in the cache's dtype."""
+        """K, V of the first n_tokens as [n_tokens, KVH*D] copies in the cache's dtype (q8_0:
+        widened to float32, as the kernels widen them)."""
         kvh, bs, d = self.storage.shape
         nb = -(-n_tokens // bs)
         pairs = [self.storage.block_arrays(int(b)) for b in self.ids[:nb]]
+        q8 = getattr(self.storage, "q8", False)
         if not pairs:
-            empty = np.zeros((0, kvh * d), dtype=self.storage.dtype)
+            empty = np.zeros((0, kvh * d), dtype=np.float32 if q8 else self.storage.dtype)
             return empty, empty.copy()
         k = np.concatenate([p[0].transpose(1, 0, 2) for p in pairs])[:n_tokens]
         v = np.concatenate([p[1].transpose(1, 0, 2) for p in pairs])[:n_tokens]
+        if q8:
+            k, v = (widen_q8_rows(a.reshape(n_tokens * kvh, -1), d) for a in (k, v))
         return k.reshape(n_tokens, kvh * d), v.reshape(n_tokens, kvh * d)
+
+
+def quantize_q8_rows(x: np.ndarray) -> np.ndarray:
+    """float rows [n, d] as q8_0 rows [n, d/32*34] (the attention kernels' quantizer)."""
+    from ._cpu import attention
+
+    out = np.empty((x.shape[0], x.shape[1] // 32 * 34), dtype=np.uint8)
+    attention.quantize_rows_q8_0(np.ascontiguousarray(x, dtype=np.float32), out)
+    return out
+
+
+def widen_q8_rows(q: np.ndarray, d: int) -> np.ndarray:
+    """q8_0 rows [n, d/32*34] as float32 [n, d]."""
+    from ._cpu import attention
+
+    out = np.empty((q.shape[0], d), dtype=np.float32)
+    attention.dequantize_rows_q8_0(np.ascontiguousarray(q), out)
+    return out
 
 
 # ------------------------------------------------------------------ the pool
@@ -202,7 +240,8 @@ class KVBlockPool:
     Parameters
     ----------
     num_layers, num_kv_heads, head_dim, block_size : the cache geometry
-    dtype : "float16" (default) or "float32"
+    dtype : "float16" (default), "float32", or "q8_0" (ggml's 8-bit blocks: 34 bytes per 32
+        values, about half of float16's; cpu layers, head_dim % 32 == 0)
     placement : "cpu", "cuda:N", or one placement per layer
     num_blocks : hard limit on blocks; or kv_memory : bytes (int or "2GiB") over all layers;
         neither: no limit
@@ -218,15 +257,20 @@ class KVBlockPool:
             if isinstance(val, bool) or not isinstance(val, (int, np.integer)) or val <= 0:
                 raise ValueError(f"{name} must be a positive integer, got {val!r}")
         key = np.dtype(dtype).name if not isinstance(dtype, str) else dtype
-        if key not in KV_DTYPES:
+        if key not in KV_DTYPES or key == "uint8":
             raise ValueError(f"KV dtype must be one of {sorted(KV_DTYPES)}, got {dtype!r}")
         self.num_layers, self.num_kv_heads = int(num_layers), int(num_kv_heads)
         self.head_dim, self.block_size = int(head_dim), int(block_size)
-        self.dtype = KV_DTYPES[key]
+        self.kv_format, self.kv_code, self.dtype = key, KV_CODES[key], KV_DTYPES[key]
+        if key == "q8_0" and self.head_dim % 32:
+            raise ValueError(f"a q8_0 KV cache needs head_dim % 32 == 0, got {self.head_dim}")
         self.placements = self._parse_placements(placement)
         self.on_cpu = all(p.is_cpu for p in self.placements)  # every layer's blocks in host memory
-        self.block_bytes = (self.num_kv_heads * 2 * self.block_size * self.head_dim
-                            * self.dtype.itemsize * self.num_layers)  # one id, every layer
+        if key == "q8_0" and not self.on_cpu:
+            raise ValueError("a q8_0 KV cache is kept in host memory: its layers run on the cpu "
+                             "(use --kv-on-cpu, or float16 for GPU layers)")
+        self.block_bytes = (self.num_kv_heads * 2 * self.block_size
+                            * kv_row_bytes(key, self.head_dim) * self.num_layers)  # every layer
         if num_blocks is not None and kv_memory is not None:
             raise ValueError("give num_blocks or kv_memory, not both")
         if kv_memory is not None:
@@ -267,7 +311,8 @@ class KVBlockPool:
         return places
 
     def _new_storage(self, placement: Placement):
-        args = (placement, self.num_kv_heads, self.head_dim, self.block_size, self.dtype)
+        args = (placement, self.num_kv_heads, self.head_dim, self.block_size,
+                self.kv_format if self.kv_format == "q8_0" else self.dtype)
         if placement.is_cpu:
             return HostLayerStorage(*args)
         from . import registry
@@ -429,7 +474,7 @@ class KVBlockPool:
     def __repr__(self) -> str:
         cap = "unlimited" if self.max_blocks is None else self.max_blocks
         return (f"KVBlockPool(layers={self.num_layers}, block_size={self.block_size}, "
-                f"dtype={self.dtype.name}, blocks used={self.num_used} cached={self.num_cached} "
+                f"dtype={self.kv_format}, blocks used={self.num_used} cached={self.num_cached} "
                 f"of {cap})")
 
 
@@ -448,5 +493,5 @@ def prefix_hashes(tokens, block_size: int, salt: bytes = b"", n_blocks: "int | N
     return out
 
 
-__all__ = ["KVBlockPool", "HostLayerStorage", "LayerTable", "PoolExhaustedError", "prefix_hashes",
+__all__ = ["KVBlockPool", "HostLayerStorage", "KV_CODES", "kv_row_bytes", "quantize_q8_rows", "widen_q8_rows", "LayerTable", "PoolExhaustedError", "prefix_hashes",
            "parse_bytes", "default_kv_memory"]

@@ -236,7 +236,7 @@ def paged_attention(q, cache: PagedKVCache, layer: int, *, scale: "float | None"
         extra["softcap"] = float(softcap)
     registry.lookup("paged_attention", where)(
         q, start, k_ptrs, v_ptrs, num_heads, cache.num_kv_heads, cache.head_dim,
-        cache.block_size, cache.head_stride, cache.dtype == np.float16, s, o, **extra)
+        cache.block_size, cache.head_stride, cache.kv_code, s, o, **extra)
     return o
 
 

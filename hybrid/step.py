@@ -47,7 +47,7 @@ class StepBatch:
         c0 = caches[0]
         self.pool = c0.pool
         self.num_kv_heads, self.head_dim, self.block_size = c0.num_kv_heads, c0.head_dim, c0.block_size
-        self.dtype = c0.dtype
+        self.dtype, self.kv_code = c0.dtype, c0.kv_code
         self.head_stride = c0.head_stride
         self.last_rows = seg_rows[1:] - 1  # [S] the row whose logits each sequence samples from
         self.attention_plans: dict = {}  # the CPU backend's plan of this step's attention

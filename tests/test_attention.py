@@ -12,10 +12,13 @@ from hybrid import ops
 from hybrid import reference as ref
 from conftest import rel_err
 
-TOL = {"float32": 2e-5, "float16": 2e-5}  # against the reference run on the *stored* values
+TOL = {"float32": 2e-5, "float16": 2e-5, "q8_0": 2e-5}  # against the reference on the *stored* values
+Q8 = ["float32", "float16", "q8_0"]  # q8_0: ggml's 8-bit blocks, head_dim % 32 == 0
 
 
 def _cache(kvh, d, bs, dtype, layers=1):
+    if dtype == "q8_0" and d % 32:
+        pytest.skip("q8_0 rows need head_dim % 32 == 0")
     return hybrid.PagedKVCache(num_layers=layers, num_kv_heads=kvh, head_dim=d, block_size=bs,
                                dtype=dtype, poison_unused=True)
 
@@ -60,7 +63,7 @@ def test_prefill_from_empty(rng, dtype, head_dim, group, n):
     assert rel_err(got, ref.paged_attention(q, kb, vb, 0, h, kvh, head_dim)) < TOL[dtype]
 
 
-@pytest.mark.parametrize("dtype", ["float32", "float16"])
+@pytest.mark.parametrize("dtype", Q8)
 @pytest.mark.parametrize("past,n", [(1, 1), (BS - 1, 1), (BS, BS + 1), (3 * BS + 5, 1),
                                     (3 * BS + 5, 7), (2 * BS, BS)])
 @pytest.mark.parametrize("group", [1, 4, 8])
@@ -69,7 +72,7 @@ def test_after_committed_history(rng, dtype, past, n, group):
     assert rel_err(got, expect) < TOL[dtype]
 
 
-@pytest.mark.parametrize("dtype", ["float32", "float16"])
+@pytest.mark.parametrize("dtype", Q8)
 @pytest.mark.parametrize("kvh,group,length", [(1, 8, 3000), (1, 1, 1111), (2, 4, 4097)])
 @pytest.mark.parametrize("n", [1, 3])
 def test_long_context_uses_splits(rng, dtype, kvh, group, length, n):
@@ -96,7 +99,7 @@ def test_head_dims_on_the_avx2_path(rng, dtype, head_dim, group):
         assert rel_err(got, expect) < TOL[dtype]
 
 
-@pytest.mark.parametrize("dtype", ["float32", "float16"])
+@pytest.mark.parametrize("dtype", Q8)
 @pytest.mark.parametrize("group,head_dim", [(1, 64), (3, 64), (4, 128), (6, 80)])
 def test_a_row_does_not_depend_on_its_neighbours(rng, dtype, group, head_dim):
     """Each query row's output is bit-identical whether the row is computed inside a prefill
@@ -212,13 +215,13 @@ def _shared(kvh, d, dtype, lengths, rng):
     return caches
 
 
-@pytest.mark.parametrize("dtype", ["float32", "float16"])
+@pytest.mark.parametrize("dtype", Q8)
 @pytest.mark.parametrize("group", [1, 3, 8])
 def test_batched_decode(rng, dtype, group):
     """One decode row for each of six sequences of awkward lengths in one ragged step, against
     the float64 reference walking each sequence's blocks, and each row against the
     single-sequence kernel on the same cache."""
-    kvh, d = 2, 80
+    kvh, d = 2, 96 if dtype == "q8_0" else 80
     h = kvh * group
     lengths = [1, BS, BS + 1, 3 * BS + 5, 200, 7]
     caches = _shared(kvh, d, dtype, [n - 1 for n in lengths], rng)
@@ -359,7 +362,7 @@ def test_ragged_step_rejects_bad_descriptions(rng):
     assert not out.any()  # nothing was written
 
 
-@pytest.mark.parametrize("dtype", ["float32", "float16"])
+@pytest.mark.parametrize("dtype", Q8)
 @pytest.mark.parametrize("head_dim,group", [(64, 4), (40, 3), (8, 1), (128, 8)])
 @pytest.mark.parametrize("window", [1, 7, BS, BS + 3, 10_000])
 def test_sliding_window(rng, dtype, head_dim, group, window):
@@ -388,7 +391,7 @@ def test_sliding_window(rng, dtype, head_dim, group, window):
         ops.paged_attention(q, cache, 0, window=-1)
 
 
-@pytest.mark.parametrize("dtype", ["float32", "float16"])
+@pytest.mark.parametrize("dtype", Q8)
 @pytest.mark.parametrize("head_dim,group", [(64, 2), (40, 1), (128, 8)])
 @pytest.mark.parametrize("window", [0, 5])
 def test_score_softcapping(rng, dtype, head_dim, group, window):
@@ -409,3 +412,54 @@ def test_score_softcapping(rng, dtype, head_dim, group, window):
         assert rel_err(got, want) < TOL[dtype], (past, n)
         uncapped = ref.paged_attention(q, kb, vb, past, h, kvh, head_dim, window=window)
         assert rel_err(uncapped, want) > 1e-2  # the cap matters at these scores
+
+
+def test_q8_0_cache_stores_ggml_blocks(rng):
+    """A q8_0 cache holds each row as gguf.quants quantizes it to Q8_0 (bit for bit), whether the
+    rows arrive by append or by a step's native write; unused slots stay poisoned."""
+    gguf = pytest.importorskip("gguf")
+    from gguf import quants
+
+    from hybrid.registry import lookup
+
+    n, d, kvh = 37, 64, 2
+    k = (rng.standard_normal((n, kvh * d)) * np.float32(10.0) ** rng.integers(
+        -3, 3, (n, 1))).astype(np.float32)
+    k[3] = 0  # an all-zero block
+    k[4, :32] = [127.0] + [i + 0.5 for i in range(-15, 16)]  # factor 1, halves: away from 0
+    v = -k[::-1].copy()
+    want_k = quants.quantize(k.reshape(n * kvh, d), gguf.GGMLQuantizationType.Q8_0)
+    want_v = quants.quantize(v.reshape(n * kvh, d), gguf.GGMLQuantizationType.Q8_0)
+    appended = _cache(kvh, d, BS, "q8_0")
+    appended.append(0, k, v)
+    cache, batch, q = _ragged(rng, "q8_0", n, d)
+    out = np.empty_like(q)
+    lookup("attend_step", hybrid.Placement.parse("cpu"))(batch, 0, q, k, v, 4, 0.125, out)
+    batch.wrote_layer(0)
+    batch.commit()
+    for c in (appended, cache):
+        st = c.pool.storages[0]
+        raw_k = np.concatenate([st.block_arrays(b)[0].transpose(1, 0, 2)
+                                for b in c.block_ids]).reshape(-1, kvh, d // 32 * 34)
+        raw_v = np.concatenate([st.block_arrays(b)[1].transpose(1, 0, 2)
+                                for b in c.block_ids]).reshape(-1, kvh, d // 32 * 34)
+        np.testing.assert_array_equal(raw_k[:n].reshape(n * kvh, -1), want_k)
+        np.testing.assert_array_equal(raw_v[:n].reshape(n * kvh, -1), want_v)
+        assert (raw_k[n:] == 0xFF).all()  # poisoned: every factor a float16 NaN
+        ks, vs = c.dense(0)
+        np.testing.assert_array_equal(ks, quants.dequantize(
+            want_k, gguf.GGMLQuantizationType.Q8_0).reshape(n, kvh * d))
+
+
+def test_q8_0_cache_against_float64_on_the_inputs(rng):
+    """Against float64 attention on the float32 inputs, q8_0 keys and values stay within a
+    bound that 8-bit rounding respects (half a step of max|x|/127 per value) and that a wrong
+    factor or row offset would not."""
+    kvh, d, n = 2, 64, 70
+    c8 = _cache(kvh, d, BS, "q8_0")
+    k, v = _fill(c8, rng, n)
+    q = rng.standard_normal((n, 4 * d), dtype=np.float32)
+    got = ops.paged_attention(q, c8, 0)
+    expect = ref.attention(q, k, v, np.arange(n), 4, kvh, d)
+    err = rel_err(got, expect)
+    assert 0 < err < 1.2e-2

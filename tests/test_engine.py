@@ -44,16 +44,19 @@ def _prompts(rng, n, shared=20, vocab=VOCAB):
     return out
 
 
-@pytest.mark.parametrize("arch", ["llama q8_0", "qwen3 q4_0"])
+@pytest.mark.parametrize("arch", ["llama q8_0", "qwen3 q4_0", "qwen3 q4_0, q8_0 KV"])
 @pytest.mark.parametrize("setting", ["prefix cache", "no prefix cache", "preemption"])
 def test_same_tokens_alone_and_in_a_crowd(tiny_q8, tiny_qwen3_q4, rng, setting, arch):
     model = tiny_q8 if arch.startswith("llama") else tiny_qwen3_q4
+    kv = "q8_0" if arch.endswith("q8_0 KV") else "float16"
+    if kv != "float16":  # the KV cache in ggml's 8-bit blocks
+        model = hybrid.models.Model(model.weights, model.tokenizer, kv_dtype=kv)
     kw = dict(max_batch=8, max_batched_tokens=int(rng.integers(7, 40)), poison_unused=True)
     if setting == "no prefix cache":
         kw["prefix_cache"] = False
     if setting == "preemption":  # a tiny pool of small blocks: requests are preempted
         kw["num_blocks"] = 24  # (attention sums per block: alone runs with the same block size)
-        model = hybrid.models.Model(model.weights, model.tokenizer, block_size=4)
+        model = hybrid.models.Model(model.weights, model.tokenizer, block_size=4, kv_dtype=kv)
     else:
         kw["num_blocks"] = 400
     prompts = _prompts(rng, 24)

@@ -150,7 +150,7 @@ def test_bad_settings_are_refused(model, draft):
             parse_speculative(bad)
 
 
-@pytest.mark.parametrize("method", ["ngram", "draft"])
+@pytest.mark.parametrize("method", ["ngram", "draft", "ngram, q8_0 KV"])
 def test_server_with_drafts_answers_as_without(model, method):
     """`hybrid serve --speculative ngram|draft:PATH` as a real process: a greedy completion and a stream
     equal the model's own generation, and /metrics reports the acceptance rate and tokens per
@@ -161,9 +161,12 @@ def test_server_with_drafts_answers_as_without(model, method):
 
     text = _prompts(model)[0]
     prompt = model.tokenizer.decode(text)
+    kv = ["--kv-dtype", "q8_0"] if method.endswith("q8_0 KV") else []
+    if kv:
+        model = hybrid.load_model(GGUF, kv_dtype="q8_0")
     want = model.generate(model.tokenizer.encode(prompt), 40)
-    spec = "ngram" if method == "ngram" else "draft:" + GGUF  # the model as its own draft
-    srv = Server("--max-batch", "4", "--speculative", spec, "--num-speculative-tokens", "6")
+    spec = "draft:" + GGUF if method == "draft" else "ngram"  # the model as its own draft
+    srv = Server("--max-batch", "4", "--speculative", spec, "--num-speculative-tokens", "6", *kv)
     try:
         client = openai.OpenAI(base_url=srv.url + "/v1", api_key="unused", max_retries=0)
         r = client.completions.create(model=NAME, prompt=prompt, max_tokens=40, temperature=0)
@@ -219,3 +222,20 @@ def test_native_stack_rows_equal_the_layer_by_layer_path(model, monkeypatch):
     by_layer = step_logits()
     for a, b in zip(native, by_layer):
         assert a.shape == b.shape and a.tobytes() == b.tobytes()
+
+
+def test_q8_0_kv_cache_logits_and_drafts(model):
+    """SmolLM2 with its KV cache in q8_0: each row's logits within 12% of its largest logit of
+    the float16 cache's (8-bit rounding of K and V; a broken cache is far off), the same argmax
+    on at least 95% of rows; and drafts keep the output equal to decoding without them."""
+    m8 = hybrid.load_model(GGUF, kv_dtype="q8_0")
+    for ids in _prompts(model)[:2]:
+        a = model.forward_step([(model.new_cache(), ids)], rows="all")[0]
+        b = m8.forward_step([(m8.new_cache(), ids)], rows="all")[0]
+        rel = np.abs(a - b).max(axis=1) / np.abs(a).max(axis=1)
+        assert rel.max() < 0.12 and np.mean(a.argmax(1) == b.argmax(1)) >= 0.95
+    prompts = _prompts(m8)
+    want = Engine(m8).generate(prompts, 32, stop_tokens=[])
+    eng = Engine(m8, max_batch=2, speculative="ngram", poison_unused=True)
+    assert eng.generate(prompts, 32, stop_tokens=[]) == want
+    assert eng.accepted_tokens > 0 and eng.pool.num_used == 0

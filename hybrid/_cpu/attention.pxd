@@ -7,7 +7,7 @@ cdef extern from "attention_core.h" nogil:
         int num_kv_heads
         int head_dim
         int block_size
-        int kv_f16
+        int kv_type
         long head_stride
         float scale
         long window

@@ -21,8 +21,14 @@ from libc.string cimport memcpy
 import numpy as np
 
 cdef extern from "simd.h" nogil:
-    void hy_f32_to_f16(const float *src, unsigned short *dst, long n)
     void *hy_alloc64(size_t n)
+    void hy_q8_row(const float *x, unsigned char *dst, long n)
+    void hy_q8_rows_to_f32(const unsigned char *src, float *dst, int c, long n)
+
+cdef extern from "attention_core.h" nogil:
+    size_t hy_kv_row_bytes(int kv_type, int D)
+    size_t hy_kv_unit_bytes(int kv_type)
+    void hy_kv_store_row(int kv_type, const float *x, void *dst, int D)
 
 _NO_PARTIAL2 = np.zeros((1, 1), dtype=np.float32)
 _NO_PARTIAL3 = np.zeros((1, 1, 1), dtype=np.float32)
@@ -124,11 +130,11 @@ cdef void _merge_splits(const hy_attn_shape *sh, long r0, long r1, int g0, int g
 
 
 cdef inline hy_attn_shape _shape(int num_heads, int num_kv_heads, int head_dim, int block_size,
-                                long head_stride, bint kv_f16, float scale,
+                                long head_stride, int kv_type, float scale,
                                 long window, float softcap) noexcept nogil:
     cdef hy_attn_shape sh
     sh.num_heads, sh.num_kv_heads, sh.head_dim = num_heads, num_kv_heads, head_dim
-    sh.block_size, sh.kv_f16, sh.head_stride, sh.scale = block_size, kv_f16, head_stride, scale
+    sh.block_size, sh.kv_type, sh.head_stride, sh.scale = block_size, kv_type, head_stride, scale
     sh.window, sh.softcap = window, softcap
     return sh
 
@@ -282,10 +288,10 @@ cdef void _run(const hy_attn_shape *sh, const float *q, const int64_t *row_pos,
 cdef _attend(float[:, ::1] q, const int64_t[::1] row_pos, const int64_t[::1] seg_rows,
              const int64_t[::1] seg_table, const int64_t[::1] k_ptrs, const int64_t[::1] v_ptrs,
              int num_heads, int num_kv_heads, int head_dim, int block_size, long head_stride,
-             bint kv_f16, float scale, float[:, ::1] out, int num_threads, long window=0,
+             int kv_type, float scale, float[:, ::1] out, int num_threads, long window=0,
              float softcap=0):
     cdef hy_attn_shape sh = _shape(num_heads, num_kv_heads, head_dim, block_size, head_stride,
-                                   kv_f16, scale, window, softcap)
+                                   kv_type, scale, window, softcap)
     cdef int group = num_heads // num_kv_heads
     tasks, merges, n_partial, maxnq_o, num_threads = _plan(row_pos, seg_rows, seg_table,
                                                           num_kv_heads, group, block_size,
@@ -334,8 +340,9 @@ def paged_attention(float[:, ::1] q,            # IN  [n_rows, num_heads*head_di
                     const int64_t[::1] k_ptrs,  # IN  [n_blocks] base address of each K block
                     const int64_t[::1] v_ptrs,  # IN  [n_blocks] base address of each V block
                     int num_heads, int num_kv_heads, int head_dim, int block_size,
-                    long head_stride,           # elements between KV heads' rows in a block
-                    bint kv_f16, float scale,
+                    long head_stride,           # elements (q8_0: bytes) between KV heads' rows
+                    int kv_type,                # 0 float32, 1 float16, 2 q8_0 (kvpool.KV_CODES)
+                    float scale,
                     float[:, ::1] out,          # OUT [n_rows, num_heads*head_dim] float32
                     int num_threads, long window=0, float softcap=0):
     """Causal attention of one sequence: row i sees key positions 0 .. start_pos + i (with a
@@ -359,7 +366,7 @@ def paged_attention(float[:, ::1] q,            # IN  [n_rows, num_heads*head_di
     cdef int failed = 0
     if n == 1 and _splits(start_pos + 1, block_size, &chunk) == 1 and (
             num_threads <= 1 or _one_thread(start_pos + 1, num_heads)):
-        sh = _shape(num_heads, num_kv_heads, head_dim, block_size, head_stride, kv_f16, scale,
+        sh = _shape(num_heads, num_kv_heads, head_dim, block_size, head_stride, kv_type, scale,
                     window, softcap)
         with nogil:
             failed = _decode_row_serial(&sh, &q[0, 0], start_pos, &k_ptrs[0], &v_ptrs[0],
@@ -371,7 +378,7 @@ def paged_attention(float[:, ::1] q,            # IN  [n_rows, num_heads*head_di
     seg_rows = np.array([0, n], dtype=np.int64)
     seg_table = np.zeros(1, dtype=np.int64)
     _attend(q, row_pos, seg_rows, seg_table, k_ptrs, v_ptrs, num_heads, num_kv_heads, head_dim,
-            block_size, head_stride, kv_f16, scale, out, num_threads, window, softcap)
+            block_size, head_stride, kv_type, scale, out, num_threads, window, softcap)
 
 
 cdef int _decode_row_serial(const hy_attn_shape *sh, const float *q, int64_t pos,
@@ -424,7 +431,7 @@ cdef class RaggedStep:
                  const int64_t[::1] row_block,        # [T] block id holding each row
                  const int64_t[::1] row_slot,         # [T] slot of each row in its block
                  int num_heads, int num_kv_heads, int head_dim, int block_size, long head_stride,
-                 bint kv_f16, float scale, int num_threads, long window=0, float softcap=0):
+                 int kv_type, float scale, int num_threads, long window=0, float softcap=0):
         cdef long T = row_pos.shape[0], S = seg_table.shape[0], s, i, nblk, b
         if head_stride < <long> block_size * head_dim or num_heads <= 0 or num_kv_heads <= 0 \
                 or num_heads % num_kv_heads or head_dim <= 0 or block_size <= 0:
@@ -453,7 +460,7 @@ cdef class RaggedStep:
                                      f"puts it")
         if window < 0:
             raise ValueError(f"window must be >= 0 (0: none), got {window}")
-        self.sh = _shape(num_heads, num_kv_heads, head_dim, block_size, head_stride, kv_f16, scale,
+        self.sh = _shape(num_heads, num_kv_heads, head_dim, block_size, head_stride, kv_type, scale,
                          window, softcap)
         self.tasks, self.merges, n_partial, maxnq, self.nthreads = _plan(
             row_pos, seg_rows, seg_table, num_kv_heads, num_heads // num_kv_heads, block_size,
@@ -523,8 +530,8 @@ cdef class RaggedStep:
         the address tables cover the step's blocks).  Returns 1 when scratch allocation failed."""
         cdef int D = self.sh.head_dim, KVH = self.sh.num_kv_heads, h
         cdef long r, b, kvd = <long> KVH * D
-        cdef size_t esize = 2 if self.sh.kv_f16 else 4
-        cdef size_t row_off, hs = <size_t> self.sh.head_stride * esize
+        cdef size_t rowb = hy_kv_row_bytes(self.sh.kv_type, D)
+        cdef size_t row_off, hs = <size_t> self.sh.head_stride * hy_kv_unit_bytes(self.sh.kv_type)
         cdef char *kd
         cdef char *vd
         cdef int failed = 0
@@ -532,17 +539,37 @@ cdef class RaggedStep:
             self.kp[b] = k_addr[self.table_ids[b]]
             self.vp[b] = v_addr[self.table_ids[b]]
         for r in range(self.T):  # row r's K/V heads into its slot (head h: h*hs further)
-            row_off = <size_t> self.row_slot[r] * D * esize
+            row_off = <size_t> self.row_slot[r] * rowb
             kd = <char *> <size_t> k_addr[self.row_block[r]] + row_off
             vd = <char *> <size_t> v_addr[self.row_block[r]] + row_off
             for h in range(KVH):
-                if self.sh.kv_f16:
-                    hy_f32_to_f16(k + r * kvd + h * D, <unsigned short *> (kd + h * hs), D)
-                    hy_f32_to_f16(v + r * kvd + h * D, <unsigned short *> (vd + h * hs), D)
-                else:
-                    memcpy(kd + h * hs, k + r * kvd + h * D, D * 4)
-                    memcpy(vd + h * hs, v + r * kvd + h * D, D * 4)
+                hy_kv_store_row(self.sh.kv_type, k + r * kvd + h * D, kd + h * hs, D)
+                hy_kv_store_row(self.sh.kv_type, v + r * kvd + h * D, vd + h * hs, D)
         _run(&self.sh, q, self.row_pos, self.kp, self.vp, self.tv, self.mv, self.maxnq,
              self.pm, self.pl, self.pacc, out, self.nthreads, &failed, self.serial)
         return failed
 
+
+
+def quantize_rows_q8_0(const float[:, ::1] x,            # IN  [n, d] float32, d % 32 == 0
+                       unsigned char[:, ::1] out):       # OUT [n, d / 32 * 34] q8_0 rows
+    """Rows as the KV cache stores them in q8_0 (ggml's Q8_0 blocks; the kernels' quantizer)."""
+    cdef Py_ssize_t n = x.shape[0], d = x.shape[1], r
+    if d % 32 or out.shape[0] != n or out.shape[1] != d // 32 * 34:
+        raise ValueError(f"q8_0 rows: x [n, d] with d % 32 == 0 and out [n, d/32*34], got "
+                         f"{tuple(x.shape)[:2]} and {tuple(out.shape)[:2]}")
+    with nogil:
+        for r in range(n):
+            hy_q8_row(&x[r, 0], &out[r, 0], d)
+
+
+def dequantize_rows_q8_0(const unsigned char[:, ::1] q,  # IN  [n, d / 32 * 34] q8_0 rows
+                         float[:, ::1] out):             # OUT [n, d] float32
+    """q8_0 rows widened to float32 as the attention kernels widen them."""
+    cdef Py_ssize_t n = q.shape[0], d = out.shape[1]
+    if d % 32 or out.shape[0] != n or q.shape[1] != d // 32 * 34:
+        raise ValueError(f"q8_0 rows: q [n, d/32*34] and out [n, d] with d % 32 == 0, got "
+                         f"{tuple(q.shape)[:2]} and {tuple(out.shape)[:2]}")
+    if n:
+        with nogil:
+            hy_q8_rows_to_f32(&q[0, 0], &out[0, 0], <int> n, d)

@@ -11,7 +11,8 @@
  * cache hands them out; K and V are never gathered into a contiguous copy.
  *
  * Numerics: one pass of online softmax in float32 (running max m, running sum l, accumulator
- * acc rescaled by exp(m_old - m_new)); float16 rows are converted to float32 one block at a time.
+ * acc rescaled by exp(m_old - m_new)); float16 rows are converted to float32 one block at a time
+ * (or on the fly by the SIMD kernels), q8_0 rows one block at a time into the scratch.
  */
 #ifndef HYBRID_ATTENTION_CORE_H
 #define HYBRID_ATTENTION_CORE_H
@@ -27,8 +28,8 @@ typedef struct {
     int num_kv_heads;  /* KV heads; H % num_kv_heads == 0 */
     int head_dim;      /* D */
     int block_size;    /* tokens per block */
-    int kv_f16;        /* 1: blocks hold IEEE float16, 0: float32 */
-    long head_stride;  /* elements from one KV head's rows to the next head's inside a block */
+    int kv_type;       /* HY_KV_F32, HY_KV_F16 (IEEE float16) or HY_KV_Q8 (ggml's q8_0 rows) */
+    long head_stride;  /* elements (bytes for q8_0) from one KV head's rows to the next head's */
     float scale;       /* softmax scale, usually 1/sqrt(D) */
     long window;       /* > 0: a row at position p sees keys p - window + 1 .. p only */
     float softcap;     /* > 0: scores s become softcap * tanh(s / softcap) (Gemma 2) */
@@ -46,6 +47,24 @@ typedef struct {
 } hy_attn_scratch;
 
 enum { HY_ROWS_GENERIC = 0, HY_ROWS_F32 = 1, HY_ROWS_F16 = 2 };
+
+/* What a KV block holds: float32, float16, or q8_0 rows (34 bytes per 32 values) */
+enum { HY_KV_F32 = 0, HY_KV_F16 = 1, HY_KV_Q8 = 2 };
+
+/* bytes of one cached row of one KV head, and of one unit of head_stride */
+static inline size_t hy_kv_row_bytes(int kv_type, int D) {
+    return kv_type == HY_KV_Q8 ? (size_t)D / 32 * 34 : (size_t)D * (kv_type == HY_KV_F16 ? 2 : 4);
+}
+static inline size_t hy_kv_unit_bytes(int kv_type) {
+    return kv_type == HY_KV_Q8 ? 1 : kv_type == HY_KV_F16 ? 2 : 4;
+}
+
+/* one row of D float32 values into a cache row of kv_type (the K/V a step writes) */
+static inline void hy_kv_store_row(int kv_type, const float *x, void *dst, int D) {
+    if (kv_type == HY_KV_F16) hy_f32_to_f16(x, (uint16_t *)dst, D);
+    else if (kv_type == HY_KV_Q8) hy_q8_row(x, (uint8_t *)dst, D);
+    else memcpy(dst, x, sizeof(float) * (size_t)D);
+}
 
 /* Online-softmax update of query vectors [i0, i0 + cnt) (cnt = 1 or 4) with the first `c` rows
  * of k and v.  mode HY_ROWS_F32/F16: k, v point into a cache block (SIMD micro-kernels);
@@ -126,10 +145,11 @@ static inline void hy_attn_task(const hy_attn_shape *sh, hy_attn_scratch *w, con
     const long HD = (long)sh->num_heads * D;
     const long nrows = r1 - r0;
     const int nq = (int)((g1 - g0) * nrows * G);
-    const size_t esize = sh->kv_f16 ? 2 : 4;
-    const size_t stride = (size_t)sh->head_stride * esize; /* bytes from head g to g+1 */
-    const int mode = hy_attn_simd_ok(D, sh->kv_f16) ? (sh->kv_f16 ? HY_ROWS_F16 : HY_ROWS_F32)
-                                                     : HY_ROWS_GENERIC;
+    const int f16 = sh->kv_type == HY_KV_F16, q8 = sh->kv_type == HY_KV_Q8;
+    const size_t rowb = hy_kv_row_bytes(sh->kv_type, D);
+    const size_t stride = (size_t)sh->head_stride * hy_kv_unit_bytes(sh->kv_type); /* head g to g+1 */
+    /* q8_0 rows are widened to float32 in the scratch, then take the float32 kernels */
+    const int mode = hy_attn_simd_ok(D, f16) ? (f16 ? HY_ROWS_F16 : HY_ROWS_F32) : HY_ROWS_GENERIC;
 
     /* scaled queries, [kv head, row, head in group, D] */
     for (int g = g0; g < g1; g++)
@@ -151,10 +171,15 @@ static inline void hy_attn_task(const hy_attn_shape *sh, hy_attn_scratch *w, con
         long base = b * bs + j0; /* position of row j0 */
         for (int g = g0; g < g1; g++) {
             /* rows j0.. of KV head g inside block b; addresses widened before arithmetic */
-            size_t off = (size_t)g * stride + (size_t)j0 * D * esize;
+            size_t off = (size_t)g * stride + (size_t)j0 * rowb;
             const void *k = (const char *)(intptr_t)kblk[b] + off;
             const void *v = (const char *)(intptr_t)vblk[b] + off;
-            if (mode == HY_ROWS_GENERIC && sh->kv_f16) {
+            if (q8) {
+                hy_q8_rows_to_f32((const uint8_t *)k, w->kbuf, c, D);
+                hy_q8_rows_to_f32((const uint8_t *)v, w->vbuf, c, D);
+                k = w->kbuf;
+                v = w->vbuf;
+            } else if (mode == HY_ROWS_GENERIC && f16) {
                 hy_f16_to_f32((const uint16_t *)k, w->kbuf, (long)c * D);
                 hy_f16_to_f32((const uint16_t *)v, w->vbuf, (long)c * D);
                 k = w->kbuf;
@@ -172,14 +197,14 @@ static inline void hy_attn_task(const hy_attn_shape *sh, hy_attn_scratch *w, con
                     if (see <= 0) continue;
                     int i = (int)(((g - g0) * nrows + (r - r0)) * G), iend = i + G;
                     for (; i < iend; i += 4)
-                        hy512_update(iend - i < 4 ? iend - i : 4, sh->kv_f16, w->q + (long)i * D,
+                        hy512_update(iend - i < 4 ? iend - i : 4, f16, w->q + (long)i * D,
                                      w->m + i, w->l + i, w->acc + (long)i * D, w->s, bs, k, v,
                                      (int)see, D);
                 }
                 int i = (int)(((g - g0) * nrows + (r - r0)) * G);
                 const int iend = (int)(((g - g0) * nrows + nrows) * G);
                 for (; i < iend; i += 4)
-                    hy512_update(iend - i < 4 ? iend - i : 4, sh->kv_f16, w->q + (long)i * D,
+                    hy512_update(iend - i < 4 ? iend - i : 4, f16, w->q + (long)i * D,
                                  w->m + i, w->l + i, w->acc + (long)i * D, w->s, bs, k, v, c, D);
                 continue;
             }
@@ -193,7 +218,8 @@ static inline void hy_attn_task(const hy_attn_shape *sh, hy_attn_scratch *w, con
                     long skip = row_pos[r] - sh->window + 1 - base;
                     if (skip >= cr) continue;
                     if (skip > 0) {
-                        size_t eb = (size_t)skip * D * (mode == HY_ROWS_GENERIC ? 4 : esize);
+                        size_t eb = (size_t)skip * (q8 || mode == HY_ROWS_GENERIC ? 4 * (size_t)D
+                                                                                 : rowb);
                         kr = (const char *)k + eb;
                         vr = (const char *)v + eb;
                         cr -= (int)skip;

@@ -202,9 +202,9 @@ def bind_decode_step(cfg, weights, bufs, inv_freq, max_rows: int = 1):
 
 
 def paged_attention(q, start_pos, k_ptrs, v_ptrs, num_heads, num_kv_heads, head_dim,
-                    block_size, head_stride, kv_f16, scale, out, window=0, softcap=0.0):
+                    block_size, head_stride, kv_code, scale, out, window=0, softcap=0.0):
     attention.paged_attention(q, start_pos, k_ptrs, v_ptrs, num_heads, num_kv_heads, head_dim,
-                              block_size, head_stride, kv_f16, scale, out, get_num_threads(),
+                              block_size, head_stride, kv_code, scale, out, get_num_threads(),
                               window, softcap)
 
 
@@ -217,7 +217,7 @@ def _step_plan(batch, num_heads, scale, window=0, softcap=0.0):
         plan = batch.attention_plans[key] = attention.RaggedStep(
             batch.positions, batch.seg_rows, batch.seg_table, batch.table_ids, batch.row_block,
             batch.row_slot, num_heads, batch.num_kv_heads, batch.head_dim, batch.block_size,
-            batch.head_stride, batch.dtype == np.float16, scale, nt, window, softcap)
+            batch.head_stride, batch.kv_code, scale, nt, window, softcap)
     return plan
 
 

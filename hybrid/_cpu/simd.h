@@ -150,6 +150,48 @@ static inline void hy_f16_to_f32(const uint16_t *src, float *dst, long n) {
     for (; i < n; i++) dst[i] = hy_half_to_float(src[i]);
 }
 
+/* ---------------------------------------------------------------- q8_0 rows (the KV cache)
+ * ggml's Q8_0 block: a float16 factor d = max|x| / 127 and 32 int8 values q = round(x / d)
+ * (half away from zero; an all-zero block stores 0), as gguf.quants quantizes it; a value is
+ * d * q.  A row of n values (n % 32 == 0) is n / 32 blocks of 34 bytes. */
+static inline void hy_q8_row(const float *x, uint8_t *dst, long n) {
+    for (long b = 0; b < n / 32; b++, x += 32, dst += 34) {
+        float amax = 0.0f;
+        for (int i = 0; i < 32; i++) {
+            const float a = fabsf(x[i]);
+            amax = a > amax ? a : amax;
+        }
+        const float d = amax / 127.0f;
+        const uint16_t dh = hy_float_to_half(d);
+        memcpy(dst, &dh, 2);
+        for (int i = 0; i < 32; i++)
+            dst[2 + i] = (uint8_t)(int8_t)(d > 0.0f ? (int)roundf(x[i] / d) : 0);
+    }
+}
+
+/* c rows of n values in q8_0 (rows packed, n / 32 * 34 bytes each) -> float32 [c, n] */
+static inline void hy_q8_rows_to_f32(const uint8_t *src, float *dst, int c, long n) {
+    for (long b = 0; b < (long)c * (n / 32); b++, src += 34, dst += 32) {
+        uint16_t dh;
+        memcpy(&dh, src, 2);
+        const float d = hy_half_to_float(dh);
+#if defined(HY_AVX512)
+        const __m512 dv = _mm512_set1_ps(d);
+        _mm512_storeu_ps(dst, _mm512_mul_ps(dv, _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(
+            _mm_loadu_si128((const __m128i *)(src + 2))))));
+        _mm512_storeu_ps(dst + 16, _mm512_mul_ps(dv, _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(
+            _mm_loadu_si128((const __m128i *)(src + 18))))));
+#elif defined(HY_AVX2)
+        const __m256 dv = _mm256_set1_ps(d);
+        for (int i = 0; i < 32; i += 8)
+            _mm256_storeu_ps(dst + i, _mm256_mul_ps(dv, _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(
+                _mm_loadl_epi64((const __m128i *)(src + 2 + i))))));
+#else
+        for (int i = 0; i < 32; i++) dst[i] = d * (float)(int8_t)src[2 + i];
+#endif
+    }
+}
+
 /* ---------------------------------------------------------------- reductions */
 
 #ifdef HY_AVX2
