@@ -14,6 +14,8 @@
  *   3. values   acc_g = alpha_g*acc_g + sum_j p[g, j] v_j     64 dimensions at a time held in
  *                                         registers for all NQ queries across the c rows
  *
+ * q8_0 rows are widened in registers (factor times value, as the scalar widening forms it).
+ *
  * Every query vector goes through exactly the same operations whatever NQ is and whichever other
  * vectors share the pass, so a query's result does not depend on how the caller groups queries
  * (batch invariance: see hybrid/kernel_role.py).
@@ -27,10 +29,26 @@
 
 #define HY512_AI static inline __attribute__((always_inline))
 
-/* 16 values of row storage starting at element idx, as float32 */
-HY512_AI __m512 hy512_ld(const void *base, long idx, const int f16) {
-    if (f16) return _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)((const uint16_t *)base + idx)));
-    return _mm512_loadu_ps((const float *)base + idx);
+/* kv: what the rows hold, attention_core.h's HY_KV_F32 (0), HY_KV_F16 (1), HY_KV_Q8 (2) */
+#define HY512_Q8 2
+
+/* bytes of one row of D values */
+HY512_AI long hy512_row_bytes(const int kv, int D) {
+    return kv == HY512_Q8 ? (long)D / 32 * 34 : (long)D * (kv ? 2 : 4);
+}
+
+/* the 16 values of row j starting at column d (d % 16 == 0), as float32; q8_0: factor * value,
+ * the product the scalar widening (simd.h, hy_q8_rows_to_f32) forms */
+HY512_AI __m512 hy512_ld(const void *base, long j, int d, int D, const int kv) {
+    if (kv == HY512_Q8) {
+        const uint8_t *blk = (const uint8_t *)base + j * hy512_row_bytes(kv, D) + 34 * (d >> 5);
+        uint16_t h;
+        memcpy(&h, blk, 2);
+        return _mm512_mul_ps(_mm512_set1_ps(_cvtsh_ss(h)), _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(
+            _mm_loadu_si128((const __m128i *)(blk + 2 + (d & 31))))));
+    }
+    if (kv) return _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)((const uint16_t *)base + j * D + d)));
+    return _mm512_loadu_ps((const float *)base + j * D + d);
 }
 
 /* [sum(a), sum(b), sum(c), sum(d)] with one fixed reduction order for every lane */
@@ -46,10 +64,10 @@ HY512_AI __m128 hy512_hsum4(__m512 a, __m512 b, __m512 c, __m512 d) {
 HY512_AI __mmask16 hy512_first(int n) { return (__mmask16)((1u << n) - 1u); }
 
 /* Step 1: s[g*ldp + j] = q_g . row_j for g < NQ, j < c. */
-HY512_AI void hy512_scores(const int NQ, const int f16, const float *q, const void *k, int c,
+HY512_AI void hy512_scores(const int NQ, const int kv, const float *q, const void *k, int c,
                            int D, float *s, int ldp) {
     const __m512 z = _mm512_setzero_ps();
-    const long row = (long)D * (f16 ? 2 : 4); /* bytes per K row */
+    const long row = hy512_row_bytes(kv, D); /* bytes per K row */
     int j = 0;
     for (; j + 2 <= c; j += 2) {
         __m512 a0[4] = {z, z, z, z}, a1[4] = {z, z, z, z};
@@ -57,8 +75,8 @@ HY512_AI void hy512_scores(const int NQ, const int f16, const float *q, const vo
          * value passes do the same for their V rows) */
         HY_ATTN_PREFETCH((const char *)k + (long)j * row, 2 * row);
         for (int d = 0; d < D; d += 16) {
-            const __m512 x0 = hy512_ld(k, (long)j * D + d, f16);
-            const __m512 x1 = hy512_ld(k, (long)(j + 1) * D + d, f16);
+            const __m512 x0 = hy512_ld(k, j, d, D, kv);
+            const __m512 x1 = hy512_ld(k, j + 1, d, D, kv);
             for (int g = 0; g < NQ; g++) {
                 const __m512 qv = _mm512_loadu_ps(q + g * D + d);
                 a0[g] = _mm512_fmadd_ps(qv, x0, a0[g]);
@@ -73,7 +91,7 @@ HY512_AI void hy512_scores(const int NQ, const int f16, const float *q, const vo
     if (j < c) {
         __m512 a0[4] = {z, z, z, z};
         for (int d = 0; d < D; d += 16) {
-            const __m512 x0 = hy512_ld(k, (long)j * D + d, f16);
+            const __m512 x0 = hy512_ld(k, j, d, D, kv);
             for (int g = 0; g < NQ; g++)
                 a0[g] = _mm512_fmadd_ps(_mm512_loadu_ps(q + g * D + d), x0, a0[g]);
         }
@@ -134,20 +152,20 @@ HY512_AI void hy512_softmax_n(const int NQ, float *s, int ldp, int c, float *m, 
 }
 
 /* Step 3 over W vectors (16*W dimensions starting at d) for NQ queries, accumulators in registers */
-HY512_AI void hy512_values(const int NQ, const int W, const int f16, float *acc, const float *alpha,
+HY512_AI void hy512_values(const int NQ, const int W, const int kv, float *acc, const float *alpha,
                            const float *p, int ldp, const void *v, int c, int D, int d) {
     __m512 a[4][4];
     for (int g = 0; g < NQ; g++) {
         const __m512 al = _mm512_set1_ps(alpha[g]);
         for (int t = 0; t < W; t++) a[g][t] = _mm512_mul_ps(_mm512_loadu_ps(acc + g * D + d + 16 * t), al);
     }
-    const int es = f16 ? 2 : 4;
+    const long row = hy512_row_bytes(kv, D), at = kv == HY512_Q8 ? 34 * (d >> 5) : d * (kv ? 2 : 4);
     for (int j = 0; j < c; j++) {
-        HY_ATTN_PREFETCH((const char *)v + ((long)j * D + d) * es, W * 16 * es);
+        HY_ATTN_PREFETCH((const char *)v + j * row + at, kv == HY512_Q8 ? W * 17 : W * 16 * (kv ? 2 : 4));
         __m512 pg[4];
         for (int g = 0; g < NQ; g++) pg[g] = _mm512_set1_ps(p[g * ldp + j]);
         for (int t = 0; t < W; t++) {
-            const __m512 x = hy512_ld(v, (long)j * D + d + 16 * t, f16);
+            const __m512 x = hy512_ld(v, j, d + 16 * t, D, kv);
             for (int g = 0; g < NQ; g++) a[g][t] = _mm512_fmadd_ps(pg[g], x, a[g][t]);
         }
     }
@@ -156,23 +174,24 @@ HY512_AI void hy512_values(const int NQ, const int W, const int f16, float *acc,
 }
 
 /* One update of NQ query vectors q [NQ, D] (state m, l [NQ], acc [NQ, D]) by rows k, v [c, D]. */
-HY512_AI void hy512_update_n(const int NQ, const int f16, const float *q, float *m, float *l,
+HY512_AI void hy512_update_n(const int NQ, const int kv, const float *q, float *m, float *l,
                              float *acc, float *s, int ldp, const void *k, const void *v, int c,
                              int D) {
     float alpha[4];
-    hy512_scores(NQ, f16, q, k, c, D, s, ldp);
+    hy512_scores(NQ, kv, q, k, c, D, s, ldp);
     hy512_softmax_n(NQ, s, ldp, c, m, l, alpha);
     int d = 0;
-    for (; d + 64 <= D; d += 64) hy512_values(NQ, 4, f16, acc, alpha, s, ldp, v, c, D, d);
-    for (; d < D; d += 16) hy512_values(NQ, 1, f16, acc, alpha, s, ldp, v, c, D, d);
+    for (; d + 64 <= D; d += 64) hy512_values(NQ, 4, kv, acc, alpha, s, ldp, v, c, D, d);
+    for (; d < D; d += 16) hy512_values(NQ, 1, kv, acc, alpha, s, ldp, v, c, D, d);
 }
 
-/* nq (1..4) query vectors; D % 16 == 0 */
-static inline void hy512_update(int nq, int f16, const float *q, float *m, float *l, float *acc,
+/* nq (1..4) query vectors; D % 16 == 0 (q8_0 rows: D % 32 == 0) */
+static inline void hy512_update(int nq, int kv, const float *q, float *m, float *l, float *acc,
                                 float *s, int ldp, const void *k, const void *v, int c, int D) {
 #define HY512_CASE(N)                                                                    \
-    if (f16) hy512_update_n(N, 1, q, m, l, acc, s, ldp, k, v, c, D);         \
-    else hy512_update_n(N, 0, q, m, l, acc, s, ldp, k, v, c, D);             \
+    if (kv == HY512_Q8) hy512_update_n(N, HY512_Q8, q, m, l, acc, s, ldp, k, v, c, D);   \
+    else if (kv) hy512_update_n(N, 1, q, m, l, acc, s, ldp, k, v, c, D);                \
+    else hy512_update_n(N, 0, q, m, l, acc, s, ldp, k, v, c, D);                        \
     return;
     switch (nq) {
     case 4: HY512_CASE(4)

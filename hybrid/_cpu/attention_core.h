@@ -150,6 +150,11 @@ static inline void hy_attn_task(const hy_attn_shape *sh, hy_attn_scratch *w, con
     const size_t stride = (size_t)sh->head_stride * hy_kv_unit_bytes(sh->kv_type); /* head g to g+1 */
     /* q8_0 rows are widened to float32 in the scratch, then take the float32 kernels */
     const int mode = hy_attn_simd_ok(D, f16) ? (f16 ? HY_ROWS_F16 : HY_ROWS_F32) : HY_ROWS_GENERIC;
+#ifdef HY_AVX512  /* the AVX-512 many-row pass reads the block in place, q8_0 rows too */
+    const int fused512 = mode != HY_ROWS_GENERIC && D % 16 == 0 && sh->window <= 0 && sh->softcap <= 0;
+#else
+    const int fused512 = 0;
+#endif
 
     /* scaled queries, [kv head, row, head in group, D] */
     for (int g = g0; g < g1; g++)
@@ -174,7 +179,7 @@ static inline void hy_attn_task(const hy_attn_shape *sh, hy_attn_scratch *w, con
             size_t off = (size_t)g * stride + (size_t)j0 * rowb;
             const void *k = (const char *)(intptr_t)kblk[b] + off;
             const void *v = (const char *)(intptr_t)vblk[b] + off;
-            if (q8) {
+            if (q8 && !fused512) {  /* (the AVX-512 pass widens q8_0 rows in registers) */
                 hy_q8_rows_to_f32((const uint8_t *)k, w->kbuf, c, D);
                 hy_q8_rows_to_f32((const uint8_t *)v, w->vbuf, c, D);
                 k = w->kbuf;
@@ -186,7 +191,7 @@ static inline void hy_attn_task(const hy_attn_shape *sh, hy_attn_scratch *w, con
                 v = w->vbuf;
             }
 #ifdef HY_AVX512
-            if (mode != HY_ROWS_GENERIC && D % 16 == 0 && sh->window <= 0 && sh->softcap <= 0) {
+            if (fused512) {
                 /* rows that see part of the chunk one by one, then every row that sees all of
                  * it as one run of query vectors, four per pass (the layout of w->q keeps a KV
                  * head's vectors of consecutive rows contiguous) */
@@ -197,14 +202,14 @@ static inline void hy_attn_task(const hy_attn_shape *sh, hy_attn_scratch *w, con
                     if (see <= 0) continue;
                     int i = (int)(((g - g0) * nrows + (r - r0)) * G), iend = i + G;
                     for (; i < iend; i += 4)
-                        hy512_update(iend - i < 4 ? iend - i : 4, f16, w->q + (long)i * D,
+                        hy512_update(iend - i < 4 ? iend - i : 4, sh->kv_type, w->q + (long)i * D,
                                      w->m + i, w->l + i, w->acc + (long)i * D, w->s, bs, k, v,
                                      (int)see, D);
                 }
                 int i = (int)(((g - g0) * nrows + (r - r0)) * G);
                 const int iend = (int)(((g - g0) * nrows + nrows) * G);
                 for (; i < iend; i += 4)
-                    hy512_update(iend - i < 4 ? iend - i : 4, f16, w->q + (long)i * D,
+                    hy512_update(iend - i < 4 ? iend - i : 4, sh->kv_type, w->q + (long)i * D,
                                  w->m + i, w->l + i, w->acc + (long)i * D, w->s, bs, k, v, c, D);
                 continue;
             }

@@ -174,7 +174,11 @@ static inline void hy_q8_rows_to_f32(const uint8_t *src, float *dst, int c, long
     for (long b = 0; b < (long)c * (n / 32); b++, src += 34, dst += 32) {
         uint16_t dh;
         memcpy(&dh, src, 2);
+#ifdef HY_F16C
+        const float d = _cvtsh_ss(dh);
+#else
         const float d = hy_half_to_float(dh);
+#endif
 #if defined(HY_AVX512)
         const __m512 dv = _mm512_set1_ps(d);
         _mm512_storeu_ps(dst, _mm512_mul_ps(dv, _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(
