@@ -9,7 +9,6 @@ prefill tokens/s (600 tokens: past the window), hybrid and llama.cpp, and their 
 Targets: decode >= 1.1x llama.cpp, prefill >= 1.0x.
 """
 
-import time
 
 import numpy as np
 import pytest
@@ -88,17 +87,11 @@ def test_hybrid_gemma(benchmark, gemma_file):
     model = hybrid.load_model(path)
     prompt, long = _prompts()
     model.generate(prompt, 4, stop_tokens=[])
-    prefill, decode = [], []
-    for _ in range(3):
-        t0 = time.perf_counter()
-        model.forward(long, model.new_cache(), role="prompt")  # the engine's prompt rows
-        prefill.append(PREFILL / (time.perf_counter() - t0))
-        model.generate(prompt, NEW, stop_tokens=[])
-        decode.append(model.last_stats.decode_tps)
+    prefill, decode = gguf_models.hybrid_rounds(model, prompt, long, NEW)
     benchmark.pedantic(lambda: None, rounds=1)
-    _tps["hybrid decode"], _tps["hybrid prefill"] = max(decode), max(prefill)
-    RESULTS.append(("gemma", f"hybrid decode ({how})", max(decode), "tok/s", "best of 3"))
-    RESULTS.append(("gemma", f"hybrid prefill {PREFILL}", max(prefill), "tok/s", "best of 3"))
+    _tps["hybrid decode"], _tps["hybrid prefill"] = decode, prefill
+    RESULTS.append(("gemma", f"hybrid decode ({how})", decode, "tok/s", "best of 3"))
+    RESULTS.append(("gemma", f"hybrid prefill {PREFILL}", prefill, "tok/s", "best of 3"))
     _ratios()
 
 
@@ -109,24 +102,11 @@ def test_llama_cpp_gemma(benchmark, gemma_file):
     llm = llama_cpp.Llama(model_path=path, n_ctx=2048, n_threads=THREADS, n_batch=512,
                           verbose=False)
     prompt, long = _prompts()
-    prefill, decode = [], []
-    for _ in range(3):
-        llm.reset()
-        t0 = time.perf_counter()
-        llm.eval(long)
-        prefill.append(PREFILL / (time.perf_counter() - t0))
-        llm.reset()
-        llm.eval(prompt)
-        tok = prompt[-1]
-        t0 = time.perf_counter()
-        for _ in range(NEW):
-            llm.eval([tok])
-            tok = int(np.argmax(llm.scores[llm.n_tokens - 1]))
-        decode.append(NEW / (time.perf_counter() - t0))
+    prefill, decode = gguf_models.llama_cpp_rounds(llm, prompt, long, NEW)
     benchmark.pedantic(lambda: None, rounds=1)
-    _tps["llama.cpp decode"], _tps["llama.cpp prefill"] = max(decode), max(prefill)
-    RESULTS.append(("gemma", "llama.cpp decode", max(decode), "tok/s", "best of 3"))
-    RESULTS.append(("gemma", f"llama.cpp prefill {PREFILL}", max(prefill), "tok/s", "best of 3"))
+    _tps["llama.cpp decode"], _tps["llama.cpp prefill"] = decode, prefill
+    RESULTS.append(("gemma", "llama.cpp decode", decode, "tok/s", "best of 3"))
+    RESULTS.append(("gemma", f"llama.cpp prefill {PREFILL}", prefill, "tok/s", "best of 3"))
     _ratios()
 
 

@@ -11,7 +11,6 @@ Targets: decode >= 1.1x llama.cpp, prefill >= 1.0x, resident memory <= file + 64
 """
 
 import os
-import time
 
 import numpy as np
 import pytest
@@ -111,14 +110,7 @@ def test_hybrid_moe(benchmark, moe_file):
     prompt = [int(t) for t in rng.integers(100, 20000, PROMPT)]
     long = [int(t) for t in rng.integers(100, 20000, PREFILL)]
     model.generate(prompt, 4, stop_tokens=[])  # warm
-    prefills, decodes = [], []
-    for _ in range(3):
-        t0 = time.perf_counter()
-        model.forward(long, model.new_cache(), role="prompt")  # the engine's prompt rows
-        prefills.append(PREFILL / (time.perf_counter() - t0))
-        model.generate(prompt, NEW, stop_tokens=[])
-        decodes.append(model.last_stats.decode_tps)
-    prefill, decode = max(prefills), max(decodes)
+    prefill, decode = gguf_models.hybrid_rounds(model, prompt, long, NEW)
     rss, size = _rss() - base, os.path.getsize(path)
     benchmark.pedantic(lambda: None, rounds=1)
     _tps["hybrid decode"], _tps["hybrid prefill"] = decode, prefill
@@ -140,21 +132,7 @@ def test_llama_cpp_moe(benchmark, moe_file):
     prompt = [int(t) for t in rng.integers(100, 20000, PROMPT)]
     long = [int(t) for t in rng.integers(100, 20000, PREFILL)]
     llm.eval(prompt[:4])
-    prefills, decodes = [], []
-    for _ in range(3):
-        llm.reset()
-        t0 = time.perf_counter()
-        llm.eval(long)
-        prefills.append(PREFILL / (time.perf_counter() - t0))
-        llm.reset()
-        llm.eval(prompt)
-        tok = prompt[-1]
-        t0 = time.perf_counter()
-        for _ in range(NEW):
-            llm.eval([tok])
-            tok = int(np.argmax(llm.scores[llm.n_tokens - 1]))
-        decodes.append(NEW / (time.perf_counter() - t0))
-    prefill, decode = max(prefills), max(decodes)
+    prefill, decode = gguf_models.llama_cpp_rounds(llm, prompt, long, NEW)
     benchmark.pedantic(lambda: None, rounds=1)
     _tps["llama.cpp decode"], _tps["llama.cpp prefill"] = decode, prefill
     RESULTS.append(("moe", "llama.cpp decode", decode, "tok/s", "best of 3"))

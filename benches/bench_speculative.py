@@ -55,11 +55,20 @@ def _prompts(model):
     return [tok.encode(tok.apply_chat_template([{"role": "user", "content": t}])) for t in TASKS]
 
 
-def _hybrid(model, prompts, spec):
-    """Decode tokens/s summed over the prompts (prefill not counted); spec: True for n-gram
-    drafts, or the generate arguments of another method."""
-    kw = spec if isinstance(spec, dict) else \
-        {"speculative": "ngram", "num_speculative_tokens": K} if spec else {}
+def _alternating(model, prompts, spec: dict) -> dict:
+    """{"drafts": best tok/s with the generate arguments spec, "plain": best without}, four
+    rounds alternating which goes first."""
+    best = {"plain": 0.0, "drafts": 0.0}
+    for i in range(4):
+        for with_drafts in ((False, True) if i % 2 == 0 else (True, False)):
+            key = "drafts" if with_drafts else "plain"
+            best[key] = max(best[key], _hybrid(model, prompts, spec if with_drafts else {}))
+    return best
+
+
+def _hybrid(model, prompts, kw: dict):
+    """Decode tokens/s summed over the prompts (prefill not counted) with generate arguments
+    kw."""
     tokens = seconds = 0.0
     for ids in prompts:
         model.generate(ids, NEW, stop_tokens=[], **kw)
@@ -99,11 +108,7 @@ def test_ngram_speculation(benchmark, files, which):
     same = eng.generate(prompts, NEW, stop_tokens=[]) == \
         hybrid.Engine(model).generate(prompts, NEW, stop_tokens=[])
     rate = eng.accepted_tokens / max(1, eng.draft_tokens)
-    best = {"plain": 0.0, "ngram": 0.0}
-    for i in range(4):  # alternating, best of each
-        for spec in ((False, True) if i % 2 == 0 else (True, False)):
-            best["ngram" if spec else "plain"] = max(best["ngram" if spec else "plain"],
-                                                     _hybrid(model, prompts, spec))
+    best = _alternating(model, prompts, {"speculative": "ngram", "num_speculative_tokens": K})
     peer = None
     try:
         import llama_cpp  # noqa: F401
@@ -112,14 +117,14 @@ def test_ngram_speculation(benchmark, files, which):
     except ImportError:
         pass
     benchmark.pedantic(lambda: None, rounds=1)
-    RESULTS.append(("speculative", f"{which} decode, n-gram drafts (k={K})", best["ngram"],
+    RESULTS.append(("speculative", f"{which} decode, n-gram drafts (k={K})", best["drafts"],
                     "tok/s", f"acceptance {rate:.0%}; output equal to without: {same}"))
     RESULTS.append(("speculative", f"{which} decode, without drafts", best["plain"], "tok/s", ""))
-    record_ratio("speculative", f"{which} n-gram drafts vs without", best["ngram"], best["plain"],
+    record_ratio("speculative", f"{which} n-gram drafts vs without", best["drafts"], best["plain"],
                  "target >= 1.8")
     if peer:
         RESULTS.append(("speculative", f"{which} llama.cpp decode", peer, "tok/s", ""))
-        record_ratio("speculative", f"{which} n-gram drafts vs llama.cpp", best["ngram"], peer,
+        record_ratio("speculative", f"{which} n-gram drafts vs llama.cpp", best["drafts"], peer,
                      "target >= 2")
     assert same
 
@@ -131,21 +136,17 @@ def test_draft_model_speculation(benchmark, files):
     draft = hybrid.load_model(files["smollm2 Q4_0"])
     prompts = _prompts(model)
     kw = {"speculative": "draft", "draft_model": draft, "num_speculative_tokens": K}
-    eng = hybrid.Engine(model, speculative="draft", draft_model=draft, num_speculative_tokens=K)
+    eng = hybrid.Engine(model, **kw)
     same = eng.generate(prompts, NEW, stop_tokens=[]) == \
         hybrid.Engine(model).generate(prompts, NEW, stop_tokens=[])
     rate = eng.accepted_tokens / max(1, eng.draft_tokens)
-    best = {"plain": 0.0, "draft": 0.0}
-    for i in range(4):  # alternating, best of each
-        for spec in ((False, True) if i % 2 == 0 else (True, False)):
-            key = "draft" if spec else "plain"
-            best[key] = max(best[key], _hybrid(model, prompts, kw if spec else False))
+    best = _alternating(model, prompts, kw)
     benchmark.pedantic(lambda: None, rounds=1)
     RESULTS.append(("speculative", f"smollm2 Q8_0 decode, Q4_0 draft model (k={K})",
-                    best["draft"], "tok/s", f"acceptance {rate:.0%}; output equal to without: "
+                    best["drafts"], "tok/s", f"acceptance {rate:.0%}; output equal to without: "
                                             f"{same}"))
     RESULTS.append(("speculative", "smollm2 Q8_0 decode, without drafts", best["plain"], "tok/s",
                     ""))
-    record_ratio("speculative", "smollm2 Q8_0 Q4_0-draft vs without", best["draft"],
+    record_ratio("speculative", "smollm2 Q8_0 Q4_0-draft vs without", best["drafts"],
                  best["plain"], "target >= 1.3")
     assert same

@@ -11,6 +11,7 @@ the peer, not by us.
 from __future__ import annotations
 
 import os
+import time
 
 import numpy as np
 
@@ -185,3 +186,35 @@ def q4_k_m_file(write, folder: str, name: str):
     dst = llama_quantize(src, os.path.join(folder, f"{name}-q4_k_m.gguf"), "Q4_K_M")
     os.remove(src)
     return dst, "Q4_K_M (llama.cpp's quantizer)"
+
+
+def hybrid_rounds(model, prompt, long, new: int, rounds: int = 3):
+    """(best prefill tok/s of ``long`` as prompt rows, best decode tok/s of ``new`` tokens after
+    ``prompt``) over ``rounds`` rounds of a hybrid Model."""
+    prefill, decode = [], []
+    for _ in range(rounds):
+        t0 = time.perf_counter()
+        model.forward(long, model.new_cache(), role="prompt")  # the engine's prompt rows
+        prefill.append(len(long) / (time.perf_counter() - t0))
+        model.generate(prompt, new, stop_tokens=[])
+        decode.append(model.last_stats.decode_tps)
+    return max(prefill), max(decode)
+
+
+def llama_cpp_rounds(llm, prompt, long, new: int, rounds: int = 3):
+    """The same for a llama_cpp.Llama: greedy decode by llm.eval, one token per call."""
+    prefill, decode = [], []
+    for _ in range(rounds):
+        llm.reset()
+        t0 = time.perf_counter()
+        llm.eval(long)
+        prefill.append(len(long) / (time.perf_counter() - t0))
+        llm.reset()
+        llm.eval(prompt)
+        tok = prompt[-1]
+        t0 = time.perf_counter()
+        for _ in range(new):
+            llm.eval([tok])
+            tok = int(np.argmax(llm.scores[llm.n_tokens - 1]))
+        decode.append(new / (time.perf_counter() - t0))
+    return max(prefill), max(decode)
