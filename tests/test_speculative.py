@@ -239,3 +239,44 @@ def test_q8_0_kv_cache_logits_and_drafts(model):
     eng = Engine(m8, max_batch=2, speculative="ngram", poison_unused=True)
     assert eng.generate(prompts, 32, stop_tokens=[]) == want
     assert eng.accepted_tokens > 0 and eng.pool.num_used == 0
+
+
+def test_sampled_drafts_keep_the_distribution():
+    """Temperature 1 with a draft model's drafts, on a model of 8 tokens: the second token is
+    sampled in a verify step after drafts (some kept, some rejected), and given the most common
+    first token it follows the model's softmax: a chi-square test over independent requests
+    (7 degrees of freedom, 0.1% level)."""
+    from hybrid.config import DecoderConfig
+    from hybrid.models import Model, ModelWeights
+    from hybrid.testing import random_weights
+
+    rng = np.random.default_rng(5)
+    cfg = DecoderConfig(hidden_size=64, num_heads=2, num_kv_heads=1, head_dim=32,
+                        intermediate_size=96)
+    vocab, hidden = 8, 64
+
+    def weights(head_noise):
+        head = (rng.standard_normal((vocab, hidden)) * 0.15).astype(np.float32)
+        return ModelWeights(arch="llama", config=cfg, final_norm=np.ones(hidden, np.float32),
+                            embed=embed, lm_head=head + head_noise,
+                            layers=layers, max_position=64)
+
+    embed = rng.standard_normal((vocab, hidden)).astype(np.float32)
+    layers = [random_weights(cfg, rng, std=0.05) for _ in range(2)]
+    model = Model(weights(0.0), kv_dtype="float32")
+    draft = Model(weights(0.0), kv_dtype="float32")  # another head: its drafts often differ
+    prompt = [1, 2, 3]
+    eng = Engine(model, max_batch=64, speculative="draft", draft_model=draft,
+                 num_speculative_tokens=3)
+    outs = eng.generate([prompt] * 3000, 4, stop_tokens=[], temperature=1.0)
+    firsts = np.array([o[0] for o in outs])
+    x = int(np.bincount(firsts, minlength=vocab).argmax())
+    seconds = np.array([o[1] for o in outs if o[0] == x])
+    logits = model.forward_step([(model.new_cache(), prompt + [x])])[0].astype(np.float64)
+    p = np.exp(logits - logits.max())
+    p /= p.sum()
+    expected = p * seconds.size
+    assert expected.min() >= 5, expected  # enough samples for the test
+    chi2 = float((((np.bincount(seconds, minlength=vocab) - expected) ** 2) / expected).sum())
+    assert chi2 < 24.32, (chi2, np.bincount(seconds, minlength=vocab), expected)
+    assert 0 < eng.accepted_tokens < eng.draft_tokens  # drafts were fed, kept and rejected
