@@ -46,7 +46,7 @@ typedef struct {
     float *acc;  /* [nq, D] running weighted sum of V */
 } hy_attn_scratch;
 
-enum { HY_ROWS_GENERIC = 0, HY_ROWS_F32 = 1, HY_ROWS_F16 = 2 };
+enum { HY_ROWS_GENERIC = 0, HY_ROWS_F32 = 1, HY_ROWS_F16 = 2, HY_ROWS_Q8 = 3 };
 
 /* What a KV block holds: float32, float16, or q8_0 rows (34 bytes per 32 values) */
 enum { HY_KV_F32 = 0, HY_KV_F16 = 1, HY_KV_Q8 = 2 };
@@ -85,6 +85,12 @@ static inline void hy_attn_update(const hy_attn_shape *sh, hy_attn_scratch *w, i
         else hy_qk1_f16(q, (const uint16_t *)k, c, D, w->s);
     } else
 #endif
+#if defined(HY_AVX2) && defined(HY_F16C)
+    if (mode == HY_ROWS_Q8) {
+        if (cnt == 4) hy_qk4_q8(q, (const uint8_t *)k, c, D, w->s, ldp);
+        else hy_qk1_q8(q, (const uint8_t *)k, c, D, w->s);
+    } else
+#endif
     {
         for (int g = 0; g < cnt; g++)
             for (int j = 0; j < c; j++)
@@ -120,6 +126,13 @@ static inline void hy_attn_update(const hy_attn_shape *sh, hy_attn_scratch *w, i
         return;
     }
 #endif
+#if defined(HY_AVX2) && defined(HY_F16C)
+    if (mode == HY_ROWS_Q8) {
+        if (cnt == 4) hy_pv4_q8(acc, alpha, w->s, ldp, (const uint8_t *)v, c, D);
+        else hy_pv1_q8(acc, alpha[0], w->s, (const uint8_t *)v, c, D);
+        return;
+    }
+#endif
     if (cnt == 4) hy_axpy_rows4(acc, alpha, w->s, ldp, (const float *)v, c, D);
     else hy_axpy_rows(acc, alpha[0], w->s, (const float *)v, c, D);
 }
@@ -149,12 +162,16 @@ static inline void hy_attn_task(const hy_attn_shape *sh, hy_attn_scratch *w, con
     const size_t rowb = hy_kv_row_bytes(sh->kv_type, D);
     const size_t stride = (size_t)sh->head_stride * hy_kv_unit_bytes(sh->kv_type); /* head g to g+1 */
     /* q8_0 rows are widened to float32 in the scratch, then take the float32 kernels */
-    const int mode = hy_attn_simd_ok(D, f16) ? (f16 ? HY_ROWS_F16 : HY_ROWS_F32) : HY_ROWS_GENERIC;
+    int mode = hy_attn_simd_ok(D, f16) ? (f16 ? HY_ROWS_F16 : HY_ROWS_F32) : HY_ROWS_GENERIC;
 #ifdef HY_AVX512  /* the AVX-512 many-row pass reads the block in place, q8_0 rows too */
     const int fused512 = mode != HY_ROWS_GENERIC && D % 16 == 0 && sh->window <= 0 && sh->softcap <= 0;
 #else
     const int fused512 = 0;
 #endif
+#if defined(HY_AVX2) && defined(HY_F16C)  /* the AVX2 kernels read q8_0 rows in place too */
+    if (q8 && mode != HY_ROWS_GENERIC) mode = HY_ROWS_Q8;
+#endif
+    const int widen = q8 && !fused512 && mode != HY_ROWS_Q8;  /* q8_0 rows through the scratch */
 
     /* scaled queries, [kv head, row, head in group, D] */
     for (int g = g0; g < g1; g++)
@@ -179,7 +196,7 @@ static inline void hy_attn_task(const hy_attn_shape *sh, hy_attn_scratch *w, con
             size_t off = (size_t)g * stride + (size_t)j0 * rowb;
             const void *k = (const char *)(intptr_t)kblk[b] + off;
             const void *v = (const char *)(intptr_t)vblk[b] + off;
-            if (q8 && !fused512) {  /* (the AVX-512 pass widens q8_0 rows in registers) */
+            if (widen) {  /* (the SIMD kernels widen q8_0 rows in registers) */
                 hy_q8_rows_to_f32((const uint8_t *)k, w->kbuf, c, D);
                 hy_q8_rows_to_f32((const uint8_t *)v, w->vbuf, c, D);
                 k = w->kbuf;
@@ -223,8 +240,8 @@ static inline void hy_attn_task(const hy_attn_shape *sh, hy_attn_scratch *w, con
                     long skip = row_pos[r] - sh->window + 1 - base;
                     if (skip >= cr) continue;
                     if (skip > 0) {
-                        size_t eb = (size_t)skip * (q8 || mode == HY_ROWS_GENERIC ? 4 * (size_t)D
-                                                                                 : rowb);
+                        size_t eb = (size_t)skip * (widen || mode == HY_ROWS_GENERIC ? 4 * (size_t)D
+                                                                                    : rowb);
                         kr = (const char *)k + eb;
                         vr = (const char *)v + eb;
                         cr -= (int)skip;

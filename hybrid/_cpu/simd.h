@@ -519,11 +519,12 @@ static inline int hy_attn_simd_ok(long n, int f16) {
 }
 
 #ifdef HY_AVX2
-#define HY_LD_F32(p) _mm256_loadu_ps((const float *)(p))
+#define HY_LD_F32(r, d) _mm256_loadu_ps((const float *)(r) + (d))
+#define HY_RB_N(n) (n)
 #ifdef HY_F16C
-#define HY_LD_F16(p) _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(p)))
+#define HY_LD_F16(r, d) _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)((r) + (d))))
 #else
-#define HY_LD_F16(p) _mm256_setzero_ps() /* never used: hy_attn_simd_ok refuses */
+#define HY_LD_F16(r, d) _mm256_setzero_ps() /* never used: hy_attn_simd_ok refuses */
 #endif
 #define HY_FMA _mm256_fmadd_ps
 /* Software prefetch for attention over the cache's blocks.  Inside a block a KV head's K rows,
@@ -564,15 +565,15 @@ static inline void hy_rescale4(float *acc, const float *alpha, long n) {
 }
 
 /* s[g*ldp + j] = q_g . row_j   for g < 4, j < c;  q [4, n] float32, rows [c, n] of T */
-#define HY_DEFINE_QK4(NAME, T, LD)                                                               \
+#define HY_DEFINE_QK4(NAME, T, LD, RB)                                                               \
     static inline void NAME(const float *q, const T *k, int c, long n, float *s, int ldp) {     \
         const float *q0 = q, *q1 = q + n, *q2 = q + 2 * n, *q3 = q + 3 * n;                      \
         for (int j = 0; j < c; j++) {                                                            \
-            const T *k0 = k + (long)j * n;                                                       \
-            HY_ATTN_PREFETCH(k0, n * (long)sizeof(T));                                           \
+            const T *k0 = k + (long)j * RB(n);                                                       \
+            HY_ATTN_PREFETCH(k0, RB(n) * (long)sizeof(T));                                           \
             __m256 a0 = _mm256_setzero_ps(), a1 = a0, a2 = a0, a3 = a0;                          \
             for (long d = 0; d < n; d += 8) {                                                    \
-                __m256 x0 = LD(k0 + d);                                                          \
+                __m256 x0 = LD(k0, d);                                                          \
                 a0 = HY_FMA(_mm256_loadu_ps(q0 + d), x0, a0);                                    \
                 a1 = HY_FMA(_mm256_loadu_ps(q1 + d), x0, a1);                                    \
                 a2 = HY_FMA(_mm256_loadu_ps(q2 + d), x0, a2);                                    \
@@ -585,17 +586,17 @@ static inline void hy_rescale4(float *acc, const float *alpha, long n) {
     }
 
 /* The same, two keys per pass (eight independent FMA chains): used for float16 rows. */
-#define HY_DEFINE_QK4_PAIRS(NAME, T, LD, SINGLE)                                                               \
+#define HY_DEFINE_QK4_PAIRS(NAME, T, LD, RB, SINGLE)                                                               \
     static inline void NAME(const float *q, const T *k, int c, long n, float *s, int ldp) {     \
         const float *q0 = q, *q1 = q + n, *q2 = q + 2 * n, *q3 = q + 3 * n;                      \
         int j = 0;                                                                               \
         for (; j + 2 <= c; j += 2) {                                                             \
-            const T *k0 = k + (long)j * n, *k1 = k0 + n;                                         \
-            HY_ATTN_PREFETCH(k0, 2 * n * (long)sizeof(T));                                       \
+            const T *k0 = k + (long)j * RB(n), *k1 = k0 + RB(n);                                         \
+            HY_ATTN_PREFETCH(k0, 2 * RB(n) * (long)sizeof(T));                                       \
             __m256 a00 = _mm256_setzero_ps(), a01 = a00, a10 = a00, a11 = a00;                   \
             __m256 a20 = a00, a21 = a00, a30 = a00, a31 = a00;                                   \
             for (long d = 0; d < n; d += 8) {                                                    \
-                __m256 x0 = LD(k0 + d), x1 = LD(k1 + d), qv;                                     \
+                __m256 x0 = LD(k0, d), x1 = LD(k1, d), qv;                                     \
                 qv = _mm256_loadu_ps(q0 + d); a00 = HY_FMA(qv, x0, a00); a01 = HY_FMA(qv, x1, a01); \
                 qv = _mm256_loadu_ps(q1 + d); a10 = HY_FMA(qv, x0, a10); a11 = HY_FMA(qv, x1, a11); \
                 qv = _mm256_loadu_ps(q2 + d); a20 = HY_FMA(qv, x0, a20); a21 = HY_FMA(qv, x1, a21); \
@@ -606,48 +607,48 @@ static inline void hy_rescale4(float *acc, const float *alpha, long n) {
             _mm_storeu_ps(t1, hy_hsum4x256(a01, a11, a21, a31));                                 \
             for (int g = 0; g < 4; g++) { s[g * ldp + j] = t0[g]; s[g * ldp + j + 1] = t1[g]; }  \
         }                                                                                        \
-        if (j < c) SINGLE(q, k + (long)j * n, c - j, n, s + j, ldp);                            \
+        if (j < c) SINGLE(q, k + (long)j * RB(n), c - j, n, s + j, ldp);                            \
     }
 
 /* s[j] = q . row_j for j < c (one query, four keys per pass) */
-#define HY_DEFINE_QK1(NAME, T, LD)                                                               \
+#define HY_DEFINE_QK1(NAME, T, LD, RB)                                                               \
     static inline void NAME(const float *q, const T *k, int c, long n, float *s) {              \
         int j = 0;                                                                               \
         for (; j + 4 <= c; j += 4) {                                                             \
-            const T *k0 = k + (long)j * n, *k1 = k0 + n, *k2 = k1 + n, *k3 = k2 + n;             \
-            HY_ATTN_PREFETCH(k0, 4 * n * (long)sizeof(T));                                       \
+            const T *k0 = k + (long)j * RB(n), *k1 = k0 + RB(n), *k2 = k1 + RB(n), *k3 = k2 + RB(n);             \
+            HY_ATTN_PREFETCH(k0, 4 * RB(n) * (long)sizeof(T));                                       \
             __m256 a0 = _mm256_setzero_ps(), a1 = a0, a2 = a0, a3 = a0;                          \
             for (long d = 0; d < n; d += 8) {                                                    \
                 __m256 qv = _mm256_loadu_ps(q + d);                                              \
-                a0 = HY_FMA(qv, LD(k0 + d), a0);                                                 \
-                a1 = HY_FMA(qv, LD(k1 + d), a1);                                                 \
-                a2 = HY_FMA(qv, LD(k2 + d), a2);                                                 \
-                a3 = HY_FMA(qv, LD(k3 + d), a3);                                                 \
+                a0 = HY_FMA(qv, LD(k0, d), a0);                                                 \
+                a1 = HY_FMA(qv, LD(k1, d), a1);                                                 \
+                a2 = HY_FMA(qv, LD(k2, d), a2);                                                 \
+                a3 = HY_FMA(qv, LD(k3, d), a3);                                                 \
             }                                                                                    \
             _mm_storeu_ps(s + j, hy_hsum4x256(a0, a1, a2, a3));                                  \
         }                                                                                        \
         for (; j < c; j++) {                                                                     \
-            const T *k0 = k + (long)j * n;                                                       \
+            const T *k0 = k + (long)j * RB(n);                                                       \
             __m256 a0 = _mm256_setzero_ps();                                                     \
-            for (long d = 0; d < n; d += 8) a0 = HY_FMA(_mm256_loadu_ps(q + d), LD(k0 + d), a0); \
+            for (long d = 0; d < n; d += 8) a0 = HY_FMA(_mm256_loadu_ps(q + d), LD(k0, d), a0); \
             s[j] = hy_hsum256(a0);                                                               \
         }                                                                                        \
     }
 
 /* acc[g, :] = alpha[g] * acc[g, :] + sum_j p[g*ldp + j] * row_j   for g < 4.
  * Rows are read strictly front to back, one at a time; the accumulators live in L1. */
-#define HY_DEFINE_PV4(NAME, T, LD)                                                               \
+#define HY_DEFINE_PV4(NAME, T, LD, RB)                                                               \
     static inline void NAME(float *acc, const float *alpha, const float *p, int ldp,            \
                             const T *v, int c, long n) {                                         \
         hy_rescale4(acc, alpha, n);                                                              \
         float *c0 = acc, *c1 = acc + n, *c2 = acc + 2 * n, *c3 = acc + 3 * n;                    \
         for (int j = 0; j < c; j++) {                                                            \
-            const T *r0 = v + (long)j * n;                                                       \
-            HY_ATTN_PREFETCH(r0, n * (long)sizeof(T));                                           \
+            const T *r0 = v + (long)j * RB(n);                                                       \
+            HY_ATTN_PREFETCH(r0, RB(n) * (long)sizeof(T));                                           \
             const __m256 p0 = _mm256_broadcast_ss(p + j), p1 = _mm256_broadcast_ss(p + ldp + j); \
             const __m256 p2 = _mm256_broadcast_ss(p + 2 * ldp + j), p3 = _mm256_broadcast_ss(p + 3 * ldp + j); \
             for (long d = 0; d < n; d += 8) {                                                    \
-                __m256 x0 = LD(r0 + d);                                                          \
+                __m256 x0 = LD(r0, d);                                                          \
                 _mm256_storeu_ps(c0 + d, HY_FMA(p0, x0, _mm256_loadu_ps(c0 + d)));               \
                 _mm256_storeu_ps(c1 + d, HY_FMA(p1, x0, _mm256_loadu_ps(c1 + d)));               \
                 _mm256_storeu_ps(c2 + d, HY_FMA(p2, x0, _mm256_loadu_ps(c2 + d)));               \
@@ -658,21 +659,21 @@ static inline void hy_rescale4(float *acc, const float *alpha, long n) {
 
 /* The same, two rows per pass: half the accumulator loads and stores.  Used for float16 rows,
  * where the kernel is bound by those stores rather than by memory. */
-#define HY_DEFINE_PV4_PAIRS(NAME, T, LD, SINGLE)                                                               \
+#define HY_DEFINE_PV4_PAIRS(NAME, T, LD, RB, SINGLE)                                                               \
     static inline void NAME(float *acc, const float *alpha, const float *p, int ldp,            \
                             const T *v, int c, long n) {                                         \
         hy_rescale4(acc, alpha, n);                                                              \
         float *c0 = acc, *c1 = acc + n, *c2 = acc + 2 * n, *c3 = acc + 3 * n;                    \
         int j = 0;                                                                               \
         for (; j + 2 <= c; j += 2) {                                                             \
-            const T *r0 = v + (long)j * n, *r1 = r0 + n;                                         \
-            HY_ATTN_PREFETCH(r0, 2 * n * (long)sizeof(T));                                       \
+            const T *r0 = v + (long)j * RB(n), *r1 = r0 + RB(n);                                         \
+            HY_ATTN_PREFETCH(r0, 2 * RB(n) * (long)sizeof(T));                                       \
             const __m256 p00 = _mm256_broadcast_ss(p + j), p01 = _mm256_broadcast_ss(p + j + 1); \
             const __m256 p10 = _mm256_broadcast_ss(p + ldp + j), p11 = _mm256_broadcast_ss(p + ldp + j + 1); \
             const __m256 p20 = _mm256_broadcast_ss(p + 2 * ldp + j), p21 = _mm256_broadcast_ss(p + 2 * ldp + j + 1); \
             const __m256 p30 = _mm256_broadcast_ss(p + 3 * ldp + j), p31 = _mm256_broadcast_ss(p + 3 * ldp + j + 1); \
             for (long d = 0; d < n; d += 8) {                                                    \
-                __m256 x0 = LD(r0 + d), x1 = LD(r1 + d);                                         \
+                __m256 x0 = LD(r0, d), x1 = LD(r1, d);                                         \
                 _mm256_storeu_ps(c0 + d, HY_FMA(p01, x1, HY_FMA(p00, x0, _mm256_loadu_ps(c0 + d)))); \
                 _mm256_storeu_ps(c1 + d, HY_FMA(p11, x1, HY_FMA(p10, x0, _mm256_loadu_ps(c1 + d)))); \
                 _mm256_storeu_ps(c2 + d, HY_FMA(p21, x1, HY_FMA(p20, x0, _mm256_loadu_ps(c2 + d)))); \
@@ -681,47 +682,64 @@ static inline void hy_rescale4(float *acc, const float *alpha, long n) {
         }                                                                                        \
         if (j < c) { /* an odd last row: the one-row version, nothing left to rescale */         \
             const float ones[4] = {1.0f, 1.0f, 1.0f, 1.0f};                                      \
-            SINGLE(acc, ones, p + j, ldp, v + (long)j * n, c - j, n);                            \
+            SINGLE(acc, ones, p + j, ldp, v + (long)j * RB(n), c - j, n);                            \
         }                                                                                        \
     }
 
 /* acc[:] = alpha * acc[:] + sum_j p[j] * row_j  (one query, four rows per pass, in order) */
-#define HY_DEFINE_PV1(NAME, T, LD)                                                               \
+#define HY_DEFINE_PV1(NAME, T, LD, RB)                                                               \
     static inline void NAME(float *acc, float alpha, const float *p, const T *v, int c, long n) { \
         const __m256 sa = _mm256_set1_ps(alpha);                                                 \
         for (long d = 0; alpha != 1.0f && d < n; d += 8)                                         \
             _mm256_storeu_ps(acc + d, _mm256_mul_ps(_mm256_loadu_ps(acc + d), sa));              \
         int j = 0;                                                                               \
         for (; j + 4 <= c; j += 4) {                                                             \
-            const T *r0 = v + (long)j * n, *r1 = r0 + n, *r2 = r1 + n, *r3 = r2 + n;             \
-            HY_ATTN_PREFETCH(r0, 4 * n * (long)sizeof(T));                                       \
+            const T *r0 = v + (long)j * RB(n), *r1 = r0 + RB(n), *r2 = r1 + RB(n), *r3 = r2 + RB(n);             \
+            HY_ATTN_PREFETCH(r0, 4 * RB(n) * (long)sizeof(T));                                       \
             const __m256 p0 = _mm256_broadcast_ss(p + j), p1 = _mm256_broadcast_ss(p + j + 1);  \
             const __m256 p2 = _mm256_broadcast_ss(p + j + 2), p3 = _mm256_broadcast_ss(p + j + 3); \
             for (long d = 0; d < n; d += 8) {                                                    \
                 __m256 a = _mm256_loadu_ps(acc + d);                                             \
-                a = HY_FMA(p0, LD(r0 + d), a); a = HY_FMA(p1, LD(r1 + d), a);                    \
-                a = HY_FMA(p2, LD(r2 + d), a); a = HY_FMA(p3, LD(r3 + d), a);                    \
+                a = HY_FMA(p0, LD(r0, d), a); a = HY_FMA(p1, LD(r1, d), a);                    \
+                a = HY_FMA(p2, LD(r2, d), a); a = HY_FMA(p3, LD(r3, d), a);                    \
                 _mm256_storeu_ps(acc + d, a);                                                    \
             }                                                                                    \
         }                                                                                        \
         for (; j < c; j++) {                                                                     \
-            const T *r0 = v + (long)j * n;                                                       \
+            const T *r0 = v + (long)j * RB(n);                                                       \
             const __m256 p0 = _mm256_broadcast_ss(p + j);                                        \
             for (long d = 0; d < n; d += 8)                                                      \
-                _mm256_storeu_ps(acc + d, HY_FMA(p0, LD(r0 + d), _mm256_loadu_ps(acc + d)));     \
+                _mm256_storeu_ps(acc + d, HY_FMA(p0, LD(r0, d), _mm256_loadu_ps(acc + d)));     \
         }                                                                                        \
     }
 
-HY_DEFINE_QK4(hy_qk4_f32, float, HY_LD_F32)
-HY_DEFINE_QK4(hy_qk4_f16_rows, uint16_t, HY_LD_F16)
-HY_DEFINE_QK4_PAIRS(hy_qk4_f16, uint16_t, HY_LD_F16, hy_qk4_f16_rows)
-HY_DEFINE_QK1(hy_qk1_f32, float, HY_LD_F32)
-HY_DEFINE_QK1(hy_qk1_f16, uint16_t, HY_LD_F16)
-HY_DEFINE_PV4(hy_pv4_f32, float, HY_LD_F32)
-HY_DEFINE_PV4(hy_pv4_f16_rows, uint16_t, HY_LD_F16)
-HY_DEFINE_PV4_PAIRS(hy_pv4_f16, uint16_t, HY_LD_F16, hy_pv4_f16_rows)
-HY_DEFINE_PV1(hy_pv1_f32, float, HY_LD_F32)
-HY_DEFINE_PV1(hy_pv1_f16, uint16_t, HY_LD_F16)
+HY_DEFINE_QK4(hy_qk4_f32, float, HY_LD_F32, HY_RB_N)
+HY_DEFINE_QK4(hy_qk4_f16_rows, uint16_t, HY_LD_F16, HY_RB_N)
+HY_DEFINE_QK4_PAIRS(hy_qk4_f16, uint16_t, HY_LD_F16, HY_RB_N, hy_qk4_f16_rows)
+HY_DEFINE_QK1(hy_qk1_f32, float, HY_LD_F32, HY_RB_N)
+HY_DEFINE_QK1(hy_qk1_f16, uint16_t, HY_LD_F16, HY_RB_N)
+HY_DEFINE_PV4(hy_pv4_f32, float, HY_LD_F32, HY_RB_N)
+HY_DEFINE_PV4(hy_pv4_f16_rows, uint16_t, HY_LD_F16, HY_RB_N)
+HY_DEFINE_PV4_PAIRS(hy_pv4_f16, uint16_t, HY_LD_F16, HY_RB_N, hy_pv4_f16_rows)
+HY_DEFINE_PV1(hy_pv1_f32, float, HY_LD_F32, HY_RB_N)
+HY_DEFINE_PV1(hy_pv1_f16, uint16_t, HY_LD_F16, HY_RB_N)
+/* q8_0 rows (n / 32 * 34 bytes): 8 values at column d as factor times value, the product the
+ * scalar widening (hy_q8_rows_to_f32) forms, so these give the float32 kernels' bits on the
+ * widened rows */
+#ifdef HY_F16C
+static inline __m256 hy_ld_q8(const uint8_t *row, long d) {
+    const uint8_t *blk = row + 34 * (d >> 5);
+    uint16_t h;
+    memcpy(&h, blk, 2);
+    return _mm256_mul_ps(_mm256_set1_ps(_cvtsh_ss(h)), _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(
+        _mm_loadl_epi64((const __m128i *)(blk + 2 + (d & 31))))));
+}
+#define HY_RB_Q8(n) ((n) / 32 * 34)
+HY_DEFINE_QK4(hy_qk4_q8, uint8_t, hy_ld_q8, HY_RB_Q8)
+HY_DEFINE_QK1(hy_qk1_q8, uint8_t, hy_ld_q8, HY_RB_Q8)
+HY_DEFINE_PV4(hy_pv4_q8, uint8_t, hy_ld_q8, HY_RB_Q8)
+HY_DEFINE_PV1(hy_pv1_q8, uint8_t, hy_ld_q8, HY_RB_Q8)
+#endif
 #endif /* HY_AVX2 */
 
 #endif /* HYBRID_SIMD_H */
