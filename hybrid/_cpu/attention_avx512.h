@@ -51,6 +51,17 @@ HY512_AI __m512 hy512_ld(const void *base, long j, int d, int D, const int kv) {
     return _mm512_loadu_ps((const float *)base + j * D + d);
 }
 
+/* the 32 values of row j's q8_0 block at column d (d % 32 == 0), the two halves of
+ * hy512_ld's, with the factor read once */
+HY512_AI void hy512_ld_q8_block(const void *base, long j, int d, int D, __m512 *lo, __m512 *hi) {
+    const uint8_t *blk = (const uint8_t *)base + j * hy512_row_bytes(HY512_Q8, D) + 34 * (d >> 5);
+    uint16_t h;
+    memcpy(&h, blk, 2);
+    const __m512 f = _mm512_set1_ps(_cvtsh_ss(h));
+    *lo = _mm512_mul_ps(f, _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i *)(blk + 2)))));
+    *hi = _mm512_mul_ps(f, _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i *)(blk + 18)))));
+}
+
 /* [sum(a), sum(b), sum(c), sum(d)] with one fixed reduction order for every lane */
 HY512_AI __m128 hy512_hsum4(__m512 a, __m512 b, __m512 c, __m512 d) {
     const __m256 a8 = _mm256_add_ps(_mm512_castps512_ps256(a), _mm512_extractf32x8_ps(a, 1));
@@ -74,13 +85,27 @@ HY512_AI void hy512_scores(const int NQ, const int kv, const float *q, const voi
         /* software prefetch of this pass's K rows, a fixed distance on (simd.h; the
          * value passes do the same for their V rows) */
         HY_ATTN_PREFETCH((const char *)k + (long)j * row, 2 * row);
-        for (int d = 0; d < D; d += 16) {
-            const __m512 x0 = hy512_ld(k, j, d, D, kv);
-            const __m512 x1 = hy512_ld(k, j + 1, d, D, kv);
-            for (int g = 0; g < NQ; g++) {
-                const __m512 qv = _mm512_loadu_ps(q + g * D + d);
-                a0[g] = _mm512_fmadd_ps(qv, x0, a0[g]);
-                a1[g] = _mm512_fmadd_ps(qv, x1, a1[g]);
+        if (kv == HY512_Q8) {  /* a block (32 values, one factor) of each key per step */
+            for (int d = 0; d < D; d += 32) {
+                __m512 x0[2], x1[2];
+                hy512_ld_q8_block(k, j, d, D, &x0[0], &x0[1]);
+                hy512_ld_q8_block(k, j + 1, d, D, &x1[0], &x1[1]);
+                for (int h = 0; h < 2; h++)
+                    for (int g = 0; g < NQ; g++) {
+                        const __m512 qv = _mm512_loadu_ps(q + g * D + d + 16 * h);
+                        a0[g] = _mm512_fmadd_ps(qv, x0[h], a0[g]);
+                        a1[g] = _mm512_fmadd_ps(qv, x1[h], a1[g]);
+                    }
+            }
+        } else {
+            for (int d = 0; d < D; d += 16) {
+                const __m512 x0 = hy512_ld(k, j, d, D, kv);
+                const __m512 x1 = hy512_ld(k, j + 1, d, D, kv);
+                for (int g = 0; g < NQ; g++) {
+                    const __m512 qv = _mm512_loadu_ps(q + g * D + d);
+                    a0[g] = _mm512_fmadd_ps(qv, x0, a0[g]);
+                    a1[g] = _mm512_fmadd_ps(qv, x1, a1[g]);
+                }
             }
         }
         float t0[4], t1[4];
@@ -164,9 +189,18 @@ HY512_AI void hy512_values(const int NQ, const int W, const int kv, float *acc, 
         HY_ATTN_PREFETCH((const char *)v + j * row + at, kv == HY512_Q8 ? W * 17 : W * 16 * (kv ? 2 : 4));
         __m512 pg[4];
         for (int g = 0; g < NQ; g++) pg[g] = _mm512_set1_ps(p[g * ldp + j]);
-        for (int t = 0; t < W; t++) {
-            const __m512 x = hy512_ld(v, j, d + 16 * t, D, kv);
-            for (int g = 0; g < NQ; g++) a[g][t] = _mm512_fmadd_ps(pg[g], x, a[g][t]);
+        if (kv == HY512_Q8 && W % 2 == 0) {  /* whole blocks: one factor per 32 values */
+            for (int t = 0; t < W; t += 2) {
+                __m512 x[2];
+                hy512_ld_q8_block(v, j, d + 16 * t, D, &x[0], &x[1]);
+                for (int h = 0; h < 2; h++)
+                    for (int g = 0; g < NQ; g++) a[g][t + h] = _mm512_fmadd_ps(pg[g], x[h], a[g][t + h]);
+            }
+        } else {
+            for (int t = 0; t < W; t++) {
+                const __m512 x = hy512_ld(v, j, d + 16 * t, D, kv);
+                for (int g = 0; g < NQ; g++) a[g][t] = _mm512_fmadd_ps(pg[g], x, a[g][t]);
+            }
         }
     }
     for (int g = 0; g < NQ; g++)
