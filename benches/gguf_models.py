@@ -87,9 +87,9 @@ def copy_tokenizer(src: str, writer) -> int:
 
 def random_llama_gguf(tokenizer_src: str, dst: str, *, layers: int = 4, hidden: int = 2048,
                       heads: int = 32, kv_heads: int = 8, head_dim: int = 64,
-                      intermediate: int = 8192, seed: int = 0) -> str:
+                      intermediate: int = 8192, seed: int = 0, context: int = 4096) -> str:
     """A Llama-3.2-1B-shaped float32 GGUF with random weights (std 0.02, unit norms) and the
-    tokenizer of ``tokenizer_src``."""
+    tokenizer of ``tokenizer_src``, declaring ``context`` tokens."""
     import gguf
 
     writer = gguf.GGUFWriter(dst, "llama")
@@ -103,7 +103,7 @@ def random_llama_gguf(tokenizer_src: str, dst: str, *, layers: int = 4, hidden: 
     writer.add_value_length(head_dim)
     writer.add_layer_norm_rms_eps(1e-5)
     writer.add_rope_freq_base(500000.0)
-    writer.add_context_length(4096)
+    writer.add_context_length(context)
     writer.add_rope_dimension_count(head_dim)
     rng = np.random.default_rng(seed)
 
