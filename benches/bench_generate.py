@@ -11,6 +11,7 @@ import numpy as np
 import pytest
 
 import hybrid
+import gguf_models
 from conftest import RESULTS, THREADS, figure, paired_with_probe, rate, record, record_ratio
 
 PROMPT_TOKENS, NEW_TOKENS = 256, 128
@@ -178,7 +179,7 @@ def test_llama_cpp_peer(benchmark, prompt, which, request):
     t0 = time.perf_counter()
     for _ in range(NEW_TOKENS):
         llm.eval([tok])
-        tok = int(np.argmax(llm.scores[llm.n_tokens - 1]))
+        tok = gguf_models.llama_cpp_next(llm)
     decode = time.perf_counter() - t0
     benchmark.pedantic(lambda: None, rounds=1)
     _quote(f"llama.cpp {which} prefill", PROMPT_TOKENS / prefill)

@@ -63,23 +63,17 @@ def test_llama_cpp_decode_at_16k_q8_0(benchmark, long_file):
     t0 = time.perf_counter()
     llm.eval(prompt)
     prefill = len(prompt) / (time.perf_counter() - t0)
-    tok = _last_argmax(llm)
+    tok = gguf_models.llama_cpp_next(llm)
     t0 = time.perf_counter()
     for _ in range(NEW - 1):
         llm.eval([tok])
-        tok = _last_argmax(llm)
+        tok = gguf_models.llama_cpp_next(llm)
     decode = (NEW - 1) / (time.perf_counter() - t0)
     benchmark.pedantic(lambda: None, rounds=1)
     _tps["llama.cpp q8_0"] = decode
     RESULTS.append(("long context", f"llama.cpp decode at {CTX}, q8_0 KV", decode, "tok/s",
                     f"prefill {prefill:.0f} tok/s"))
     _ratios()
-
-
-def _last_argmax(llm) -> int:
-    """The greedy next token from the context's last logits (llm.scores holds n_batch rows,
-    and only with logits_all)."""
-    return int(np.argmax(np.ctypeslib.as_array(llm._ctx.get_logits(), shape=(llm.n_vocab(),))))
 
 
 def _ratios():

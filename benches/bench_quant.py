@@ -21,6 +21,7 @@ import numpy as np
 import pytest
 
 import hybrid
+import gguf_models
 from conftest import RESULTS, THREADS, figure, record, record_ratio
 
 from hybrid._cpu import quant as kernels
@@ -118,11 +119,11 @@ def _llama_cpp(path):
     t0 = time.perf_counter()
     llm.eval(prompt)
     prefill = PROMPT_TOKENS / (time.perf_counter() - t0)
-    tok = int(np.argmax(llm.scores[llm.n_tokens - 1]))
+    tok = gguf_models.llama_cpp_next(llm)
     t0 = time.perf_counter()
     for _ in range(NEW_TOKENS):
         llm.eval([tok])
-        tok = int(np.argmax(llm.scores[llm.n_tokens - 1]))
+        tok = gguf_models.llama_cpp_next(llm)
     return prefill, NEW_TOKENS / (time.perf_counter() - t0)
 
 

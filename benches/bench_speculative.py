@@ -14,6 +14,7 @@ import numpy as np
 import pytest
 
 import hybrid
+import gguf_models
 from conftest import RESULTS, THREADS, record_ratio
 
 NEW, K = 96, 4
@@ -87,11 +88,11 @@ def _llama_cpp(path, prompts):
     for ids in prompts:
         llm.reset()
         llm.eval(ids)
-        tok = int(np.argmax(llm.scores[llm.n_tokens - 1]))
+        tok = gguf_models.llama_cpp_next(llm)
         t0 = time.perf_counter()
         for _ in range(NEW - 1):
             llm.eval([tok])
-            tok = int(np.argmax(llm.scores[llm.n_tokens - 1]))
+            tok = gguf_models.llama_cpp_next(llm)
         seconds += time.perf_counter() - t0
         tokens += NEW - 1
     return tokens / seconds

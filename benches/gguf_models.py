@@ -215,6 +215,12 @@ def llama_cpp_rounds(llm, prompt, long, new: int, rounds: int = 3):
         t0 = time.perf_counter()
         for _ in range(new):
             llm.eval([tok])
-            tok = int(np.argmax(llm.scores[llm.n_tokens - 1]))
+            tok = llama_cpp_next(llm)
         decode.append(new / (time.perf_counter() - t0))
     return max(prefill), max(decode)
+
+
+def llama_cpp_next(llm) -> int:
+    """llama.cpp's greedy next token, from its context's logits of the last evaluated token
+    (Llama.scores holds them only with logits_all)."""
+    return int(np.argmax(np.ctypeslib.as_array(llm._ctx.get_logits(), shape=(llm.n_vocab(),))))
