@@ -94,7 +94,7 @@ def test_draft_model_output_equals_decoding_without_drafts(model, draft, samplin
                      draft_model=draft, num_speculative_tokens=4, poison_unused=True)
         assert eng.generate(prompts, 40, stop_tokens=[], **sampling) == want
         assert 0 < eng.accepted_tokens < eng.draft_tokens
-        assert eng.pool.num_used == 0 and eng._proposer.pool.num_used == 0  # nothing leaked
+        assert eng.pool.num_used == 0 and eng.draft_pool.num_used == 0  # nothing leaked
 
 
 def test_drafts_are_the_draft_models_greedy_tokens_whatever_the_history(model, draft):
@@ -129,6 +129,24 @@ def test_a_request_can_turn_drafts_off_or_down(model, draft):
     assert 0 < eng.draft_tokens <= 23  # at most one per step
     with pytest.raises(ValueError, match=r"num_speculative_tokens must be an integer in \[0, 16\]"):
         hybrid.GenerationParams(8, num_speculative_tokens=17)
+
+
+def test_a_request_picks_its_own_method(model, draft):
+    """GenerationParams.speculative overrides the engine's method: n-gram drafts on an engine
+    without speculation, or on one with a draft model (which then never runs); the output is
+    the same as without drafts.  A draft-model request needs an engine with a draft model."""
+    prompts = _prompts(model)[:2]
+    want = Engine(model).generate(prompts, 24, stop_tokens=[])
+    plain = Engine(model)
+    assert plain.generate(prompts, 24, stop_tokens=[], speculative="ngram") == want
+    assert plain.draft_tokens > 0
+    eng = Engine(model, speculative="draft", draft_model=draft)
+    assert eng.generate(prompts, 24, stop_tokens=[], speculative="ngram") == want
+    assert eng.draft_tokens > 0 and eng.draft_pool.num_allocated == 0
+    with pytest.raises(ValueError, match='speculative="draft" needs an engine with a draft'):
+        plain.add_request(prompts[0], hybrid.GenerationParams(8, speculative="draft"))
+    with pytest.raises(ValueError, match="speculative must be 'ngram', 'draft' or None"):
+        hybrid.GenerationParams(8, speculative="eagle")
 
 
 def test_bad_settings_are_refused(model, draft):

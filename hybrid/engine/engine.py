@@ -102,6 +102,11 @@ class Engine:
         self.accepted_tokens = 0
         self._mask_thread = None  # computes constraint masks while the model runs a step
 
+    @property
+    def draft_pool(self):
+        """The draft model's KV pool (speculative="draft"), or None."""
+        return None if self._proposer is None else self._proposer.pool
+
     # -- requests ---------------------------------------------------------------------------
     def add_request(self, ids, params: "GenerationParams | None" = None,
                     request_id: "str | None" = None) -> str:
@@ -135,6 +140,9 @@ class Engine:
         if far:
             raise ValueError(f"logit_bias names token {far[0]}; the vocabulary has "
                              f"{self.model.vocab_size} tokens")
+        if params.speculative == "draft" and self._proposer is None:
+            raise ValueError('speculative="draft" needs an engine with a draft model '
+                             '(Engine(speculative="draft", draft_model=...))')
         stops = self.model.stop_ids(params.stop_tokens)
         req = Request(prompt, params, stops, self.model.tokenizer, arrival=next(self._arrivals))
         if params.constraint is not None:
@@ -223,12 +231,14 @@ class Engine:
         return outputs
 
     def _drafts(self, decodes: list) -> dict:
-        """{request id: draft tokens} for the decoding requests that speculate in this step,
-        their slots taken (a request whose slots the pool cannot give decodes one token)."""
-        if self.speculative is None:
-            return {}
-        wants = []  # (request, most drafts)
+        """{request id: draft tokens} for the decoding requests that speculate in this step (by
+        their own method, or the engine's), their slots taken (a request whose slots the pool
+        cannot give decodes one token)."""
+        wants = {"ngram": [], "draft": []}  # method -> [(request, most drafts)]
         for r in decodes:
+            method = r.params.speculative or self.speculative
+            if method is None:
+                continue
             if r.draft_pause > 0:  # its drafts were rejected lately: plain decode steps first
                 r.draft_pause -= 1
                 continue
@@ -238,13 +248,13 @@ class Engine:
                        r.params.max_new_tokens - len(r.generated) - 1,
                        self.max_tokens - len(r.prompt) - len(r.generated) - 1)
             if r.matcher is None and room >= 1:
-                wants.append((r, room))
-        if self._proposer is not None:
-            found = self._proposer.propose([(r.request_id, r.tokens, k) for r, k in wants])
-        else:
-            found = {r.request_id: ngram_drafts(r.tokens, k) for r, k in wants}
+                wants[method].append((r, room))
+        found = {r.request_id: ngram_drafts(r.tokens, k) for r, k in wants["ngram"]}
+        if wants["draft"]:
+            found.update(self._proposer.propose([(r.request_id, r.tokens, k)
+                                                 for r, k in wants["draft"]]))
         out = {}
-        for r, _ in wants:
+        for r, _ in wants["ngram"] + wants["draft"]:
             d = found.get(r.request_id)
             if not d:
                 continue

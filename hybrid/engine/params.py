@@ -30,8 +30,9 @@ class GenerationParams:
     is cut before the stop string).  detokenize False skips the text (token ids only) where no
     stop string needs it.  ``constraint`` (hybrid.structured.Constraint: a JSON schema, regex,
     choice or grammar) masks the logits so that the output matches it; it ends the request
-    ("stop") once nothing more can follow.  num_speculative_tokens (0..16) caps this request's
-    draft tokens per step where the engine speculates (0: none; None: the engine's number).
+    ("stop") once nothing more can follow.  speculative ("ngram" or "draft"; None: the
+    engine's) picks this request's drafts, and num_speculative_tokens (0..16) caps them per step
+    (0: none; None: the engine's number); "draft" needs an engine with a draft model.
     """
 
     max_new_tokens: int = 32
@@ -50,8 +51,12 @@ class GenerationParams:
     detokenize: bool = True
     constraint: "Constraint | None" = None
     num_speculative_tokens: "int | None" = None
+    speculative: "str | None" = None
 
     def __post_init__(self):
+        if self.speculative not in (None, "ngram", "draft"):
+            raise ValueError(f"speculative must be 'ngram', 'draft' or None, got "
+                             f"{self.speculative!r}")
         n = self.num_speculative_tokens
         if n is not None and (isinstance(n, bool) or not isinstance(n, int) or not 0 <= n <= 16):
             raise ValueError(f"num_speculative_tokens must be an integer in [0, 16] or None, got "
