@@ -86,7 +86,8 @@ class HostLayerStorage:
         self.chunks.append(chunk)
         self.where.extend((c, i) for i in range(n))
         base = chunk.__array_interface__["data"][0] + chunk[0].nbytes * np.arange(n, dtype=np.int64)
-        return base, base + bs * self.row * self.dtype.itemsize  # V rows of head 0 follow its K rows
+        # V rows of head 0 follow its K rows
+        return base, base + bs * self.row * self.dtype.itemsize
 
     def new_table(self) -> "LayerTable":
         return LayerTable(self)
@@ -493,5 +494,6 @@ def prefix_hashes(tokens, block_size: int, salt: bytes = b"", n_blocks: "int | N
     return out
 
 
-__all__ = ["KVBlockPool", "HostLayerStorage", "KV_CODES", "kv_row_bytes", "quantize_q8_rows", "widen_q8_rows", "LayerTable", "PoolExhaustedError", "prefix_hashes",
-           "parse_bytes", "default_kv_memory"]
+__all__ = ["KVBlockPool", "HostLayerStorage", "KV_CODES", "kv_row_bytes", "quantize_q8_rows",
+           "widen_q8_rows", "LayerTable", "PoolExhaustedError", "prefix_hashes", "parse_bytes",
+           "default_kv_memory"]

@@ -173,6 +173,21 @@ cdef const float *_bias_ptr(bias, Py_ssize_t n_out, str who) except? NULL:
     return &b[0]
 
 
+cdef int _fill_mat(QuantMat *m, code, const uint8_t[:, ::1] w, bias, float[:, ::1] o,
+                   Py_ssize_t n_in, Py_ssize_t rows, str who) except -1:
+    """m from one (code, w, bias, out) argument tuple, checked against x [rows, n_in]; the
+    ValueError (after ``who``) names what does not fit."""
+    m.code = code
+    m.row_bytes = check_weight(code, w, n_in)
+    m.n_out = w.shape[0]
+    if o.shape[0] != rows or o.shape[1] != m.n_out:
+        raise ValueError(f"{who}out has shape {tuple(o.shape)[:2]}, expected {(rows, m.n_out)}")
+    m.w = &w[0, 0] if m.n_out else NULL
+    m.out = &o[0, 0] if m.n_out and rows else NULL
+    m.bias = _bias_ptr(bias, m.n_out, who)
+    return 0
+
+
 def matvec(int qtype,
            const uint8_t[:, ::1] w,          # IN  [out, row_bytes] encoded rows
            const float[:, ::1] x,            # IN  [rows, in] float32 activations
@@ -245,6 +260,7 @@ def gemm_sets(list sets,   # [(x [rows_i, in_i] float32, [(code, w, bias or None
     cdef float *ct
     cdef GemmMat *g
     cdef GemmMat a
+    cdef QuantMat qm
     try:
         acts = <uint8_t *> hy_alloc64(a_bytes + 64)
         # per thread: one panel of weight rows interleaved (vi, factors cT, offsets mT), built
@@ -272,19 +288,13 @@ def gemm_sets(list sets,   # [(x [rows_i, in_i] float32, [(code, w, bias or None
                 row_x[k] = &x[r, 0]
                 k += 1
             for code, w, bias, o in mats_:
-                g = &ms[m]
-                g[0] = a
-                g.code = code
-                g.row_bytes = check_weight(code, w, n_in)
+                _fill_mat(&qm, code, w, bias, o, n_in, rows, "")
                 if code not in INTEGER_FORMATS:
                     raise ValueError(f"gemm serves the integer formats, not code {code}")
-                g.n_out = w.shape[0]
-                if o.shape[0] != rows or o.shape[1] != g.n_out:
-                    raise ValueError(f"out has shape {tuple(o.shape)[:2]}, expected "
-                                     f"{(rows, g.n_out)}")
-                g.w = &w[0, 0] if g.n_out else NULL
-                g.out = &o[0, 0] if g.n_out and rows else NULL
-                g.bias = _bias_ptr(bias, g.n_out, "")
+                g = &ms[m]
+                g[0] = a
+                g.code, g.w, g.row_bytes, g.n_out = qm.code, qm.w, qm.row_bytes, qm.n_out
+                g.bias, g.out = qm.bias, qm.out
                 g.first_panel = total_panels
                 if rows:
                     total_panels += (g.n_out + GEMM_PANEL - 1) // GEMM_PANEL
@@ -486,16 +496,7 @@ def matvec_many(list mats,                    # [(code, w [out_i, row_bytes_i] u
     cdef bint integer = False
     for k in range(nm):
         code, w, bias, o = mats[k]
-        ms[k].code = code
-        ms[k].row_bytes = check_weight(code, w, n_in)
-        ms[k].n_out = w.shape[0]
-        if o.shape[0] != rows or o.shape[1] != ms[k].n_out:
-            raise ValueError(f"out {k} has shape {tuple(o.shape)[:2]}, expected "
-                             f"{(rows, ms[k].n_out)}")
-        ms[k].w = &w[0, 0]
-        ms[k].out = &o[0, 0]
-        ms[k].bias = NULL
-        ms[k].bias = _bias_ptr(bias, ms[k].n_out, f"matrix {k}: ")
+        _fill_mat(&ms[k], code, w, bias, o, n_in, rows, f"matrix {k}: ")
         integer = integer or _integer(code)
     if rows == 0:
         return
@@ -549,14 +550,7 @@ def matvec_sets(list sets,   # [(x [rows_i, in_i] float32, [(code, w, bias or No
             acts[i].n_in, acts[i].rows, acts[i].x = n_in, <int> rows, &x[0, 0] if rows else NULL
             acts[i].qa = NULL; acts[i].da = acts[i].sa = acts[i].s16 = NULL; acts[i].prep = NULL
             for code, w, bias, o in mats_:
-                ms[m].code = code
-                ms[m].row_bytes = check_weight(code, w, n_in)
-                ms[m].n_out = w.shape[0]
-                if o.shape[0] != rows or o.shape[1] != ms[m].n_out:
-                    raise ValueError(f"set {i}: out has shape {tuple(o.shape)[:2]}, expected "
-                                     f"{(rows, ms[m].n_out)}")
-                ms[m].w, ms[m].out = &w[0, 0], &o[0, 0] if rows else NULL
-                ms[m].bias = _bias_ptr(bias, ms[m].n_out, f"set {i}: ")
+                _fill_mat(&ms[m], code, w, bias, o, n_in, rows, f"set {i}: ")
                 act_of[m] = i
                 integer = integer or _integer(code)
                 stream = stream or hy_q_uses_stream(code)

@@ -1,10 +1,10 @@
 """Draft tokens for speculative decoding: n-gram prompt lookup (vLLM's "ngram", llama.cpp's
 lookup decoding), or a draft model sharing the target's tokenizer (a smaller sibling, or a
 lower-bit copy; llama.cpp's and vLLM's draft model).  The engine feeds a request's pending
-token and its drafts in one step, samples each row in order with the request's own sampler, and keeps the drafts up to the first one the
-sampler did not pick (hybrid/engine/engine.py).  Each sampled token comes from the same logits
-(decode rows are batch-invariant) and the same sampler state as without speculation, so the
-output is identical, greedy or seeded; for a draft that is a single token this is the standard
+token and its drafts in one step, samples each row in order with the request's own sampler,
+and keeps the drafts up to the first one the sampler did not pick (hybrid/engine/engine.py).
+Each sampled token comes from the same logits (decode rows are batch-invariant) and the same
+sampler state as without speculation, so the output is identical, greedy or seeded; for a draft that is a single token this is the standard
 rejection rule (accept with probability p(draft), else a sample of p without it)."""
 
 from __future__ import annotations
@@ -53,10 +53,10 @@ class DraftModelProposer:
     the draft model has seen; a step first brings it up to the request's tokens (after the
     longest prefix they share: rejected drafts are cut off), then feeds one draft at a time,
     all requests together.  Every row is a decode row, so the drafts are the draft model's own
-    greedy tokens after the request's tokens, whatever was fed and cut before.  The drafts only decide how many tokens a verify step can keep: the
-    target samples every token itself."""
+    greedy tokens after the request's tokens, whatever was fed and cut before.  The drafts only
+    decide how many tokens a verify step can keep: the target samples every token itself."""
 
-    def __init__(self, model, target, num_blocks: int):
+    def __init__(self, model, target, num_blocks: "int | None"):
         if model.vocab_size != target.vocab_size:
             raise ValueError(f"the draft model's vocabulary has {model.vocab_size} tokens, the "
                              f"target's {target.vocab_size}: they must share the tokenizer")
