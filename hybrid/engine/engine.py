@@ -50,8 +50,9 @@ class Engine:
     speculative : "ngram" or "draft" to feed each decoding request up to
         ``num_speculative_tokens`` draft tokens per step (n-gram prompt lookup, or the greedy
         tokens of ``draft_model``, a Model sharing the tokenizer; hybrid/engine/speculative.py);
-        the output is the same as without.  A request's GenerationParams.num_speculative_tokens
-        overrides the number (0: none).  Requests with a constraint decode one token per step.
+        the output is the same as without.  A request's GenerationParams.speculative overrides
+        the method and num_speculative_tokens the number (0: none).  Requests with a constraint
+        decode one token per step.
     """
 
     def __init__(self, model, *, max_batch: int = 16, max_batched_tokens: int = 512,
