@@ -41,6 +41,57 @@ hy_q8_0_blocks_512(const uint8_t *w, long nb, const int R, const int8_t *qa, con
     return b;
 }
 
+/* Q8_0's prepared activations (hy_q_stream_acts): per pair of blocks, 64 bytes of values
+ * a + 128 (unsigned), then 16 floats, da of the first block in lanes 0-7 and of the second in
+ * lanes 8-15 (zeros past the last block). */
+static inline long hy_q8_prep_bytes(long n) { return 128 * ((n / 32 + 1) / 2); }
+
+static inline void hy_q8_prep(const int8_t *qa, const float *da, long nb, uint8_t *prep) {
+    const __m512i flip = _mm512_set1_epi8((char)0x80);
+    const __m512i half = _mm512_set_epi32(1, 1, 1, 1, 1, 1, 1, 1, 0, 0, 0, 0, 0, 0, 0, 0);
+    for (long b = 0; b < nb; b += 2, prep += 128) {
+        const int two = b + 1 < nb;
+        const __m512i a = _mm512_maskz_loadu_epi8(two ? ~(__mmask64)0 : (__mmask64)0xFFFFFFFFu, qa + 32 * b);
+        _mm512_storeu_si512(prep, _mm512_maskz_xor_epi32(two ? (__mmask16)0xFFFF : (__mmask16)0xFF, a, flip));
+        _mm512_storeu_ps(prep + 64, _mm512_permutexvar_ps(half, _mm512_castps128_ps512(
+            _mm_maskz_loadu_ps(two ? 3 : 1, da + b))));
+    }
+}
+
+/* Q8_0 against R (<= 4) prepared activation rows (hy_q8_prep, pstride bytes apart):
+ * out[r*ldo].  The same bits as hy_q8_0_blocks_512 (then hy_dot_q8_0_rows): the same exact
+ * integer sums per lane, here (a + 128) . w - 128 * (sum of w), the same factors d * da, the same
+ * FMAs and final sum; but per activation row and pair of blocks only the vpdpbusd (activations
+ * straight from memory), the factor product, the conversion and the FMA, with the weights' sign
+ * work and sums done once for all rows. */
+static inline __attribute__((always_inline)) void
+hy_q8_0_rows_prep(const uint8_t *w, long nb, const int R, const uint8_t *prep, long pstride,
+                  float *out, long ldo) {
+    const __m512i flip = _mm512_set1_epi8((char)0x80);
+    __m512 acc[4];
+    for (int r = 0; r < R; r++) acc[r] = _mm512_setzero_ps();
+    for (long b = 0; b < nb; b += 2) {
+        const int two = b + 1 < nb;
+        const uint8_t *b0 = w + 34 * b, *b1 = b0 + 34;
+        HY_PREFETCH(b0);
+        const __m256i w0 = _mm256_loadu_si256((const __m256i *)(b0 + 2));
+        const __m256i w1 = two ? _mm256_loadu_si256((const __m256i *)(b1 + 2)) : _mm256_setzero_si256();
+        const __m512i wv = _mm512_inserti64x4(_mm512_castsi256_si512(w0), w1, 1);
+        const __m512i nw = _mm512_sub_epi32(_mm512_setzero_si512(),
+                                            _mm512_dpbusd_epi32(_mm512_setzero_si512(), flip, wv));
+        const __m512 dw = _mm512_mask_blend_ps((__mmask16)0xFF00, _mm512_set1_ps(hy_f16(b0)),
+                                               _mm512_set1_ps(two ? hy_f16(b1) : 0.0f));
+        const uint8_t *pp = prep + 64 * b;
+        for (int r = 0; r < R; r++) {
+            const uint8_t *pr = pp + r * pstride;
+            const __m512i p = _mm512_dpbusd_epi32(nw, _mm512_loadu_si512((const void *)pr), wv);
+            acc[r] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(p),
+                                     _mm512_mul_ps(dw, _mm512_loadu_ps((const float *)(pr + 64))), acc[r]);
+        }
+    }
+    for (int r = 0; r < R; r++) out[r * ldo] = _mm512_reduce_add_ps(acc[r]);
+}
+
 /* Whether the Q4_K / Q5_K two-row kernel prefetches into L2 rather than L1, for rows of n
  * values: where one activation row (n bytes and two floats per 32) and the 12 KiB prefetch
  * window pass 3/4 of the L1D, lines prefetched into L1 would be evicted before their use

@@ -4,10 +4,11 @@
 #ifndef HYBRID_QUANT_MATVEC_H
 #define HYBRID_QUANT_MATVEC_H
 
-/* The stream kernel's activations (hy_q45_prep), for the formats it serves: bytes per activation
- * row of n values (0 where the build has no stream kernel), whether `type` reads them, and the
- * preparation of one row. */
-static inline long hy_q_stream_bytes(long n) {
+/* Prepared activations: the layouts some kernels read instead of the plain 8-bit blocks, one
+ * span per activation row (bytes per row of n values; 0 where the build has no such kernel):
+ * first the stream kernel's (hy_q45_prep), then the Q8_0 multi-row kernel's (hy_q8_prep).
+ * hy_q_uses_stream says whether `type` reads them, hy_q_stream_acts prepares one row. */
+static inline long hy_q_q8_prep_at(long n) {
 #if defined(HY_Q45_STREAM)
     return hy_q45_prep_bytes(n);
 #else
@@ -16,9 +17,21 @@ static inline long hy_q_stream_bytes(long n) {
 #endif
 }
 
+static inline long hy_q_stream_bytes(long n) {
+#if defined(HY_Q512)
+    return hy_q_q8_prep_at(n) + hy_q8_prep_bytes(n);
+#else
+    (void)n;
+    return 0;
+#endif
+}
+
 static inline int hy_q_uses_stream(int type) {
 #if defined(HY_Q45_STREAM)
-    return hy_q45_rows16(type);  /* its rows past whole groups of 16, for several activation rows */
+    if (hy_q45_rows16(type)) return 1;  /* its rows past whole groups of 16, for several activation rows */
+#endif
+#if defined(HY_Q512)
+    return type == HY_Q_Q8_0;
 #else
     (void)type;
     return 0;
@@ -29,6 +42,9 @@ static inline void hy_q_stream_acts(const int8_t *qa, const float *da, const flo
                                     uint8_t *prep) {
 #if defined(HY_Q45_STREAM)
     hy_q45_prep(qa, da, sa, n / 32, prep);
+#endif
+#if defined(HY_Q512)
+    hy_q8_prep(qa, da, n / 32, prep + hy_q_q8_prep_at(n));
 #else
     (void)qa, (void)da, (void)sa, (void)n, (void)prep;
 #endif
@@ -55,11 +71,11 @@ static inline void hy_q_matvec_range(int type, const uint8_t *w, long row_bytes,
     const int rows16 = per_pass == 16
                        && (type != HY_Q_Q8_0 || 16 * row_bytes <= HY_Q8_ROWS16_SPAN);
 #if defined(HY_Q45_STREAM)
-    const int stream = hy_q_uses_stream(type);
+    const int stream = hy_q45_rows16(type);
     if (stream && prep != NULL) {
         hy_q45_plan pl;
         hy_q45_plan_init(&pl, five, type == HY_Q_Q4_1 || type == HY_Q_Q5_1);
-        const long pstride = hy_q45_prep_bytes(n);
+        const long pstride = hy_q_stream_bytes(n);
         if (rows <= 4) {
             /* four weight rows per pass, one from each quarter of the range: each quarter is one
              * forward stream through consecutive rows (prefetches running past a row's end fetch
@@ -243,6 +259,34 @@ static inline void hy_q_matvec_range(int type, const uint8_t *w, long row_bytes,
             if (bias)
                 for (int r = 0; r < rows; r++)
                     for (int i = 0; i < W; i++) out[r * ldo + o + i] += bias[o + i];
+        }
+        return;
+    }
+#endif
+#if defined(HY_Q512)
+#ifndef HY_Q8_PREP_CHUNK
+#define HY_Q8_PREP_CHUNK 32
+#endif
+    /* Q8_0 for several activation rows: the prepared activations (hy_q8_prep), up to four
+     * activation rows per pass over each weight row (the same bits as the one-row dot) */
+    if (type == HY_Q_Q8_0 && rows > 1 && prep != NULL) {
+        const long pstride = hy_q_stream_bytes(n);
+        const uint8_t *p8 = prep + hy_q_q8_prep_at(n);
+        /* a chunk of weight rows (kept in L2) for each group of four activation rows (kept in
+         * L1) in turn */
+        for (; o < o1; o += HY_Q8_PREP_CHUNK) {
+            const long oe = o1 - o < HY_Q8_PREP_CHUNK ? o1 : o + HY_Q8_PREP_CHUNK;
+            for (int r = 0; r < rows; r += 4) {
+                const int left = rows - r < 4 ? rows - r : 4;
+                for (long i = o; i < oe; i++) {
+#define HY_R8P(R) case R: hy_q8_0_rows_prep(w + i * row_bytes, nb, R, p8 + r * pstride, pstride, out + r * ldo + i, ldo); break;
+                    switch (left) { HY_R8P(1) HY_R8P(2) HY_R8P(3) HY_R8P(4) }
+#undef HY_R8P
+                }
+            }
+            if (bias)
+                for (int r = 0; r < rows; r++)
+                    for (long i = o; i < oe; i++) out[r * ldo + i] += bias[i];
         }
         return;
     }
