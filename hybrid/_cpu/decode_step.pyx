@@ -13,7 +13,7 @@ from hybrid._cpu.attention cimport RaggedStep
 from hybrid._cpu.quant cimport QuantMat, check_weight, matvec_group
 
 cdef extern from "quant.h" nogil:
-    long hy_q_stream_bytes(long n)
+    long hy_q_prep_bytes(long n)
 
 cdef extern from "rowops.h" nogil:
     void hy_rmsnorm_row(const float *x, const float *weight, float eps, float *out, long dim)
@@ -131,7 +131,7 @@ cdef class DecodeLayer:
         self.da = <float *> hy_alloc64(sizeof(float) * max_rows * self.max_nb)
         self.sa = <float *> hy_alloc64(sizeof(float) * max_rows * self.max_nb)
         self.s16 = <float *> hy_alloc64(sizeof(float) * 2 * max_rows * self.max_nb)
-        self.prep = <uint8_t *> hy_alloc64(max_rows * hy_q_stream_bytes(self.max_in) + 1)
+        self.prep = <uint8_t *> hy_alloc64(max_rows * hy_q_prep_bytes(self.max_in) + 1)
         if self.qa == NULL or self.da == NULL or self.sa == NULL or self.s16 == NULL \
                 or self.prep == NULL:
             raise MemoryError()

@@ -29,10 +29,10 @@ cdef extern from "quant.h" nogil:
                            int rows, const int8_t *qa, const float *da, const float *sa,
                            const float *s16, const uint8_t *prep, const float *x,
                            const float *bias, float *out, long ldo)
-    long hy_q_stream_bytes(long n)
-    int hy_q_uses_stream(int type)
-    void hy_q_stream_acts(const int8_t *qa, const float *da, const float *sa, long n,
-                          uint8_t *prep)
+    long hy_q_prep_bytes(long n)
+    int hy_q_prep_flags(int type)
+    void hy_q_prep_acts(const int8_t *qa, const float *da, const float *sa, long n, int rows,
+                        int flags, uint8_t *prep)
     int hy_q_gemm_panel_rows()
     void hy_q_half_sums(const int8_t *qa, long n, int32_t *asum16)
     void hy_q_gemm_panel(int type, long rows, long n, const int8_t *qa, const float *da,
@@ -365,18 +365,19 @@ cdef struct QuantActs:
     const uint8_t *prep
 
 
-cdef void _quantize_acts(const QuantActs *a, int integer, int stream) noexcept nogil:
-    """a's 8-bit activations (and the stream kernel's layout) from its x, row by row."""
-    cdef long nb = a.n_in // 32, pstride = hy_q_stream_bytes(a.n_in)
+cdef void _quantize_acts(const QuantActs *a, int integer, int prep) noexcept nogil:
+    """a's 8-bit activations from its x, row by row, and the prepared layouts that the flags
+    `prep` name (hy_q_prep_flags of the formats that read them)."""
+    cdef long nb = a.n_in // 32, pstride = hy_q_prep_bytes(a.n_in)
     cdef int r
     if not integer:
         return
     for r in range(a.rows):
         hy_q_act(a.x + r * a.n_in, a.n_in, <int8_t *> a.qa + r * a.n_in, <float *> a.da + r * nb,
                  <float *> a.sa + r * nb, <float *> a.s16 + r * 2 * nb)
-        if stream:
-            hy_q_stream_acts(a.qa + r * a.n_in, a.da + r * nb, a.sa + r * nb, a.n_in,
-                             <uint8_t *> a.prep + r * pstride)
+        if prep:
+            hy_q_prep_acts(a.qa + r * a.n_in, a.da + r * nb, a.sa + r * nb, a.n_in, a.rows,
+                           prep, <uint8_t *> a.prep + r * pstride)
 
 
 cdef inline void _matvec_rows(const QuantMat *m, const QuantActs *a, long o0,
@@ -422,13 +423,13 @@ cdef void matvec_group(const QuantMat *mats, int count, const float *x, long n_i
                        int num_threads) noexcept nogil:
     """out_i = x @ W_i.T (+ bias_i) for `count` (<= 4) matrices reading the same x [rows, n_in]:
     x quantized once into qa/da/sa/s16 (rows * n_in, rows * n_in/32, the same, twice that) and,
-    for the formats the stream kernel serves, laid out for it in prep (rows *
-    hy_q_stream_bytes(n_in)), then _matvec_run."""
+    for the formats whose kernels read prepared activations, laid out for them in prep (rows *
+    hy_q_prep_bytes(n_in)), then _matvec_run."""
     cdef QuantActs a
     cdef int i, integer = 0, stream = 0
     for i in range(count):
         integer = integer or _integer(mats[i].code)
-        stream = stream or hy_q_uses_stream(mats[i].code)
+        stream = stream | hy_q_prep_flags(mats[i].code)
     a.n_in, a.rows, a.x, a.qa, a.da, a.sa, a.s16, a.prep = n_in, rows, x, qa, da, sa, s16, prep
     _quantize_acts(&a, integer, stream)
     _matvec_run(mats, count, &a, NULL, num_threads)
@@ -510,7 +511,7 @@ def matvec_many(list mats,                    # [(code, w [out_i, row_bytes_i] u
         da = <float *> hy_alloc64(sizeof(float) * rows * nb)
         sa = <float *> hy_alloc64(sizeof(float) * rows * nb)
         s16 = <float *> hy_alloc64(sizeof(float) * rows * 2 * nb)
-        prep = <uint8_t *> hy_alloc64(rows * hy_q_stream_bytes(n_in) + 1)
+        prep = <uint8_t *> hy_alloc64(rows * hy_q_prep_bytes(n_in) + 1)
         if qa == NULL or da == NULL or sa == NULL or s16 == NULL or prep == NULL:
             free(qa); free(da); free(sa); free(s16); free(prep)
             raise MemoryError()
@@ -553,12 +554,12 @@ def matvec_sets(list sets,   # [(x [rows_i, in_i] float32, [(code, w, bias or No
                 _fill_mat(&ms[m], code, w, bias, o, n_in, rows, f"set {i}: ")
                 act_of[m] = i
                 integer = integer or _integer(code)
-                stream = stream or hy_q_uses_stream(code)
+                stream = stream | hy_q_prep_flags(code)
                 m += 1
             if rows == 0:
                 raise ValueError(f"set {i} has no rows")
             nb = n_in // 32
-            nbytes += (rows * n_in + 4 * rows * nb * 4 + rows * hy_q_stream_bytes(n_in) + 127) \
+            nbytes += (rows * n_in + 4 * rows * nb * 4 + rows * hy_q_prep_bytes(n_in) + 127) \
                 // 64 * 64
         if integer:
             buf = <uint8_t *> hy_alloc64(nbytes)
@@ -572,7 +573,7 @@ def matvec_sets(list sets,   # [(x [rows_i, in_i] float32, [(code, w, bias or No
                 acts[i].sa = acts[i].da + rows * nb
                 acts[i].s16 = acts[i].sa + rows * nb
                 acts[i].prep = <uint8_t *> (acts[i].s16 + 2 * rows * nb)
-                off += (rows * n_in + 4 * rows * nb * 4 + rows * hy_q_stream_bytes(n_in) + 127) \
+                off += (rows * n_in + 4 * rows * nb * 4 + rows * hy_q_prep_bytes(n_in) + 127) \
                     // 64 * 64
         with nogil:
             for i in range(ns):

@@ -92,6 +92,28 @@ hy_q8_0_rows_prep(const uint8_t *w, long nb, const int R, const uint8_t *prep, l
     for (int r = 0; r < R; r++) out[r * ldo] = _mm512_reduce_add_ps(acc[r]);
 }
 
+/* The K formats' prepared activations (hy_q_prep_acts), 512 bytes per super-block of 256
+ * values: four steps of 64 activation bytes, two blocks side by side (Q4_K / Q5_K: blocks 0|2,
+ * 1|3, 4|6, 5|7, the pairs hy_dot_q45_k_512_rows reads; Q6_K: k|4+k, hy_dot_q6_k_512_rows's),
+ * then the four steps' 16 lanes of da (the first block's in lanes 0-7, the second's in 8-15). */
+static inline long hy_kq_prep_bytes(long n) { return 512 * (n / 256); }
+
+static inline void hy_kq_prep(const int8_t *qa, const float *da, long nsb, int q6, uint8_t *prep) {
+    static const int pairs[2][4][2] = {{{0, 2}, {1, 3}, {4, 6}, {5, 7}},
+                                       {{0, 4}, {1, 5}, {2, 6}, {3, 7}}};
+    for (long s = 0; s < nsb; s++, prep += 512) {
+        const int8_t *a = qa + 256 * s;
+        const float *d = da + 8 * s;
+        for (int t = 0; t < 4; t++) {
+            const int b0 = pairs[q6][t][0], b1 = pairs[q6][t][1];
+            _mm256_storeu_si256((__m256i *)(prep + 64 * t), _mm256_loadu_si256((const __m256i *)(a + 32 * b0)));
+            _mm256_storeu_si256((__m256i *)(prep + 64 * t + 32), _mm256_loadu_si256((const __m256i *)(a + 32 * b1)));
+            _mm512_storeu_ps(prep + 256 + 64 * t, _mm512_mask_blend_ps((__mmask16)0xFF00,
+                                                                       _mm512_set1_ps(d[b0]), _mm512_set1_ps(d[b1])));
+        }
+    }
+}
+
 /* Whether the Q4_K / Q5_K two-row kernel prefetches into L2 rather than L1, for rows of n
  * values: where one activation row (n bytes and two floats per 32) and the 12 KiB prefetch
  * window pass 3/4 of the L1D, lines prefetched into L1 would be evicted before their use
@@ -181,6 +203,67 @@ hy_dot_q45_k_512_rows(const uint8_t *w, long wstep, const int W, long nsb, const
         for (int r = 0; r < R; r++)
             out[r * ldo + i] = _mm512_reduce_add_ps(_mm512_add_ps(acc0[i * R + r], acc1[i * R + r]))
                                - hy_hsum256(accm[i * R + r]);
+}
+
+/* Q4_K / Q5_K, one weight row against R (<= 4) prepared activation rows (hy_kq_prep, pstride
+ * bytes apart; sa: the plain scaled sums, row r at sa + r*ldd): out[r*ldo].  The same bits as
+ * hy_dot_q45_k_512_rows with W = 1 (the same integer sums, the same factor dsc * da per lane,
+ * the same FMAs); the activations come straight from memory in their pairs and each factor is
+ * one product with the weights' factors permuted once for all rows. */
+static inline __attribute__((always_inline)) void
+hy_dot_q45_k_512_prep(const uint8_t *w, long nsb, const int R, const uint8_t *prep, long pstride,
+                      const float *sa, long ldd, int five, int pf_l2, float *out, long ldo) {
+    const int bb = five ? 176 : 144;
+    __m512 acc0[4], acc1[4];
+    __m256 accm[4];
+    for (int r = 0; r < R; r++) acc0[r] = acc1[r] = _mm512_setzero_ps(), accm[r] = _mm256_setzero_ps();
+    const __m512i low4 = _mm512_set1_epi8(0x0F), one = _mm512_set1_epi8(1);
+    const __m512i half = _mm512_mask_blend_epi32((__mmask16)0xFF00, _mm512_setzero_si512(), _mm512_set1_epi32(2));
+    const __m512i half16 = _mm512_mask_blend_epi32((__mmask16)0xFF00, _mm512_setzero_si512(), _mm512_set1_epi16(2));
+    for (long s = 0; s < nsb; s++) {
+        const uint8_t *blk = w + bb * s;
+        if (pf_l2) {
+            HY_PREFETCH_L2(blk);
+            HY_PREFETCH_L2(blk + 64);
+            HY_PREFETCH_L2(blk + 128);
+        } else {
+            HY_PREFETCH(blk);
+            HY_PREFETCH(blk + 64);
+            HY_PREFETCH(blk + 128);
+        }
+        __m256 dsc, mnf;
+        hy_k4_unpack(blk, &dsc, &mnf);
+        const __m256 dmin = _mm256_set1_ps(hy_f16(blk + 2));
+        for (int r = 0; r < R; r++)  /* (hy_k4_row_factors' mins term) */
+            accm[r] = _mm256_fmadd_ps(_mm256_mul_ps(mnf, _mm256_loadu_ps(sa + r * ldd + 8 * s)), dmin, accm[r]);
+        const __m512 dsc512 = _mm512_castps256_ps512(dsc);
+        const __m512i hb = five ? _mm512_broadcast_i64x4(_mm256_loadu_si256((const __m256i *)(blk + 16)))
+                                : _mm512_setzero_si512();
+        const uint8_t *q = blk + (five ? 48 : 16);
+        for (int g = 0; g < 4; g += 2) {
+            const __m512i l0 = _mm512_add_epi32(_mm512_set1_epi32(2 * g), half);
+            const __m512 c0 = _mm512_permutexvar_ps(l0, dsc512);
+            const __m512 c1 = _mm512_permutexvar_ps(_mm512_add_epi32(l0, _mm512_set1_epi32(1)), dsc512);
+            const __m512i raw = _mm512_loadu_si512((const void *)(q + 32 * g));
+            __m512i lo = _mm512_and_si512(raw, low4);
+            __m512i hi = _mm512_and_si512(_mm512_srli_epi16(raw, 4), low4);
+            if (five) {
+                const __m512i cnt = _mm512_add_epi16(_mm512_set1_epi16((short)(2 * g)), half16);
+                const __m512i hs = _mm512_srlv_epi16(hb, cnt);
+                lo = _mm512_or_si512(lo, _mm512_slli_epi16(_mm512_and_si512(hs, one), 4));
+                hi = _mm512_or_si512(hi, _mm512_slli_epi16(_mm512_and_si512(_mm512_srli_epi16(hs, 1), one), 4));
+            }
+            for (int r = 0; r < R; r++) {
+                const uint8_t *pr = prep + r * pstride + 512 * s + 64 * g;
+                const __m512i p0 = _mm512_dpbusd_epi32(_mm512_setzero_si512(), lo, _mm512_loadu_si512((const void *)pr));
+                const __m512i p1 = _mm512_dpbusd_epi32(_mm512_setzero_si512(), hi, _mm512_loadu_si512((const void *)(pr + 64)));
+                acc0[r] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(p0), _mm512_mul_ps(c0, _mm512_loadu_ps((const float *)(pr + 256))), acc0[r]);
+                acc1[r] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(p1), _mm512_mul_ps(c1, _mm512_loadu_ps((const float *)(pr + 320))), acc1[r]);
+            }
+        }
+    }
+    for (int r = 0; r < R; r++)
+        out[r * ldo] = _mm512_reduce_add_ps(_mm512_add_ps(acc0[r], acc1[r])) - hy_hsum256(accm[r]);
 }
 
 HY_UNUSED static float hy_dot_q45_k_512(const uint8_t *w, long nsb, const int8_t *qa,
@@ -276,6 +359,63 @@ hy_dot_q6_k_512_rows(const uint8_t *w, long wstep, const int W, long nsb, const 
                                                                   _mm512_add_ps(acc[j][2], acc[j][3])))
                                - 32.0f * _mm512_reduce_add_ps(acco[j]);
         }
+}
+
+/* Q6_K, one weight row against R (<= 4) prepared activation rows (hy_kq_prep's Q6_K layout,
+ * pstride bytes apart; s16 the plain sums, row r at s16 + 2*r*ldd): out[r*ldo].  The same bits
+ * as hy_dot_q6_k_512_rows with W = 1; the activations come straight from memory in their pairs,
+ * and each step's factors are one product with the weights' scales permuted once for all rows. */
+static inline __attribute__((always_inline)) void
+hy_dot_q6_k_512_prep(const uint8_t *w, long nsb, const int R, const uint8_t *prep, long pstride,
+                     const float *s16, long ldd, float *out, long ldo) {
+    __m512 acc[4][4], acco[4];
+    for (int r = 0; r < R; r++) {
+        acco[r] = _mm512_setzero_ps();
+        for (int k = 0; k < 4; k++) acc[r][k] = _mm512_setzero_ps();
+    }
+    const __m512i low4 = _mm512_set1_epi8(0x0F);
+    __m512i grp[4];
+    for (int k = 0; k < 4; k++)
+        grp[k] = _mm512_set_epi32(9 + 2 * k, 9 + 2 * k, 9 + 2 * k, 9 + 2 * k, 8 + 2 * k, 8 + 2 * k,
+                                  8 + 2 * k, 8 + 2 * k, 1 + 2 * k, 1 + 2 * k, 1 + 2 * k, 1 + 2 * k,
+                                  2 * k, 2 * k, 2 * k, 2 * k);
+    for (long s = 0; s < nsb; s++) {
+        const uint8_t *blk = w + 210 * s;
+        HY_PREFETCH_L2(blk);
+        HY_PREFETCH_L2(blk + 64);
+        HY_PREFETCH_L2(blk + 128);
+        HY_PREFETCH_L2(blk + 192);
+        const __m512 scf = _mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i *)(blk + 192)))),
+                                         _mm512_set1_ps(hy_f16(blk + 208)));
+        for (int r = 0; r < R; r++)
+            acco[r] = _mm512_fmadd_ps(scf, _mm512_loadu_ps(s16 + 2 * r * ldd + 16 * s), acco[r]);
+        const __m512i l0 = _mm512_inserti64x4(_mm512_castsi256_si512(_mm256_loadu_si256((const __m256i *)blk)),
+                                              _mm256_loadu_si256((const __m256i *)(blk + 64)), 1);
+        const __m512i l1 = _mm512_inserti64x4(_mm512_castsi256_si512(_mm256_loadu_si256((const __m256i *)(blk + 32))),
+                                              _mm256_loadu_si256((const __m256i *)(blk + 96)), 1);
+        const __m512i h = _mm512_loadu_si512((const void *)(blk + 128));
+        __m512i v[4];
+        v[0] = _mm512_or_si512(_mm512_and_si512(l0, low4),
+                               _mm512_slli_epi16(_mm512_and_si512(h, _mm512_set1_epi8(0x03)), 4));
+        v[1] = _mm512_or_si512(_mm512_and_si512(l1, low4),
+                               _mm512_slli_epi16(_mm512_and_si512(h, _mm512_set1_epi8(0x0C)), 2));
+        v[2] = _mm512_or_si512(_mm512_and_si512(_mm512_srli_epi16(l0, 4), low4),
+                               _mm512_and_si512(h, _mm512_set1_epi8(0x30)));
+        v[3] = _mm512_or_si512(_mm512_and_si512(_mm512_srli_epi16(l1, 4), low4),
+                               _mm512_srli_epi16(_mm512_and_si512(h, _mm512_set1_epi8((char)0xC0)), 2));
+        for (int k = 0; k < 4; k++) {
+            const __m512 fk = _mm512_permutexvar_ps(grp[k], scf);
+            for (int r = 0; r < R; r++) {
+                const uint8_t *pr = prep + r * pstride + 512 * s + 64 * k;
+                const __m512i p32 = _mm512_dpbusd_epi32(_mm512_setzero_si512(), v[k], _mm512_loadu_si512((const void *)pr));
+                acc[r][k] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(p32), _mm512_mul_ps(fk, _mm512_loadu_ps((const float *)(pr + 256))), acc[r][k]);
+            }
+        }
+    }
+    for (int r = 0; r < R; r++)
+        out[r * ldo] = _mm512_reduce_add_ps(_mm512_add_ps(_mm512_add_ps(acc[r][0], acc[r][1]),
+                                                          _mm512_add_ps(acc[r][2], acc[r][3])))
+                       - 32.0f * _mm512_reduce_add_ps(acco[r]);
 }
 
 HY_UNUSED static float hy_dot_q6_k_512(const uint8_t *w, long nsb, const int8_t *qa,

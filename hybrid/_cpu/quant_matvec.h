@@ -4,51 +4,86 @@
 #ifndef HYBRID_QUANT_MATVEC_H
 #define HYBRID_QUANT_MATVEC_H
 
-/* Prepared activations: the layouts some kernels read instead of the plain 8-bit blocks, one
- * span per activation row (bytes per row of n values; 0 where the build has no such kernel):
- * first the stream kernel's (hy_q45_prep), then the Q8_0 multi-row kernel's (hy_q8_prep).
- * hy_q_uses_stream says whether `type` reads them, hy_q_stream_acts prepares one row. */
-static inline long hy_q_q8_prep_at(long n) {
+/* Prepared activations: the layouts some kernels read instead of the plain 8-bit blocks, laid
+ * out once per call, one span of hy_q_prep_bytes(n) per activation row (0 where the build has
+ * no such kernel).  Its parts, each at hy_q_prep_at: the stream kernel's (hy_q45_prep, any
+ * number of rows), and, for several rows, the Q8_0 (hy_q8_prep), Q4_K / Q5_K (hy_kq_prep) and
+ * Q6_K (hy_q6k_prep) multi-row kernels'.  hy_q_prep_flags says which parts a format reads;
+ * hy_q_prep_acts lays out one row's. */
+enum { HY_PREP_Q45 = 1, HY_PREP_Q8 = 2, HY_PREP_KQ = 4, HY_PREP_Q6K = 8 };
+
+static inline long hy_q_prep_part_bytes(int part, long n) {
+#if defined(HY_Q512)
+    switch (part) {
 #if defined(HY_Q45_STREAM)
-    return hy_q45_prep_bytes(n);
+    case HY_PREP_Q45: return hy_q45_prep_bytes(n);
+#endif
+    case HY_PREP_Q8: return hy_q8_prep_bytes(n);
+    case HY_PREP_KQ: return hy_kq_prep_bytes(n);
+    case HY_PREP_Q6K: return hy_kq_prep_bytes(n);
+    default: return 0;
+    }
 #else
-    (void)n;
+    (void)part, (void)n;
     return 0;
 #endif
 }
 
-static inline long hy_q_stream_bytes(long n) {
-#if defined(HY_Q512)
-    return hy_q_q8_prep_at(n) + hy_q8_prep_bytes(n);
-#else
-    (void)n;
-    return 0;
-#endif
+/* where part `part` starts inside a row's span */
+static inline long hy_q_prep_at(int part, long n) {
+    long at = 0;
+    for (int p = 1; p < part; p <<= 1) at += hy_q_prep_part_bytes(p, n);
+    return at;
 }
 
-static inline int hy_q_uses_stream(int type) {
+static inline long hy_q_prep_bytes(long n) { return hy_q_prep_at(HY_PREP_Q6K << 1, n); }
+
+static inline int hy_q_prep_flags(int type) {
 #if defined(HY_Q45_STREAM)
-    if (hy_q45_rows16(type)) return 1;  /* its rows past whole groups of 16, for several activation rows */
+    if (hy_q45_rows16(type)) return HY_PREP_Q45;
 #endif
 #if defined(HY_Q512)
-    return type == HY_Q_Q8_0;
+    return type == HY_Q_Q8_0 ? HY_PREP_Q8
+         : type == HY_Q_Q4_K || type == HY_Q_Q5_K ? HY_PREP_KQ
+         : type == HY_Q_Q6_K ? HY_PREP_Q6K : 0;
 #else
     (void)type;
     return 0;
 #endif
 }
 
-static inline void hy_q_stream_acts(const int8_t *qa, const float *da, const float *sa, long n,
-                                    uint8_t *prep) {
+/* Whether the multi-row kernels read prepared activations for rows of n values: where four
+ * rows' layouts (2n bytes each) fit in 3/4 of the L1D beside the weights; wider rows take the
+ * kernels that read the plain blocks (n bytes a row), which then run faster (both give the same
+ * bits). */
+static inline int hy_q_prep_fits(long n) {
+    return 8 * n <= hy_l1d_bytes() * 3 / 4;
+}
+
+/* the parts `flags` names of one activation row (of a call with `rows` rows: the multi-row
+ * parts only where rows > 1 and hy_q_prep_fits) */
+static inline void hy_q_prep_acts(const int8_t *qa, const float *da, const float *sa, long n,
+                                  int rows, int flags, uint8_t *prep) {
 #if defined(HY_Q45_STREAM)
-    hy_q45_prep(qa, da, sa, n / 32, prep);
+    if (flags & HY_PREP_Q45) hy_q45_prep(qa, da, sa, n / 32, prep + hy_q_prep_at(HY_PREP_Q45, n));
 #endif
 #if defined(HY_Q512)
-    hy_q8_prep(qa, da, n / 32, prep + hy_q_q8_prep_at(n));
+    if (rows < 2 || !hy_q_prep_fits(n)) return;
+    if (flags & HY_PREP_Q8) hy_q8_prep(qa, da, n / 32, prep + hy_q_prep_at(HY_PREP_Q8, n));
+    if ((flags & HY_PREP_KQ) && n % 256 == 0)
+        hy_kq_prep(qa, da, n / 256, 0, prep + hy_q_prep_at(HY_PREP_KQ, n));
+    if ((flags & HY_PREP_Q6K) && n % 256 == 0)
+        hy_kq_prep(qa, da, n / 256, 1, prep + hy_q_prep_at(HY_PREP_Q6K, n));
 #else
-    (void)qa, (void)da, (void)sa, (void)n, (void)prep;
+    (void)qa, (void)da, (void)sa, (void)n, (void)rows, (void)flags, (void)prep;
 #endif
 }
+
+/* weight rows per chunk where the multi-row kernels take a chunk (kept in L2) for each group of
+ * four prepared activation rows (kept in L1) in turn */
+#ifndef HY_PREP_CHUNK
+#define HY_PREP_CHUNK 32
+#endif
 
 /* out[r*ldo + o] = row o of w . activation row r (+ bias[o]) for o in [o0, o1), r < rows.
  * Each weight row is read from memory once and used for every activation row. */
@@ -75,7 +110,7 @@ static inline void hy_q_matvec_range(int type, const uint8_t *w, long row_bytes,
     if (stream && prep != NULL) {
         hy_q45_plan pl;
         hy_q45_plan_init(&pl, five, type == HY_Q_Q4_1 || type == HY_Q_Q5_1);
-        const long pstride = hy_q_stream_bytes(n);
+        const long pstride = hy_q_prep_bytes(n);
         if (rows <= 4) {
             /* four weight rows per pass, one from each quarter of the range: each quarter is one
              * forward stream through consecutive rows (prefetches running past a row's end fetch
@@ -142,6 +177,27 @@ static inline void hy_q_matvec_range(int type, const uint8_t *w, long row_bytes,
     /* Q4_K / Q5_K / Q6_K: two weight rows per pass share the activations' loads and
      * arrangement; each row takes the operations of a single row (the same bits), and the
      * odd row left over takes the one-row path (four rows per pass gain nothing over two). */
+    if (per_pass == 2 && type == HY_Q_Q6_K && rows > 1 && prep != NULL && hy_q_prep_fits(n)) {
+        /* several activation rows: the prepared activations (hy_kq_prep), a chunk of weight rows
+         * (kept in L2) for each group of four activation rows in turn (the same bits as below) */
+        const long pstride = hy_q_prep_bytes(n);
+        const uint8_t *pk = prep + hy_q_prep_at(HY_PREP_Q6K, n);
+        for (; o < o1; o += HY_PREP_CHUNK) {
+            const long oe = o1 - o < HY_PREP_CHUNK ? o1 : o + HY_PREP_CHUNK;
+            for (int r = 0; r < rows; r += 4) {
+                const int left = rows - r < 4 ? rows - r : 4;
+                for (long i = o; i < oe; i++) {
+#define HY_R6P(R) case R: hy_dot_q6_k_512_prep(w + i * row_bytes, n / 256, R, pk + r * pstride, pstride, \
+                                               s16 + 2 * r * nb, nb, out + r * ldo + i, ldo); break;
+                    switch (left) { HY_R6P(1) HY_R6P(2) HY_R6P(3) HY_R6P(4) }
+#undef HY_R6P
+                }
+            }
+            if (bias)
+                for (int r = 0; r < rows; r++)
+                    for (long i = o; i < oe; i++) out[r * ldo + i] += bias[i];
+        }
+    }
     if (per_pass == 2 && qa != NULL && type == HY_Q_Q6_K && rows > 1) {
         /* several activation rows: one weight row per pass, unpacked once for two of them
          * (each pair the same operations as below: the same bits) */
@@ -155,6 +211,30 @@ static inline void hy_q_matvec_range(int type, const uint8_t *w, long row_bytes,
             }
             if (bias)
                 for (int r = 0; r < rows; r++) out[r * ldo + o] += bias[o];
+        }
+    }
+    if (per_pass == 2 && (type == HY_Q_Q4_K || type == HY_Q_Q5_K) && rows > 1 && prep != NULL
+        && hy_q_prep_fits(n)) {
+        /* the same with hy_kq_prep's activations (the same bits as below) */
+        const long pstride = hy_q_prep_bytes(n);
+        const uint8_t *pk = prep + hy_q_prep_at(HY_PREP_KQ, n);
+        const int pf_l2 = hy_q_kquant_pf_l2(n), five = type == HY_Q_Q5_K;
+        for (; o < o1; o += HY_PREP_CHUNK) {
+            const long oe = o1 - o < HY_PREP_CHUNK ? o1 : o + HY_PREP_CHUNK;
+            for (int r = 0; r < rows; r += 4) {
+                const int left = rows - r < 4 ? rows - r : 4;
+                for (long i = o; i < oe; i++) {
+#define HY_RKP(R) case R: \
+                    if (five) hy_dot_q45_k_512_prep(w + i * row_bytes, n / 256, R, pk + r * pstride, pstride, sa + r * nb, nb, 1, pf_l2, out + r * ldo + i, ldo); \
+                    else hy_dot_q45_k_512_prep(w + i * row_bytes, n / 256, R, pk + r * pstride, pstride, sa + r * nb, nb, 0, pf_l2, out + r * ldo + i, ldo); \
+                    break;
+                    switch (left) { HY_RKP(1) HY_RKP(2) HY_RKP(3) HY_RKP(4) }
+#undef HY_RKP
+                }
+            }
+            if (bias)
+                for (int r = 0; r < rows; r++)
+                    for (long i = o; i < oe; i++) out[r * ldo + i] += bias[i];
         }
     }
     if (per_pass == 2 && qa != NULL && (type == HY_Q_Q4_K || type == HY_Q_Q5_K) && rows > 1) {
@@ -264,18 +344,15 @@ static inline void hy_q_matvec_range(int type, const uint8_t *w, long row_bytes,
     }
 #endif
 #if defined(HY_Q512)
-#ifndef HY_Q8_PREP_CHUNK
-#define HY_Q8_PREP_CHUNK 32
-#endif
     /* Q8_0 for several activation rows: the prepared activations (hy_q8_prep), up to four
      * activation rows per pass over each weight row (the same bits as the one-row dot) */
-    if (type == HY_Q_Q8_0 && rows > 1 && prep != NULL) {
-        const long pstride = hy_q_stream_bytes(n);
-        const uint8_t *p8 = prep + hy_q_q8_prep_at(n);
+    if (type == HY_Q_Q8_0 && rows > 1 && prep != NULL && hy_q_prep_fits(n)) {
+        const long pstride = hy_q_prep_bytes(n);
+        const uint8_t *p8 = prep + hy_q_prep_at(HY_PREP_Q8, n);
         /* a chunk of weight rows (kept in L2) for each group of four activation rows (kept in
          * L1) in turn */
-        for (; o < o1; o += HY_Q8_PREP_CHUNK) {
-            const long oe = o1 - o < HY_Q8_PREP_CHUNK ? o1 : o + HY_Q8_PREP_CHUNK;
+        for (; o < o1; o += HY_PREP_CHUNK) {
+            const long oe = o1 - o < HY_PREP_CHUNK ? o1 : o + HY_PREP_CHUNK;
             for (int r = 0; r < rows; r += 4) {
                 const int left = rows - r < 4 ? rows - r : 4;
                 for (long i = o; i < oe; i++) {
