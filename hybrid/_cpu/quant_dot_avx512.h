@@ -122,6 +122,23 @@ static inline int hy_q_kquant_pf_l2(long n) {
     return n + n / 4 + HY_PREFETCH_AHEAD > hy_l1d_bytes() * 3 / 4;
 }
 
+/* Step g (0 or 2) of the Q4_K / Q5_K super-block at blk: 64 nibble bytes as the values of
+ * sub-blocks 2g and 2g+2 side by side (lo, low nibbles) and 2g+1 and 2g+3 (hi, high nibbles),
+ * with Q5_K's fifth bits from hb (the block's 32 high-bit bytes in both halves). */
+static inline __attribute__((always_inline)) void
+hy_q45_k_step_512(const uint8_t *blk, __m512i hb, int g, int five, __m512i *lo, __m512i *hi) {
+    const __m512i low4 = _mm512_set1_epi8(0x0F), one = _mm512_set1_epi8(1);
+    const __m512i raw = _mm512_loadu_si512((const void *)(blk + (five ? 48 : 16) + 32 * g));
+    *lo = _mm512_and_si512(raw, low4);
+    *hi = _mm512_and_si512(_mm512_srli_epi16(raw, 4), low4);
+    if (five) {  /* bits 2g / 2g+1 (low half), 2g+2 / 2g+3 (high half) */
+        const __m512i half16 = _mm512_mask_blend_epi32((__mmask16)0xFF00, _mm512_setzero_si512(), _mm512_set1_epi16(2));
+        const __m512i hs = _mm512_srlv_epi16(hb, _mm512_add_epi16(_mm512_set1_epi16((short)(2 * g)), half16));
+        *lo = _mm512_or_si512(*lo, _mm512_slli_epi16(_mm512_and_si512(hs, one), 4));
+        *hi = _mm512_or_si512(*hi, _mm512_slli_epi16(_mm512_and_si512(_mm512_srli_epi16(hs, 1), one), 4));
+    }
+}
+
 /* Q4_K / Q5_K with 512-bit vectors: 64 nibble bytes (sub-blocks 2g..2g+3) per load, sub-blocks
  * 2g and 2g+2 (low nibbles) or 2g+1 and 2g+3 (high) side by side; otherwise as below.  W weight
  * rows (row i at w + i*wstep) times R activation rows (row r at qa + r*lda, da/sa + r*ldd),
@@ -136,10 +153,8 @@ hy_dot_q45_k_512_rows(const uint8_t *w, long wstep, const int W, long nsb, const
     __m512 acc0[4], acc1[4];
     __m256 accm[4];
     for (int i = 0; i < W * R; i++) acc0[i] = acc1[i] = _mm512_setzero_ps(), accm[i] = _mm256_setzero_ps();
-    const __m512i low4 = _mm512_set1_epi8(0x0F), one = _mm512_set1_epi8(1);
-    /* 2 in the upper 256 bits: as 32-bit lanes (factor index) and as 16-bit lanes (bit shift) */
+    /* 2 in the upper 256 bits (32-bit lanes): the factor index of the second sub-block */
     const __m512i half = _mm512_mask_blend_epi32((__mmask16)0xFF00, _mm512_setzero_si512(), _mm512_set1_epi32(2));
-    const __m512i half16 = _mm512_mask_blend_epi32((__mmask16)0xFF00, _mm512_setzero_si512(), _mm512_set1_epi16(2));
     for (long s = 0; s < nsb; s++) {
         const long a0 = 8 * s;
         __m512 coef[4];  /* [i * R + r] */
@@ -179,16 +194,8 @@ hy_dot_q45_k_512_rows(const uint8_t *w, long wstep, const int W, long nsb, const
             const __m512i l0 = _mm512_add_epi32(_mm512_set1_epi32(2 * g), half);
             const __m512i l1 = _mm512_add_epi32(l0, _mm512_set1_epi32(1));
             for (int i = 0; i < W; i++) {
-                const uint8_t *q = w + i * wstep + bb * s + (five ? 48 : 16);
-                const __m512i raw = _mm512_loadu_si512((const void *)(q + 32 * g));
-                __m512i lo = _mm512_and_si512(raw, low4);
-                __m512i hi = _mm512_and_si512(_mm512_srli_epi16(raw, 4), low4);
-                if (five) {  /* bits 2g / 2g+1 (low half), 2g+2 / 2g+3 (high half) */
-                    const __m512i cnt = _mm512_add_epi16(_mm512_set1_epi16((short)(2 * g)), half16);
-                    const __m512i hs = _mm512_srlv_epi16(hb[i], cnt);
-                    lo = _mm512_or_si512(lo, _mm512_slli_epi16(_mm512_and_si512(hs, one), 4));
-                    hi = _mm512_or_si512(hi, _mm512_slli_epi16(_mm512_and_si512(_mm512_srli_epi16(hs, 1), one), 4));
-                }
+                __m512i lo, hi;
+                hy_q45_k_step_512(w + i * wstep + bb * s, hb[i], g, five, &lo, &hi);
                 for (int r = 0; r < R; r++) {
                     const int k = i * R + r;
                     const __m512i p0 = _mm512_dpbusd_epi32(_mm512_setzero_si512(), lo, alo[r]);
@@ -217,9 +224,7 @@ hy_dot_q45_k_512_prep(const uint8_t *w, long nsb, const int R, const uint8_t *pr
     __m512 acc0[4], acc1[4];
     __m256 accm[4];
     for (int r = 0; r < R; r++) acc0[r] = acc1[r] = _mm512_setzero_ps(), accm[r] = _mm256_setzero_ps();
-    const __m512i low4 = _mm512_set1_epi8(0x0F), one = _mm512_set1_epi8(1);
     const __m512i half = _mm512_mask_blend_epi32((__mmask16)0xFF00, _mm512_setzero_si512(), _mm512_set1_epi32(2));
-    const __m512i half16 = _mm512_mask_blend_epi32((__mmask16)0xFF00, _mm512_setzero_si512(), _mm512_set1_epi16(2));
     for (long s = 0; s < nsb; s++) {
         const uint8_t *blk = w + bb * s;
         if (pf_l2) {
@@ -239,20 +244,12 @@ hy_dot_q45_k_512_prep(const uint8_t *w, long nsb, const int R, const uint8_t *pr
         const __m512 dsc512 = _mm512_castps256_ps512(dsc);
         const __m512i hb = five ? _mm512_broadcast_i64x4(_mm256_loadu_si256((const __m256i *)(blk + 16)))
                                 : _mm512_setzero_si512();
-        const uint8_t *q = blk + (five ? 48 : 16);
         for (int g = 0; g < 4; g += 2) {
             const __m512i l0 = _mm512_add_epi32(_mm512_set1_epi32(2 * g), half);
             const __m512 c0 = _mm512_permutexvar_ps(l0, dsc512);
             const __m512 c1 = _mm512_permutexvar_ps(_mm512_add_epi32(l0, _mm512_set1_epi32(1)), dsc512);
-            const __m512i raw = _mm512_loadu_si512((const void *)(q + 32 * g));
-            __m512i lo = _mm512_and_si512(raw, low4);
-            __m512i hi = _mm512_and_si512(_mm512_srli_epi16(raw, 4), low4);
-            if (five) {
-                const __m512i cnt = _mm512_add_epi16(_mm512_set1_epi16((short)(2 * g)), half16);
-                const __m512i hs = _mm512_srlv_epi16(hb, cnt);
-                lo = _mm512_or_si512(lo, _mm512_slli_epi16(_mm512_and_si512(hs, one), 4));
-                hi = _mm512_or_si512(hi, _mm512_slli_epi16(_mm512_and_si512(_mm512_srli_epi16(hs, 1), one), 4));
-            }
+            __m512i lo, hi;
+            hy_q45_k_step_512(blk, hb, g, five, &lo, &hi);
             for (int r = 0; r < R; r++) {
                 const uint8_t *pr = prep + r * pstride + 512 * s + 64 * g;
                 const __m512i p0 = _mm512_dpbusd_epi32(_mm512_setzero_si512(), lo, _mm512_loadu_si512((const void *)pr));
@@ -271,6 +268,28 @@ HY_UNUSED static float hy_dot_q45_k_512(const uint8_t *w, long nsb, const int8_t
     float out;
     hy_dot_q45_k_512_rows(w, 0, 1, nsb, 1, qa, 0, da, sa, 0, five, 0, &out, 0);
     return out;
+}
+
+/* One Q6_K super-block: returns d * scale of its 16 groups (exact: an 8-bit integer times a
+ * float16) and sets v[k] to the values (0..63) of step k, the two 128-value halves side by side
+ * (half n: ql at 64n, qh at 128 + 32n), as hy_dot_q6_k_512_rows and _prep multiply them. */
+static inline __attribute__((always_inline)) __m512 hy_q6_k_unpack_512(const uint8_t *blk, __m512i v[4]) {
+    const __m512i low4 = _mm512_set1_epi8(0x0F);
+    const __m512i l0 = _mm512_inserti64x4(_mm512_castsi256_si512(_mm256_loadu_si256((const __m256i *)blk)),
+                                          _mm256_loadu_si256((const __m256i *)(blk + 64)), 1);
+    const __m512i l1 = _mm512_inserti64x4(_mm512_castsi256_si512(_mm256_loadu_si256((const __m256i *)(blk + 32))),
+                                          _mm256_loadu_si256((const __m256i *)(blk + 96)), 1);
+    const __m512i h = _mm512_loadu_si512((const void *)(blk + 128));
+    v[0] = _mm512_or_si512(_mm512_and_si512(l0, low4),
+                           _mm512_slli_epi16(_mm512_and_si512(h, _mm512_set1_epi8(0x03)), 4));
+    v[1] = _mm512_or_si512(_mm512_and_si512(l1, low4),
+                           _mm512_slli_epi16(_mm512_and_si512(h, _mm512_set1_epi8(0x0C)), 2));
+    v[2] = _mm512_or_si512(_mm512_and_si512(_mm512_srli_epi16(l0, 4), low4),
+                           _mm512_and_si512(h, _mm512_set1_epi8(0x30)));
+    v[3] = _mm512_or_si512(_mm512_and_si512(_mm512_srli_epi16(l1, 4), low4),
+                           _mm512_srli_epi16(_mm512_and_si512(h, _mm512_set1_epi8((char)0xC0)), 2));
+    return _mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i *)(blk + 192)))),
+                         _mm512_set1_ps(hy_f16(blk + 208)));
 }
 
 /* Q6_K: values n (0..63) with a signed 8-bit scale per 16 and one float16 d per 256:
@@ -292,7 +311,6 @@ hy_dot_q6_k_512_rows(const uint8_t *w, long wstep, const int W, long nsb, const 
         acco[i] = _mm512_setzero_ps();
         for (int k = 0; k < 4; k++) acc[i][k] = _mm512_setzero_ps();
     }
-    const __m512i low4 = _mm512_set1_epi8(0x0F);
     /* step k's 16 int32 sums (vpdpbusd: 4 values each): lanes 0-3 / 4-7 are half 0's 16-value
      * groups 2k / 2k+1, lanes 8-11 / 12-15 half 1's (scales 8+2k / 9+2k); lanes 0-7 take
      * activation block 4*0+k, lanes 8-15 block 4+k */
@@ -318,24 +336,8 @@ hy_dot_q6_k_512_rows(const uint8_t *w, long wstep, const int W, long nsb, const 
             HY_PREFETCH_L2(pf + 64);
             HY_PREFETCH_L2(pf + 128);
             HY_PREFETCH_L2(pf + 192);
-            /* d * scale of the 16 groups (exact: an 8-bit integer times a float16) */
-            scf[i] = _mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i *)(blk + 192)))),
-                                   _mm512_set1_ps(hy_f16(blk + 208)));
+            scf[i] = hy_q6_k_unpack_512(blk, v[i]);
             for (int r = 0; r < R; r++) acco[i * R + r] = _mm512_fmadd_ps(scf[i], s16v[r], acco[i * R + r]);
-            /* half n: ql at 64n, qh at 128 + 32n */
-            const __m512i l0 = _mm512_inserti64x4(_mm512_castsi256_si512(_mm256_loadu_si256((const __m256i *)blk)),
-                                                  _mm256_loadu_si256((const __m256i *)(blk + 64)), 1);
-            const __m512i l1 = _mm512_inserti64x4(_mm512_castsi256_si512(_mm256_loadu_si256((const __m256i *)(blk + 32))),
-                                                  _mm256_loadu_si256((const __m256i *)(blk + 96)), 1);
-            const __m512i h = _mm512_loadu_si512((const void *)(blk + 128));
-            v[i][0] = _mm512_or_si512(_mm512_and_si512(l0, low4),
-                                      _mm512_slli_epi16(_mm512_and_si512(h, _mm512_set1_epi8(0x03)), 4));
-            v[i][1] = _mm512_or_si512(_mm512_and_si512(l1, low4),
-                                      _mm512_slli_epi16(_mm512_and_si512(h, _mm512_set1_epi8(0x0C)), 2));
-            v[i][2] = _mm512_or_si512(_mm512_and_si512(_mm512_srli_epi16(l0, 4), low4),
-                                      _mm512_and_si512(h, _mm512_set1_epi8(0x30)));
-            v[i][3] = _mm512_or_si512(_mm512_and_si512(_mm512_srli_epi16(l1, 4), low4),
-                                      _mm512_srli_epi16(_mm512_and_si512(h, _mm512_set1_epi8((char)0xC0)), 2));
         }
         for (int k = 0; k < 4; k++) {
             for (int r = 0; r < R; r++) {
@@ -373,7 +375,6 @@ hy_dot_q6_k_512_prep(const uint8_t *w, long nsb, const int R, const uint8_t *pre
         acco[r] = _mm512_setzero_ps();
         for (int k = 0; k < 4; k++) acc[r][k] = _mm512_setzero_ps();
     }
-    const __m512i low4 = _mm512_set1_epi8(0x0F);
     __m512i grp[4];
     for (int k = 0; k < 4; k++)
         grp[k] = _mm512_set_epi32(9 + 2 * k, 9 + 2 * k, 9 + 2 * k, 9 + 2 * k, 8 + 2 * k, 8 + 2 * k,
@@ -385,24 +386,10 @@ hy_dot_q6_k_512_prep(const uint8_t *w, long nsb, const int R, const uint8_t *pre
         HY_PREFETCH_L2(blk + 64);
         HY_PREFETCH_L2(blk + 128);
         HY_PREFETCH_L2(blk + 192);
-        const __m512 scf = _mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i *)(blk + 192)))),
-                                         _mm512_set1_ps(hy_f16(blk + 208)));
+        __m512i v[4];
+        const __m512 scf = hy_q6_k_unpack_512(blk, v);
         for (int r = 0; r < R; r++)
             acco[r] = _mm512_fmadd_ps(scf, _mm512_loadu_ps(s16 + 2 * r * ldd + 16 * s), acco[r]);
-        const __m512i l0 = _mm512_inserti64x4(_mm512_castsi256_si512(_mm256_loadu_si256((const __m256i *)blk)),
-                                              _mm256_loadu_si256((const __m256i *)(blk + 64)), 1);
-        const __m512i l1 = _mm512_inserti64x4(_mm512_castsi256_si512(_mm256_loadu_si256((const __m256i *)(blk + 32))),
-                                              _mm256_loadu_si256((const __m256i *)(blk + 96)), 1);
-        const __m512i h = _mm512_loadu_si512((const void *)(blk + 128));
-        __m512i v[4];
-        v[0] = _mm512_or_si512(_mm512_and_si512(l0, low4),
-                               _mm512_slli_epi16(_mm512_and_si512(h, _mm512_set1_epi8(0x03)), 4));
-        v[1] = _mm512_or_si512(_mm512_and_si512(l1, low4),
-                               _mm512_slli_epi16(_mm512_and_si512(h, _mm512_set1_epi8(0x0C)), 2));
-        v[2] = _mm512_or_si512(_mm512_and_si512(_mm512_srli_epi16(l0, 4), low4),
-                               _mm512_and_si512(h, _mm512_set1_epi8(0x30)));
-        v[3] = _mm512_or_si512(_mm512_and_si512(_mm512_srli_epi16(l1, 4), low4),
-                               _mm512_srli_epi16(_mm512_and_si512(h, _mm512_set1_epi8((char)0xC0)), 2));
         for (int k = 0; k < 4; k++) {
             const __m512 fk = _mm512_permutexvar_ps(grp[k], scf);
             for (int r = 0; r < R; r++) {
