@@ -64,12 +64,14 @@ hy_q8_0_blocks_avx2(const uint8_t *w, long nb, const int R, const int8_t *qa, co
         const __m256i w0 = _mm256_loadu_si256((const __m256i *)(b0 + 2));
         const __m256i w1 = _mm256_loadu_si256((const __m256i *)(b1 + 2));
         const __m256i a0 = _mm256_abs_epi8(w0), a1 = _mm256_abs_epi8(w1);
-        const float d0 = hy_f16(b0), d1 = hy_f16(b1);
+        /* each factor d * da as one vector product of the broadcast halves (a broadcast from
+         * memory is a plain load; the same product as the scalar one) */
+        const __m256 d0 = _mm256_set1_ps(hy_f16(b0)), d1 = _mm256_set1_ps(hy_f16(b1));
         for (int r = 0; r < R; r++) {
             __m256i p0 = hy_dot_u8s8(a0, _mm256_sign_epi8(HY_QA(r, b), w0));
             __m256i p1 = hy_dot_u8s8(a1, _mm256_sign_epi8(HY_QA(r, b + 1), w1));
-            acc0[r] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(p0), _mm256_set1_ps(d0 * da[r * nb + b]), acc0[r]);
-            acc1[r] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(p1), _mm256_set1_ps(d1 * da[r * nb + b + 1]), acc1[r]);
+            acc0[r] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(p0), _mm256_mul_ps(d0, _mm256_broadcast_ss(da + r * nb + b)), acc0[r]);
+            acc1[r] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(p1), _mm256_mul_ps(d1, _mm256_broadcast_ss(da + r * nb + b + 1)), acc1[r]);
         }
     }
     for (int r = 0; r < R; r++) sum[r] = hy_hsum256(_mm256_add_ps(acc0[r], acc1[r]));
