@@ -167,11 +167,12 @@ class LayerWeights:
 
     attn_norm [hidden]; wq [H*D, hidden]; wk, wv [KVH*D, hidden]; wo [hidden, H*D];
     mlp_norm [hidden]; w_gate, w_up [intermediate, hidden]; w_down [hidden, intermediate];
-    optional q_norm, k_norm [D] (Qwen3, per head) and bq [H*D], bk, bv [KVH*D] (Qwen2);
+    optional q_norm, k_norm [D] (Qwen3, per head) or [H*D], [KVH*D] (OLMoE, over all heads)
+    and bq [H*D], bk, bv [KVH*D] (Qwen2);
     optional post_attn_norm, post_mlp_norm [hidden]: Gemma's sandwich norms on the attention
     and MLP outputs before each residual add.
     ``experts`` (hybrid.moe.ExpertWeights) replaces w_gate/w_up/w_down with a mixture of
-    experts (Mixtral, Qwen3-MoE); those three are then None.  The projection weights may be ``hybrid.QuantizedTensor`` (F16, BF16, Q8_0, Q4_K, ...): they
+    experts (Mixtral, Qwen3-MoE, OLMoE); those three are then None.  The projection weights may be ``hybrid.QuantizedTensor`` (F16, BF16, Q8_0, Q4_K, ...): they
     stay in their encoding and the backend's kernels for that format multiply them.
     """
 
@@ -193,13 +194,18 @@ class LayerWeights:
     post_mlp_norm: "np.ndarray | None" = None
     experts: object = None  # hybrid.moe.ExpertWeights
 
-    def expected_shapes(self, cfg: DecoderConfig) -> dict:
+    def expected_shapes(self, cfg: DecoderConfig, qk_norm_whole: "bool | None" = None) -> dict:
+        """Each weight's shape; the QK-norms cover one head, or all heads where
+        ``qk_norm_whole`` (None: as this layer's q_norm does)."""
         h, q, kv, i, d = cfg.hidden_size, cfg.q_size, cfg.kv_size, cfg.intermediate_size, cfg.head_dim
+        if qk_norm_whole is None:
+            qk_norm_whole = self is not None and self.q_norm is not None \
+                and np.shape(self.q_norm) == (q,) and q != d
         return {
             "attn_norm": (h,), "wq": (q, h), "wk": (kv, h), "wv": (kv, h), "wo": (h, q),
             "mlp_norm": (h,), "w_gate": (i, h), "w_up": (i, h), "w_down": (h, i),
-            "q_norm": (d,), "k_norm": (d,), "bq": (q,), "bk": (kv,), "bv": (kv,),
-            "post_attn_norm": (h,), "post_mlp_norm": (h,),
+            "q_norm": (q,) if qk_norm_whole else (d,), "k_norm": (kv,) if qk_norm_whole else (d,),
+            "bq": (q,), "bk": (kv,), "bv": (kv,), "post_attn_norm": (h,), "post_mlp_norm": (h,),
         }
 
     def validated(self, cfg: DecoderConfig) -> "LayerWeights":

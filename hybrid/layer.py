@@ -384,11 +384,13 @@ class DecoderLayer:
             with region("Block/VProj"):
                 v = k_.linear(h, w.wv, w.bv, b["v"], role)  # [n, KVH*D]
         if w.q_norm is not None:
-            with region("Block/QNorm"):  # per head, over head_dim
-                k_.rmsnorm(q.reshape(n * H, D), w.q_norm, eps, q.reshape(n * H, D))
+            with region("Block/QNorm"):  # per head (its weight [D]) or over all heads ([H*D])
+                span = w.q_norm.shape[0]
+                k_.rmsnorm(q.reshape(-1, span), w.q_norm, eps, q.reshape(-1, span))
         if w.k_norm is not None:
             with region("Block/KNorm"):
-                k_.rmsnorm(k.reshape(n * KVH, D), w.k_norm, eps, k.reshape(n * KVH, D))
+                span = w.k_norm.shape[0]
+                k_.rmsnorm(k.reshape(-1, span), w.k_norm, eps, k.reshape(-1, span))
         if self._inv_freq is not None and rotate:
             neox = cfg.rope_style == "neox"
             if cfg.partial_rotary:

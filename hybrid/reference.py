@@ -141,15 +141,15 @@ def decoder_layer(x, positions, past_k, past_v, w, cfg):
     x = _f64(x)
     n = x.shape[0]
     start = 0 if past_k is None else np.asarray(past_k).shape[0]
-    # attention block: norm, projections, per-head QK-norm, RoPE, causal attention, o_proj
+    # attention block: norm, projections, QK-norm, RoPE, causal attention, o_proj
     h = rmsnorm(x, w.attn_norm, eps)
     q = linear(h, w.wq, w.bq)
     k = linear(h, w.wk, w.bk)
     v = linear(h, w.wv, w.bv)
-    if w.q_norm is not None:
-        q = rmsnorm(q.reshape(-1, D), w.q_norm, eps).reshape(n, H * D)
+    if w.q_norm is not None:  # per head ([D]) or over all heads ([H*D], OLMoE)
+        q = rmsnorm(q.reshape(-1, len(w.q_norm)), w.q_norm, eps).reshape(n, H * D)
     if w.k_norm is not None:
-        k = rmsnorm(k.reshape(-1, D), w.k_norm, eps).reshape(n, KVH * D)
+        k = rmsnorm(k.reshape(-1, len(w.k_norm)), w.k_norm, eps).reshape(n, KVH * D)
     if cfg.rope_enabled:
         q = rope(q, positions, cfg.inv_freq(), H, D, cfg.rope_style)
         k = rope(k, positions, cfg.inv_freq(), KVH, D, cfg.rope_style)

@@ -1,4 +1,4 @@
-"""Mixture-of-experts models: tiny random Mixtral and Qwen3-MoE built with transformers, saved
+"""Mixture-of-experts models: tiny random Mixtral, Qwen3-MoE and OLMoE built with transformers, saved
 as safetensors and written as GGUF the way llama.cpp's converter does (experts stacked in
 ffn_*_exps tensors), against transformers' float32 logits; every expert chosen at least once;
 a batch against each row alone; a decode row reads only the experts it picked."""
@@ -32,6 +32,12 @@ def _build(kind):
         cfg = tf.MixtralConfig(**common, num_local_experts=4, num_experts_per_tok=2,
                                intermediate_size=48)
         hf = tf.MixtralForCausalLM(cfg)
+    elif kind == "olmoe":  # QK-norm over all heads; top-k weights not rescaled
+        common.pop("head_dim")
+        cfg = tf.OlmoeConfig(**common, num_experts=6, num_experts_per_tok=2, intermediate_size=32,
+                             eos_token_id=2, pad_token_id=1,
+                             norm_topk_prob=False)
+        hf = tf.OlmoeForCausalLM(cfg)
     else:
         cfg = tf.Qwen3MoeConfig(**common, num_experts=6, num_experts_per_tok=2,
                                 moe_intermediate_size=32, intermediate_size=48,
@@ -47,11 +53,11 @@ def _build(kind):
 
 def _to_gguf(hf, kind, folder, path, q8_experts=False):
     """What convert_hf_to_gguf.py writes from the saved folder: Mixtral as arch "llama" with
-    stacked experts and permuted Q/K; Qwen3-MoE as "qwen3moe"."""
+    stacked experts and permuted Q/K; Qwen3-MoE as "qwen3moe", OLMoE as "olmoe"."""
     from safetensors.numpy import load_file
 
     cfg, sd = hf.config, load_file(str(folder / "model.safetensors"))
-    arch = "llama" if kind == "mixtral" else "qwen3moe"
+    arch = "llama" if kind == "mixtral" else kind
     n_exp = cfg.num_local_experts if kind == "mixtral" else cfg.num_experts
     w = gguf.GGUFWriter(str(path), arch)
     w.add_block_count(cfg.num_hidden_layers)
@@ -66,7 +72,7 @@ def _to_gguf(hf, kind, folder, path, q8_experts=False):
     w.add_layer_norm_rms_eps(cfg.rms_norm_eps)
     w.add_expert_count(n_exp)
     w.add_expert_used_count(cfg.num_experts_per_tok)
-    if kind != "mixtral":
+    if kind == "qwen3moe":
         w.add_expert_feed_forward_length(cfg.moe_intermediate_size)
     w.add_tensor("token_embd.weight", sd["model.embed_tokens.weight"])
     w.add_tensor("output_norm.weight", sd["model.norm.weight"])
@@ -101,7 +107,7 @@ def _to_gguf(hf, kind, folder, path, q8_experts=False):
     w.close()
 
 
-@pytest.fixture(scope="module", params=["mixtral", "qwen3moe"])
+@pytest.fixture(scope="module", params=["mixtral", "qwen3moe", "olmoe"])
 def moe(request, tmp_path_factory):
     kind = request.param
     hf = _build(kind)
@@ -123,7 +129,7 @@ def test_logits_match_transformers(moe):
     st = load_model(folder, kv_dtype="float32")
     assert rel_err(_logits(st, ids, 12), want) < 1e-4
     mw = read_weights(folder / "model.gguf")
-    assert mw.arch == ("llama" if kind == "mixtral" else "qwen3moe")
+    assert mw.arch == ("llama" if kind == "mixtral" else kind)
     gg = Model(mw, None, kv_dtype="float32")
     assert rel_err(_logits(gg, ids, 12), want) < 1e-4
     for layer in st.layers:  # several experts, each chosen at least once

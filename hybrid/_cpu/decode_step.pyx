@@ -48,6 +48,7 @@ cdef class DecodeLayer:
     cdef long dim, inter, max_in, max_nb
     cdef int max_rows              # rows one call may carry (the buffers' first dimension)
     cdef int H, KVH, D, neox
+    cdef int q_span, k_span        # values each QK-norm covers: head_dim, or all of Q (K)
     cdef float eps
     cdef const float *attn_norm
     cdef const float *mlp_norm
@@ -75,7 +76,7 @@ cdef class DecodeLayer:
         self.prep = NULL
 
     def __init__(self, list mats,     # 7 x (code, w [out, row_bytes] uint8, bias or None, out [M, out])
-                 attn_norm, mlp_norm, q_norm, k_norm,   # [dim], [dim], [D] or None x 2
+                 attn_norm, mlp_norm, q_norm, k_norm,   # [dim], [dim], [D] (per head) or [H*D] / [KVH*D] (whole), or None
                  inv_freq,            # [D/2] float64 or None
                  h, o, x1,            # scratch [M, dim]
                  float eps, bint neox, int num_heads, int num_kv_heads, int head_dim,
@@ -115,6 +116,11 @@ cdef class DecodeLayer:
             raise ValueError("DecodeLayer: head_dim <= 1024")
         self.attn_norm, self.mlp_norm = _fptr(attn_norm), _fptr(mlp_norm)
         self.q_norm, self.k_norm = _fptr(q_norm), _fptr(k_norm)
+        self.q_span = head_dim if q_norm is None else q_norm.shape[0]
+        self.k_span = head_dim if k_norm is None else k_norm.shape[0]
+        if self.q_span not in (head_dim, num_heads * head_dim) \
+                or self.k_span not in (head_dim, num_kv_heads * head_dim):
+            raise ValueError("DecodeLayer: q_norm / k_norm must cover one head or all heads")
         self.inv_freq = NULL
         if inv_freq is not None:
             f = inv_freq
@@ -168,11 +174,14 @@ cdef class DecodeLayer:
             hy_rmsnorm_row(x + r * self.dim, self.attn_norm, self.eps, self.h + r * self.dim, self.dim)
         self._project(0, 3, self.h, self.dim, rows, num_threads)
         for r in range(rows):
-            if self.q_norm != NULL:
-                for i in range(self.H):
-                    hy_rmsnorm_row(self.q + r * qn + i * D, self.q_norm, self.eps, self.q + r * qn + i * D, D)
-                for i in range(self.KVH):
-                    hy_rmsnorm_row(self.k + r * kn + i * D, self.k_norm, self.eps, self.k + r * kn + i * D, D)
+            if self.q_norm != NULL:  # per head, or over all heads (OLMoE)
+                for i in range(qn // self.q_span):
+                    hy_rmsnorm_row(self.q + r * qn + i * self.q_span, self.q_norm, self.eps,
+                                   self.q + r * qn + i * self.q_span, self.q_span)
+            if self.k_norm != NULL:
+                for i in range(kn // self.k_span):
+                    hy_rmsnorm_row(self.k + r * kn + i * self.k_span, self.k_norm, self.eps,
+                                   self.k + r * kn + i * self.k_span, self.k_span)
             if self.inv_freq != NULL:
                 hy_rope_apply(self.q + r * qn, self.H, D, self.neox, cs + r * 512, sn + r * 512)
                 hy_rope_apply(self.k + r * kn, self.KVH, D, self.neox, cs + r * 512, sn + r * 512)

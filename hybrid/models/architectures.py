@@ -61,6 +61,9 @@ class Architecture:
     gguf_rope_style: str = "neox"
     hf_experts: "Experts | None" = None  # GGUF files say so in {arch}.expert_count
     gguf_experts_required: bool = False
+    gguf_experts_normalize: bool = True  # GGUF: the top-k weights rescaled to sum to 1
+    # QK-norm over all heads at once (weights [H*D], [KVH*D]) rather than per head ([D])
+    qk_norm_whole: bool = False
     # Gemma: GeGLU, sandwich norms, RMSNorm weights stored as w for x * (1 + w) in safetensors
     # (llama.cpp's converter adds the 1), embeddings scaled by sqrt(hidden), a local sliding
     # window on all but every gguf_global_every-th layer (safetensors: config's layer_types)
@@ -94,6 +97,14 @@ ARCHITECTURES = {a.name: a for a in (
                                      _HF + "mlp.experts.{e}.down_proj.weight"),
                                     sparse_step_key="decoder_sparse_step",
                                     dense_key="mlp_only_layers", normalize_key="norm_topk_prob")),
+    # OLMoE: Qwen3-MoE's expert layout, QK-norm over all heads, top-k weights not rescaled
+    Architecture("olmoe", ("OlmoeForCausalLM",), "olmoe", gguf_experts_required=True,
+                 gguf_experts_normalize=False, qk_norm_whole=True,
+                 hf_experts=Experts((_HF + "mlp.gate.weight",
+                                     _HF + "mlp.experts.{e}.gate_proj.weight",
+                                     _HF + "mlp.experts.{e}.up_proj.weight",
+                                     _HF + "mlp.experts.{e}.down_proj.weight"),
+                                    normalize_key="norm_topk_prob", normalize=False)),
     Architecture("gemma2", ("Gemma2ForCausalLM",), "gemma2",
                  hf_layer=dict(HF_LAYER, mlp_norm=_HF + "pre_feedforward_layernorm.weight",
                                post_attn_norm=_HF + "post_attention_layernorm.weight",

@@ -416,7 +416,7 @@ def read_gguf(path) -> ModelWeights:
         read_layer = split_fused(get_layer_tensor, cfg, path, get_fused=get)
         qk_norm = names["q_norm"].format(i=0) in tensors
         qkv_bias = names["bq"].format(i=0) in tensors
-        expected = LayerWeights.expected_shapes(None, cfg)
+        expected = LayerWeights.expected_shapes(None, cfg, spec.qk_norm_whole)
         shapes = {GGUF_LAYER[k].split(".", 2)[2]: v for k, v in expected.items()}
         experts = None
         if n_experts:
@@ -432,7 +432,8 @@ def read_gguf(path) -> ModelWeights:
                     r if isinstance(r, np.ndarray) else np.asarray(r, dtype=np.float32),
                     tensors.stacked(gate, up_shape, reencode),
                     tensors.stacked(up, up_shape, reencode),
-                    tensors.stacked(down, (n_experts, hidden, expert_ff), reencode), top_k, True)
+                    tensors.stacked(down, (n_experts, hidden, expert_ff), reencode), top_k,
+                    spec.gguf_experts_normalize)
         layers = [layer_weights(read_layer, i, cfg, qk_norm, qkv_bias, names, experts,
                                 spec.sandwich_norms) for i in range(n_layers)]
         for i, lw in enumerate(layers):
