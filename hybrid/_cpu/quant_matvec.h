@@ -7,9 +7,9 @@
 /* Prepared activations: the layouts some kernels read instead of the plain 8-bit blocks, laid
  * out once per call, one span of hy_q_prep_bytes(n) per activation row (0 where the build has
  * no such kernel).  Its parts, each at hy_q_prep_at: the stream kernel's (hy_q45_prep, any
- * number of rows), and, for several rows, the Q8_0 (hy_q8_prep), Q4_K / Q5_K (hy_kq_prep) and
- * Q6_K (hy_q6k_prep) multi-row kernels'.  hy_q_prep_flags says which parts a format reads;
- * hy_q_prep_acts lays out one row's. */
+ * number of rows), and, for several rows, the Q8_0 (hy_q8_prep), Q4_K / Q5_K and Q6_K
+ * (hy_kq_prep, one layout each) multi-row kernels'.  hy_q_prep_flags says which parts a format
+ * reads; hy_q_prep_acts lays out one row's. */
 enum { HY_PREP_Q45 = 1, HY_PREP_Q8 = 2, HY_PREP_KQ = 4, HY_PREP_Q6K = 8 };
 
 static inline long hy_q_prep_part_bytes(int part, long n) {
