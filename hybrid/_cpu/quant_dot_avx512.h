@@ -122,6 +122,20 @@ static inline int hy_q_kquant_pf_l2(long n) {
     return n + n / 4 + HY_PREFETCH_AHEAD > hy_l1d_bytes() * 3 / 4;
 }
 
+/* the software prefetch of a Q4_K / Q5_K super-block's lines, into L2 or L1 (see
+ * hy_q_kquant_pf_l2) */
+static inline __attribute__((always_inline)) void hy_q45_k_prefetch(const uint8_t *p, int pf_l2) {
+    if (pf_l2) {
+        HY_PREFETCH_L2(p);
+        HY_PREFETCH_L2(p + 64);
+        HY_PREFETCH_L2(p + 128);
+    } else {
+        HY_PREFETCH(p);
+        HY_PREFETCH(p + 64);
+        HY_PREFETCH(p + 128);
+    }
+}
+
 /* Step g (0 or 2) of the Q4_K / Q5_K super-block at blk: 64 nibble bytes as the values of
  * sub-blocks 2g and 2g+2 side by side (lo, low nibbles) and 2g+1 and 2g+3 (hi, high nibbles),
  * with Q5_K's fifth bits from hb (the block's 32 high-bit bytes in both halves). */
@@ -163,16 +177,7 @@ hy_dot_q45_k_512_rows(const uint8_t *w, long wstep, const int W, long nsb, const
             const uint8_t *blk = w + i * wstep + bb * s;
             /* the W rows' bytes are one span: prefetch it front to back, W blocks per step, so
              * memory sees one forward stream (not W streams, one ahead of each row's cursor) */
-            const uint8_t *pf = w + bb * (W * s + i);
-            if (pf_l2) {  /* (see hy_q_kquant_pf_l2) */
-                HY_PREFETCH_L2(pf);
-                HY_PREFETCH_L2(pf + 64);
-                HY_PREFETCH_L2(pf + 128);
-            } else {
-                HY_PREFETCH(pf);
-                HY_PREFETCH(pf + 64);
-                HY_PREFETCH(pf + 128);
-            }
+            hy_q45_k_prefetch(w + bb * (W * s + i), pf_l2);
             __m256 dsc, mnf;
             hy_k4_unpack(blk, &dsc, &mnf);
             const float dmin = hy_f16(blk + 2);
@@ -227,15 +232,7 @@ hy_dot_q45_k_512_prep(const uint8_t *w, long nsb, const int R, const uint8_t *pr
     const __m512i half = _mm512_mask_blend_epi32((__mmask16)0xFF00, _mm512_setzero_si512(), _mm512_set1_epi32(2));
     for (long s = 0; s < nsb; s++) {
         const uint8_t *blk = w + bb * s;
-        if (pf_l2) {
-            HY_PREFETCH_L2(blk);
-            HY_PREFETCH_L2(blk + 64);
-            HY_PREFETCH_L2(blk + 128);
-        } else {
-            HY_PREFETCH(blk);
-            HY_PREFETCH(blk + 64);
-            HY_PREFETCH(blk + 128);
-        }
+        hy_q45_k_prefetch(blk, pf_l2);
         __m256 dsc, mnf;
         hy_k4_unpack(blk, &dsc, &mnf);
         const __m256 dmin = _mm256_set1_ps(hy_f16(blk + 2));
