@@ -15,9 +15,10 @@ PRESETS = {
 }
 
 
-def random_weights(cfg: DecoderConfig, rng: np.random.Generator, qk_norm: bool = False,
+def random_weights(cfg: DecoderConfig, rng: np.random.Generator, qk_norm: "bool | str" = False,
                    std: float = 0.02) -> LayerWeights:
-    """Random float32 weights with the shapes ``cfg`` asks for (norm weights near 1)."""
+    """Random float32 weights with the shapes ``cfg`` asks for (norm weights near 1); qk_norm
+    True: QK-norms per head (Qwen3), "whole": over all heads (OLMoE)."""
     def mat(o, i):
         return (rng.standard_normal((o, i), dtype=np.float32) * std)
 
@@ -28,5 +29,5 @@ def random_weights(cfg: DecoderConfig, rng: np.random.Generator, qk_norm: bool =
     return LayerWeights(
         attn_norm=norm(h), wq=mat(q, h), wk=mat(kv, h), wv=mat(kv, h), wo=mat(h, q),
         mlp_norm=norm(h), w_gate=mat(inter, h), w_up=mat(inter, h), w_down=mat(h, inter),
-        q_norm=norm(cfg.head_dim) if qk_norm else None,
-        k_norm=norm(cfg.head_dim) if qk_norm else None)
+        q_norm=(norm(q) if qk_norm == "whole" else norm(cfg.head_dim)) if qk_norm else None,
+        k_norm=(norm(kv) if qk_norm == "whole" else norm(cfg.head_dim)) if qk_norm else None)

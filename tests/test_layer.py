@@ -17,7 +17,7 @@ def _setup(rng, qk_norm=False, heads=6, kv_heads=2, head_dim=64, hidden=256, sty
     return cfg, w
 
 
-@pytest.mark.parametrize("qk_norm", [False, True])
+@pytest.mark.parametrize("qk_norm", [False, True, "whole"])
 @pytest.mark.parametrize("style", ["neox", "gptj"])
 @pytest.mark.parametrize("heads,kv_heads", [(5, 5), (6, 2), (8, 1)])
 def test_layer_matches_reference(rng, qk_norm, style, heads, kv_heads):

@@ -253,7 +253,7 @@ def test_a_backend_without_the_format_says_why():
         assert registry.lookup(f"linear.{name}", "cpu") is not None
 
 
-@pytest.mark.parametrize("variant", ["llama", "qwen3", "qwen2", "gptj", "no-rope"])
+@pytest.mark.parametrize("variant", ["llama", "qwen3", "olmoe-norms", "qwen2", "gptj", "no-rope"])
 def test_fused_decode_step_equals_the_op_by_op_path(variant, rng):
     """A quantized CPU layer decodes a row in two native calls around the attention; with the
     profiler on it runs op by op (every region timed).  Both give the same numbers."""
@@ -266,6 +266,9 @@ def test_fused_decode_step_equals_the_op_by_op_path(variant, rng):
     if variant == "qwen3":
         extra = dict(q_norm=1 + 0.1 * rng.standard_normal(64).astype(np.float32),
                      k_norm=1 + 0.1 * rng.standard_normal(64).astype(np.float32))
+    if variant == "olmoe-norms":  # QK-norms over all heads
+        extra = dict(q_norm=1 + 0.1 * rng.standard_normal(256).astype(np.float32),
+                     k_norm=1 + 0.1 * rng.standard_normal(128).astype(np.float32))
     if variant == "qwen2":
         extra = {n: rng.standard_normal(s).astype(np.float32)
                  for n, s in (("bq", 256), ("bk", 128), ("bv", 128))}

@@ -6,6 +6,15 @@
 #define HYBRID_QUANT_DOT_AVX512_H
 
 #if defined(HY_Q512)
+/* The values of Q8_0 blocks b0 and b0 + 34 bytes side by side (the second zeros where `two` is
+ * 0, an odd last block), with the software prefetch of the weight stream. */
+static inline __attribute__((always_inline)) __m512i hy_q8_0_pair_512(const uint8_t *b0, int two) {
+    HY_PREFETCH(b0);
+    const __m256i w0 = _mm256_loadu_si256((const __m256i *)(b0 + 2));
+    const __m256i w1 = two ? _mm256_loadu_si256((const __m256i *)(b0 + 36)) : _mm256_setzero_si256();
+    return _mm512_inserti64x4(_mm512_castsi256_si512(w0), w1, 1);
+}
+
 /* Q8_0: all blocks of R activation rows into sum[r] (assigned); returns past the last block */
 static inline __attribute__((always_inline)) long
 hy_q8_0_blocks_512(const uint8_t *w, long nb, const int R, const int8_t *qa, const float *da,
@@ -19,10 +28,7 @@ hy_q8_0_blocks_512(const uint8_t *w, long nb, const int R, const int8_t *qa, con
     for (; b < nb; b += 2) {
         const int two = b + 1 < nb;
         const uint8_t *b0 = w + 34 * b, *b1 = b0 + 34;
-        HY_PREFETCH(b0);
-        const __m256i w0 = _mm256_loadu_si256((const __m256i *)(b0 + 2));
-        const __m256i w1 = two ? _mm256_loadu_si256((const __m256i *)(b1 + 2)) : _mm256_setzero_si256();
-        const __m512i wv = _mm512_inserti64x4(_mm512_castsi256_si512(w0), w1, 1);
+        const __m512i wv = hy_q8_0_pair_512(b0, two);
         const __m512i wa = _mm512_abs_epi8(wv);
         const __mmask64 neg = _mm512_movepi8_mask(wv);
         const __mmask64 am = two ? ~(__mmask64)0 : (__mmask64)0xFFFFFFFFu;
@@ -73,10 +79,7 @@ hy_q8_0_rows_prep(const uint8_t *w, long nb, const int R, const uint8_t *prep, l
     for (long b = 0; b < nb; b += 2) {
         const int two = b + 1 < nb;
         const uint8_t *b0 = w + 34 * b, *b1 = b0 + 34;
-        HY_PREFETCH(b0);
-        const __m256i w0 = _mm256_loadu_si256((const __m256i *)(b0 + 2));
-        const __m256i w1 = two ? _mm256_loadu_si256((const __m256i *)(b1 + 2)) : _mm256_setzero_si256();
-        const __m512i wv = _mm512_inserti64x4(_mm512_castsi256_si512(w0), w1, 1);
+        const __m512i wv = hy_q8_0_pair_512(b0, two);
         const __m512i nw = _mm512_sub_epi32(_mm512_setzero_si512(),
                                             _mm512_dpbusd_epi32(_mm512_setzero_si512(), flip, wv));
         const __m512 dw = _mm512_mask_blend_ps((__mmask16)0xFF00, _mm512_set1_ps(hy_f16(b0)),

@@ -85,6 +85,27 @@ static inline void hy_q_prep_acts(const int8_t *qa, const float *da, const float
 #define HY_PREP_CHUNK 32
 #endif
 
+/* That loop over weight rows [o, o1) for `rows` activation rows, bias added: ROW(R, i, r) runs
+ * weight row i against activation rows r..r+R-1, R a constant 1..4 in each expansion (so every
+ * format keeps its own inlined kernel). */
+#define HY_PREP_LOOP(ROW)                                                                      \
+    for (; o < o1; o += HY_PREP_CHUNK) {                                                       \
+        const long oe_ = o1 - o < HY_PREP_CHUNK ? o1 : o + HY_PREP_CHUNK;                      \
+        for (int r_ = 0; r_ < rows; r_ += 4) {                                                 \
+            const int left_ = rows - r_ < 4 ? rows - r_ : 4;                                   \
+            for (long i_ = o; i_ < oe_; i_++)                                                  \
+                switch (left_) {                                                               \
+                case 1: ROW(1, i_, r_); break;                                                 \
+                case 2: ROW(2, i_, r_); break;                                                 \
+                case 3: ROW(3, i_, r_); break;                                                 \
+                default: ROW(4, i_, r_); break;                                                \
+                }                                                                              \
+        }                                                                                      \
+        if (bias)                                                                              \
+            for (int r_ = 0; r_ < rows; r_++)                                                  \
+                for (long i_ = o; i_ < oe_; i_++) out[r_ * ldo + i_] += bias[i_];              \
+    }
+
 /* out[r*ldo + o] = row o of w . activation row r (+ bias[o]) for o in [o0, o1), r < rows.
  * Each weight row is read from memory once and used for every activation row. */
 static inline void hy_q_matvec_range(int type, const uint8_t *w, long row_bytes, long n, long o0,
@@ -182,21 +203,10 @@ static inline void hy_q_matvec_range(int type, const uint8_t *w, long row_bytes,
          * (kept in L2) for each group of four activation rows in turn (the same bits as below) */
         const long pstride = hy_q_prep_bytes(n);
         const uint8_t *pk = prep + hy_q_prep_at(HY_PREP_Q6K, n);
-        for (; o < o1; o += HY_PREP_CHUNK) {
-            const long oe = o1 - o < HY_PREP_CHUNK ? o1 : o + HY_PREP_CHUNK;
-            for (int r = 0; r < rows; r += 4) {
-                const int left = rows - r < 4 ? rows - r : 4;
-                for (long i = o; i < oe; i++) {
-#define HY_R6P(R) case R: hy_dot_q6_k_512_prep(w + i * row_bytes, n / 256, R, pk + r * pstride, pstride, \
-                                               s16 + 2 * r * nb, nb, out + r * ldo + i, ldo); break;
-                    switch (left) { HY_R6P(1) HY_R6P(2) HY_R6P(3) HY_R6P(4) }
+#define HY_R6P(R, i, r) hy_dot_q6_k_512_prep(w + (i) * row_bytes, n / 256, R, pk + (r) * pstride, \
+                                             pstride, s16 + 2 * (r) * nb, nb, out + (r) * ldo + (i), ldo)
+        HY_PREP_LOOP(HY_R6P)
 #undef HY_R6P
-                }
-            }
-            if (bias)
-                for (int r = 0; r < rows; r++)
-                    for (long i = o; i < oe; i++) out[r * ldo + i] += bias[i];
-        }
     }
     if (per_pass == 2 && qa != NULL && type == HY_Q_Q6_K && rows > 1) {
         /* several activation rows: one weight row per pass, unpacked once for two of them
@@ -219,23 +229,11 @@ static inline void hy_q_matvec_range(int type, const uint8_t *w, long row_bytes,
         const long pstride = hy_q_prep_bytes(n);
         const uint8_t *pk = prep + hy_q_prep_at(HY_PREP_KQ, n);
         const int pf_l2 = hy_q_kquant_pf_l2(n), five = type == HY_Q_Q5_K;
-        for (; o < o1; o += HY_PREP_CHUNK) {
-            const long oe = o1 - o < HY_PREP_CHUNK ? o1 : o + HY_PREP_CHUNK;
-            for (int r = 0; r < rows; r += 4) {
-                const int left = rows - r < 4 ? rows - r : 4;
-                for (long i = o; i < oe; i++) {
-#define HY_RKP(R) case R: \
-                    if (five) hy_dot_q45_k_512_prep(w + i * row_bytes, n / 256, R, pk + r * pstride, pstride, sa + r * nb, nb, 1, pf_l2, out + r * ldo + i, ldo); \
-                    else hy_dot_q45_k_512_prep(w + i * row_bytes, n / 256, R, pk + r * pstride, pstride, sa + r * nb, nb, 0, pf_l2, out + r * ldo + i, ldo); \
-                    break;
-                    switch (left) { HY_RKP(1) HY_RKP(2) HY_RKP(3) HY_RKP(4) }
+#define HY_RKP(R, i, r) \
+        if (five) hy_dot_q45_k_512_prep(w + (i) * row_bytes, n / 256, R, pk + (r) * pstride, pstride, sa + (r) * nb, nb, 1, pf_l2, out + (r) * ldo + (i), ldo); \
+        else hy_dot_q45_k_512_prep(w + (i) * row_bytes, n / 256, R, pk + (r) * pstride, pstride, sa + (r) * nb, nb, 0, pf_l2, out + (r) * ldo + (i), ldo)
+        HY_PREP_LOOP(HY_RKP)
 #undef HY_RKP
-                }
-            }
-            if (bias)
-                for (int r = 0; r < rows; r++)
-                    for (long i = o; i < oe; i++) out[r * ldo + i] += bias[i];
-        }
     }
     if (per_pass == 2 && qa != NULL && (type == HY_Q_Q4_K || type == HY_Q_Q5_K) && rows > 1) {
         /* several activation rows: one weight row per pass, unpacked once for up to four of
@@ -349,22 +347,10 @@ static inline void hy_q_matvec_range(int type, const uint8_t *w, long row_bytes,
     if (type == HY_Q_Q8_0 && rows > 1 && prep != NULL && hy_q_prep_fits(n)) {
         const long pstride = hy_q_prep_bytes(n);
         const uint8_t *p8 = prep + hy_q_prep_at(HY_PREP_Q8, n);
-        /* a chunk of weight rows (kept in L2) for each group of four activation rows (kept in
-         * L1) in turn */
-        for (; o < o1; o += HY_PREP_CHUNK) {
-            const long oe = o1 - o < HY_PREP_CHUNK ? o1 : o + HY_PREP_CHUNK;
-            for (int r = 0; r < rows; r += 4) {
-                const int left = rows - r < 4 ? rows - r : 4;
-                for (long i = o; i < oe; i++) {
-#define HY_R8P(R) case R: hy_q8_0_rows_prep(w + i * row_bytes, nb, R, p8 + r * pstride, pstride, out + r * ldo + i, ldo); break;
-                    switch (left) { HY_R8P(1) HY_R8P(2) HY_R8P(3) HY_R8P(4) }
+#define HY_R8P(R, i, r) hy_q8_0_rows_prep(w + (i) * row_bytes, nb, R, p8 + (r) * pstride, pstride, \
+                                          out + (r) * ldo + (i), ldo)
+        HY_PREP_LOOP(HY_R8P)
 #undef HY_R8P
-                }
-            }
-            if (bias)
-                for (int r = 0; r < rows; r++)
-                    for (long i = o; i < oe; i++) out[r * ldo + i] += bias[i];
-        }
         return;
     }
 #endif

@@ -4,8 +4,9 @@ lower-bit copy; llama.cpp's and vLLM's draft model).  The engine feeds a request
 token and its drafts in one step, samples each row in order with the request's own sampler,
 and keeps the drafts up to the first one the sampler did not pick (hybrid/engine/engine.py).
 Each sampled token comes from the same logits (decode rows are batch-invariant) and the same
-sampler state as without speculation, so the output is identical, greedy or seeded; for a draft that is a single token this is the standard
-rejection rule (accept with probability p(draft), else a sample of p without it)."""
+sampler state as without speculation, so the output is identical, greedy or seeded; for a
+draft that is a single token this is the standard rejection rule (accept with probability
+p(draft), else a sample of p without it)."""
 
 from __future__ import annotations
 
