@@ -163,20 +163,24 @@ def decoder_layer(x, positions, past_k, past_v, w, cfg):
     return out, k_all, v_all
 
 
-def quantize_activations(x):
-    """The 8-bit blocks the integer mat-vec and GEMM kernels read, bit for bit (float32 steps, as
-    llama.cpp's Q8_0 with symmetric rounding to nearest even): for each block of 32 values of a
-    row, amax = the largest |x| that is not NaN, d = amax / 127, q = round(x * (127 / amax))
-    clamped to [-127, 127] (a NaN or infinite product gives -127; d = 0 gives zeros), and
-    s = d * sum(q).  Returns (q int8 [rows, n], d float32 [rows, n/32], s float32 [rows, n/32])."""
+def quantize_activations(x, group=32):
+    """The 8-bit activations the integer mat-vec and GEMM kernels read, bit for bit (float32
+    steps, as llama.cpp's Q8_0 and Q8_K with symmetric rounding to nearest even): for each group
+    of `group` values of a row (32, or 256 for the formats with 256-value super-blocks), amax =
+    the largest |x| that is not NaN, d = amax / 127, q = round(x * (127 / amax)) clamped to
+    [-127, 127] (a NaN or infinite product gives -127; d = 0 gives zeros); per block of 32 its
+    group's d and s = d * sum(q).  Returns (q int8 [rows, n], d float32 [rows, n/32],
+    s float32 [rows, n/32])."""
     x = np.asarray(x, np.float32)
     rows, n = x.shape
-    blocks = x.reshape(rows, n // 32, 32)
+    groups = x.reshape(rows, n // group, group)
     with np.errstate(invalid="ignore", over="ignore", divide="ignore"):
-        amax = np.where(np.isnan(blocks), np.float32(0), np.abs(blocks)).max(axis=2)
+        amax = np.where(np.isnan(groups), np.float32(0), np.abs(groups)).max(axis=2)
         d = amax / np.float32(127)
         inv = np.where(d > 0, np.float32(127) / amax, np.float32(0)).astype(np.float32)
-        prod = np.rint(blocks * inv[..., None])
+        prod = np.rint(groups * inv[..., None])
         q = np.where(np.isfinite(prod), np.clip(prod, -127, 127), -127).astype(np.int8)
-    s = (d * q.astype(np.int32).sum(axis=2).astype(np.float32)).astype(np.float32)
-    return q.reshape(rows, n), d, s
+    d = np.repeat(d, group // 32, axis=1)
+    q = q.reshape(rows, n)
+    s = (d * q.reshape(rows, n // 32, 32).astype(np.int32).sum(axis=2).astype(np.float32))
+    return q, d, s.astype(np.float32)

@@ -69,14 +69,15 @@ def test_decoding_equals_gguf_bit_for_bit(name, rng):
         assert np.array_equal(qt.rows(ids), want[ids])  # the embedding lookup
 
 
-def _act_quantized(x):
-    """What the integer kernels see of x: the 8-bit blocks decoded (checked against x here)."""
+def _act_quantized(x, group=32):
+    """What the integer kernels see of x, one scale per `group` values (a format's block): the
+    8-bit values decoded (checked against x here) and the scale of each block of 32."""
     rows, n = x.shape
     qa = np.empty((rows, n), np.int8)
     da = np.empty((rows, n // 32), np.float32)
     sa = np.empty((rows, n // 32), np.float32)
-    kernels.quantize_activations(x, qa, da, sa)
-    amax = np.abs(x.reshape(rows, -1, 32)).max(axis=2)
+    kernels.quantize_activations(x, qa, da, sa, group)
+    amax = np.abs(x.reshape(rows, -1, group)).max(axis=2).repeat(group // 32, axis=1)
     assert np.allclose(da, amax / 127, rtol=1e-6)
     deq = qa.reshape(rows, -1, 32) * da[..., None].astype(np.float64)
     assert np.all(np.abs(deq - x.reshape(rows, -1, 32)) <= da[..., None] * 0.5 * (1 + 1e-4))
@@ -84,32 +85,38 @@ def _act_quantized(x):
     return deq.reshape(rows, n), da
 
 
-def test_activation_blocks_equal_the_reference_bit_for_bit(rng):
-    """The 8-bit activation blocks (vector paths where the build has them, the scalar loop in the
-    portable build) equal hybrid.reference.quantize_activations byte for byte, with blocks of
-    zeros, NaN, infinities, -0.0, tiny and huge values, and ties of the rounding."""
+@pytest.mark.parametrize("group", [32, 256])
+def test_activation_blocks_equal_the_reference_bit_for_bit(group, rng):
+    """The 8-bit activations, one scale per 32 or 256 values (vector paths where the build has
+    them, the scalar loop in the portable build), equal hybrid.reference.quantize_activations
+    byte for byte, with blocks of zeros, NaN, infinities, -0.0, tiny and huge values, and ties of
+    the rounding."""
     from hybrid import reference
 
-    rows, n = 9, 32 * 41
+    rows, n = 9, 32 * 41 if group == 32 else 256 * 7
     x = (rng.standard_normal((rows, n)) * np.exp(rng.uniform(-8, 8, (rows, 1)))).astype(np.float32)
     blocks = x.reshape(rows, -1, 32)
+    g = group // 32  # each special block in a group of its own
     blocks[0, 0] = 0.0
-    blocks[0, 1, 5] = np.nan
-    blocks[0, 2, 7] = np.inf
-    blocks[0, 3, :] = -0.0
-    blocks[0, 4, :] = np.nan
+    blocks[0, 1 * g, 5] = np.nan
+    blocks[0, 2 * g, 7] = np.inf
+    blocks[0, 3 * g, :] = -0.0
+    blocks[0, 4 * g, :] = np.nan
     blocks[1, 0] *= np.float32(1e-41)  # subnormal: the scale rounds to zero or its inverse overflows
-    blocks[1, 1] = np.float32(1e-38) * rng.standard_normal(32).astype(np.float32)
-    blocks[1, 2] = np.float32(3e38) * np.sign(rng.standard_normal(32)).astype(np.float32)
-    blocks[1, 3] = np.arange(32, dtype=np.float32) - 15.5  # halves: ties to even
-    blocks[1, 4] = np.float32(127)
-    blocks[1, 4, ::3] = np.float32(-0.5) - np.arange(11, dtype=np.float32)
+    blocks[1, 1 * g] = np.float32(1e-38) * rng.standard_normal(32).astype(np.float32)
+    blocks[1, 2 * g] = np.float32(3e38) * np.sign(rng.standard_normal(32)).astype(np.float32)
+    blocks[1, 3 * g] = np.arange(32, dtype=np.float32) - 15.5  # halves: ties to even
+    blocks[1, 4 * g] = np.float32(127)
+    blocks[1, 4 * g, ::3] = np.float32(-0.5) - np.arange(11, dtype=np.float32)
+    if group > 32:  # whole groups of the special values too
+        blocks[2, :g] = 0.0
+        blocks[2, g:2 * g] = np.float32(1e-41) * rng.standard_normal((g, 32)).astype(np.float32)
     qa = np.empty((rows, n), np.int8)
     da = np.empty((rows, n // 32), np.float32)
     sa = np.empty((rows, n // 32), np.float32)
     with np.errstate(invalid="ignore", over="ignore"):  # the huge blocks' sums overflow to inf
-        kernels.quantize_activations(x, qa, da, sa)
-        want_q, want_d, want_s = reference.quantize_activations(x)
+        kernels.quantize_activations(x, qa, da, sa, group)
+        want_q, want_d, want_s = reference.quantize_activations(x, group)
     assert np.array_equal(qa, want_q)
     assert da.view(np.uint32).tobytes() == want_d.view(np.uint32).tobytes()
     assert sa.view(np.uint32).tobytes() == want_s.view(np.uint32).tobytes()
@@ -134,7 +141,7 @@ def test_linear_against_float64(name, rows, rng):
             # the mat-vec (rows <= 16) and the prefill GEMM multiply 8-bit activations: exact up
             # to float32 rounding against them, and within half an activation step per value
             # against x itself
-            xq, da = _act_quantized(x)
+            xq, da = _act_quantized(x, FORMATS[name].block_values)
             tight = xq @ w.T + b
             assert np.all(np.abs(got - tight) <= 2e-6 * (np.abs(xq) @ np.abs(w).T + np.abs(b)) + 1e-30)
             step = (da[:, :, None] * 0.5).repeat(32, axis=2).reshape(rows, n)  # [rows, n]
@@ -229,9 +236,10 @@ def test_layer_with_quantized_weights(name, rng):
     x = rng.standard_normal((40, 512)).astype(np.float32)
     cq = hybrid.PagedKVCache(1, 2, 64, dtype="float32")
     cd = hybrid.PagedKVCache(1, 2, 64, dtype="float32")
-    # integer formats multiply 8-bit activations (prefill GEMM and decode mat-vec); the float
-    # formats give the float32 layer's numbers
-    tol = 2e-2 if name == "mixed" or FORMATS[name].integer else 1e-5
+    # integer formats multiply 8-bit activations (prefill GEMM and decode mat-vec), the K
+    # formats' with one scale per 256 values (a coarser step); the float formats give the
+    # float32 layer's numbers
+    tol = 3e-2 if name in ("mixed", "q4_k") else 2e-2 if FORMATS[name].integer else 1e-5
     yq, yd = layer_q.forward(x[:37], np.arange(37), cq), layer_d.forward(x[:37], np.arange(37), cd)
     assert np.abs(yq - yd).max() <= tol * np.abs(yd).max()
     cq.commit(37)
@@ -414,7 +422,7 @@ def test_wide_k_quant_rows_against_float64_and_row_by_row(name, rng):
             one = np.empty((rows, 1), np.float32)
             kernels.matvec(code, np.ascontiguousarray(w.data[i:i + 1]), x, None, one, 1)
             assert np.array_equal(one[:, 0], full[:, i]), (rows, i)
-        xq, da = _act_quantized(x)
+        xq, da = _act_quantized(x, 256)
         tight = xq @ wd.T
         assert np.all(np.abs(full - tight) <= 2e-6 * (np.abs(xq) @ np.abs(wd).T) + 1e-30)
 

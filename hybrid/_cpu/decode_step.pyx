@@ -5,15 +5,12 @@ writes and attention in between, without returning to Python.  The mat-vecs are 
 (matvec_group), the attention attention.pyx's (RaggedStep): the same kernels in the same order
 as the layer's op-by-op path, so both give the same bits.
 """
-from libc.stdint cimport int8_t, int64_t, uint8_t
+from libc.stdint cimport int64_t, uint8_t
 from libc.stdlib cimport free, malloc
 from libc.string cimport memcmp
 
 from hybrid._cpu.attention cimport RaggedStep
-from hybrid._cpu.quant cimport QuantMat, check_weight, matvec_group
-
-cdef extern from "quant.h" nogil:
-    long hy_q_prep_bytes(long n)
+from hybrid._cpu.quant cimport QuantMat, acts_bytes, check_weight, matvec_group
 
 cdef extern from "rowops.h" nogil:
     void hy_rmsnorm_row(const float *x, const float *weight, float eps, float *out, long dim)
@@ -45,7 +42,7 @@ cdef class DecodeLayer:
     path (matvec_many and the row kernels), so both give the same bits."""
     cdef object _keep
     cdef QuantMat mats[7]          # Q, K, V | O | gate, up | down
-    cdef long dim, inter, max_in, max_nb
+    cdef long dim, inter, max_in
     cdef int max_rows              # rows one call may carry (the buffers' first dimension)
     cdef int H, KVH, D, neox
     cdef int q_span, k_span        # values each QK-norm covers: head_dim, or all of Q (K)
@@ -62,18 +59,10 @@ cdef class DecodeLayer:
     cdef float *x1
     cdef float *gate
     cdef float *up
-    cdef int8_t *qa
-    cdef float *da
-    cdef float *sa
-    cdef float *s16
-    cdef uint8_t *prep
+    cdef uint8_t *acts
 
     def __cinit__(self):
-        self.qa = NULL
-        self.da = NULL
-        self.sa = NULL
-        self.s16 = NULL
-        self.prep = NULL
+        self.acts = NULL
 
     def __init__(self, list mats,     # 7 x (code, w [out, row_bytes] uint8, bias or None, out [M, out])
                  attn_norm, mlp_norm, q_norm, k_norm,   # [dim], [dim], [D] (per head) or [H*D] / [KVH*D] (whole), or None
@@ -132,25 +121,18 @@ cdef class DecodeLayer:
         self.q, self.k = self.mats[0].out, self.mats[1].out
         self.gate, self.up = self.mats[4].out, self.mats[5].out
         self.max_in = max(ins)
-        self.max_nb = self.max_in // 32 + 1
-        self.qa = <int8_t *> hy_alloc64(max_rows * self.max_in)
-        self.da = <float *> hy_alloc64(sizeof(float) * max_rows * self.max_nb)
-        self.sa = <float *> hy_alloc64(sizeof(float) * max_rows * self.max_nb)
-        self.s16 = <float *> hy_alloc64(sizeof(float) * 2 * max_rows * self.max_nb)
-        self.prep = <uint8_t *> hy_alloc64(max_rows * hy_q_prep_bytes(self.max_in) + 1)
-        if self.qa == NULL or self.da == NULL or self.sa == NULL or self.s16 == NULL \
-                or self.prep == NULL:
+        self.acts = <uint8_t *> hy_alloc64(acts_bytes(max_rows, self.max_in))
+        if self.acts == NULL:
             raise MemoryError()
 
     def __dealloc__(self):
-        free(self.qa); free(self.da); free(self.sa); free(self.s16); free(self.prep)
+        free(self.acts)
 
     cdef void _project(self, int first, int count, const float *x, long n_in, int rows,
                        int num_threads) noexcept nogil:
         """out_i = x @ W_i.T (+ bias_i) for mats [first, first+count): matvec_many for the
         rows (each row's bits as alone)."""
-        matvec_group(&self.mats[first], count, x, n_in, rows, self.qa, self.da, self.sa, self.s16,
-                      self.prep, num_threads)
+        matvec_group(&self.mats[first], count, x, n_in, rows, self.acts, num_threads)
 
     def prologue(self, const float[:, ::1] x,   # IN  [1, hidden] the layer's input
                  int64_t position, int num_threads):

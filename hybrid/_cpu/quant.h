@@ -41,13 +41,17 @@
  * the same order and no fused multiply-add (this file is compiled with -ffp-contract=off).
  *
  * Dot products (hy_q_dot) multiply a weight row by an activation row quantized once per step to
- * 8-bit blocks of 32 (hy_q_act): qa[i] = round(x[i]/da[b]), da[b] = max|x| / 127 over block b,
- * sa[b] = da[b] * sum(qa of block b).  Inside a block the products are exact integers
- * (_mm256_maddubs_epi16 + _mm256_madd_epi16 on AVX2), scaled once per block in float32.  Formats
- * with an offset (Q4_1, Q5_1, Q4_K, Q5_K: "+ m") add m * sa[b] per block, and per 16 values
- * through the activations' half-block sums (Q2_K's mins, the centres of Q3_K and Q6_K); the
- * signed formats (Q8_0, IQ4_NL, IQ4_XS) multiply |w| times sign-adjusted qa.  F16 and BF16 rows
- * multiply the float32 activations directly (widen and FMA): nothing to gain from integers there.
+ * 8-bit values (hy_q_act) with one scale per group of the format's block size: 32 values for the
+ * 32-value formats, 256 for the super-block formats (as llama.cpp's Q8_0 and Q8_K):
+ * qa[i] = round(x[i]/d), d = max|x| / 127 over the group, stored per 32-value block b as
+ * da[b], with sa[b] = da[b] * sum(qa of block b).  Inside a block the products are exact
+ * integers (_mm256_maddubs_epi16 + _mm256_madd_epi16 on AVX2), scaled once per block in
+ * float32; Q4_K, Q5_K and Q6_K keep their sub-block scales in the integer sums too and scale
+ * once per super-block.  Formats with an offset (Q4_1, Q5_1, Q4_K, Q5_K: "+ m") add m * sa[b]
+ * per block, and per 16 values through the activations' half-block sums (Q2_K's mins, the
+ * centres of Q3_K and Q6_K); the signed formats (Q8_0, IQ4_NL, IQ4_XS) multiply |w| times
+ * sign-adjusted qa.  F16 and BF16 rows multiply the float32 activations directly (widen and
+ * FMA): nothing to gain from integers there.
  */
 #ifndef HYBRID_QUANT_H
 #define HYBRID_QUANT_H

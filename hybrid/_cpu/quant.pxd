@@ -10,6 +10,6 @@ cdef struct QuantMat:
     float *out          # [rows, n_out]
 
 cdef long check_weight(int qtype, const uint8_t[:, ::1] w, Py_ssize_t n_in) except -1
+cdef Py_ssize_t acts_bytes(long rows, long n_in) noexcept nogil
 cdef void matvec_group(const QuantMat *mats, int count, const float *x, long n_in, int rows,
-                       int8_t *qa, float *da, float *sa, float *s16, uint8_t *prep,
-                       int num_threads) noexcept nogil
+                       uint8_t *acts, int num_threads) noexcept nogil

@@ -24,7 +24,9 @@ cdef extern from "quant.h" nogil:
     int hy_q_block_values(int type)
     int hy_q_block_bytes(int type)
     void hy_q_decode_row(int type, const uint8_t *row, float *y, long n)
-    void hy_q_act(const float *x, long n, int8_t *qa, float *da, float *sa, float *s16)
+    void hy_q_act(const float *x, long n, long group, int8_t *qa, float *da, float *sa,
+                  float *s16)
+    int hy_q_act_group(int type)
     void hy_q_matvec_range(int type, const uint8_t *w, long row_bytes, long n, long o0, long o1,
                            int rows, const int8_t *qa, const float *da, const float *sa,
                            const float *s16, const uint8_t *prep, const float *x,
@@ -146,18 +148,21 @@ def gather_rows(int qtype,
             hy_q_decode_row(qtype, &w[ids[i], 0], &out[i, 0], n_in)
 
 
-def quantize_activations(const float[:, ::1] x,   # IN  [rows, n] float32, n % 32 == 0
+def quantize_activations(const float[:, ::1] x,   # IN  [rows, n] float32, n % group == 0
                          int8_t[:, ::1] qa,        # OUT [rows, n]
-                         float[:, ::1] da,         # OUT [rows, n/32] block scales
-                         float[:, ::1] sa):        # OUT [rows, n/32] scale * sum of the block
-    """The 8-bit blocks the integer dot products read (exposed for tests)."""
+                         float[:, ::1] da,         # OUT [rows, n/32] scale of each block's group
+                         float[:, ::1] sa,         # OUT [rows, n/32] scale * sum of the block
+                         int group=32):            # values per scale: 32 or 256
+    """The 8-bit activations the integer dot products read (exposed for tests)."""
     cdef Py_ssize_t r, rows = x.shape[0], n = x.shape[1]
-    if n % 32 or qa.shape[0] != rows or qa.shape[1] != n or da.shape[1] != n // 32 \
+    if group not in (32, 256):
+        raise ValueError(f"quantize_activations: group {group} is neither 32 nor 256")
+    if n % group or qa.shape[0] != rows or qa.shape[1] != n or da.shape[1] != n // 32 \
             or sa.shape[1] != n // 32 or da.shape[0] != rows or sa.shape[0] != rows:
         raise ValueError("quantize_activations: inconsistent shapes")
     with nogil:
         for r in range(rows):
-            hy_q_act(&x[r, 0], n, &qa[r, 0], &da[r, 0], &sa[r, 0], NULL)
+            hy_q_act(&x[r, 0], n, group, &qa[r, 0], &da[r, 0], &sa[r, 0], NULL)
 
 
 cdef const float *_bias_ptr(bias, Py_ssize_t n_out, str who) except? NULL:
@@ -222,6 +227,7 @@ cdef struct GemmMat:
     float *out
     long n_in
     long rows
+    int group             # values per activation scale (hy_q_act_group)
     const int8_t *qa
     const float *da
     const float *sa
@@ -229,17 +235,34 @@ cdef struct GemmMat:
     long first_panel      # this matrix's panels are [first_panel, next matrix's first_panel)
 
 
+cdef inline int _act_kind(int code) noexcept nogil:
+    """Which of the two activation forms a format reads: 0 scales per 32 values, 1 per 256."""
+    return 1 if hy_q_act_group(code) == 256 else 0
+
+
+cdef int _set_kinds(list mats_) except -1:
+    """Bit k set where a matrix of the list reads activation form k (_act_kind)."""
+    cdef int kinds = 0
+    for m_ in mats_:
+        kinds |= 1 << _act_kind(m_[0])
+    return kinds
+
+
 def gemm_sets(list sets,   # [(x [rows_i, in_i] float32, [(code, w, bias or None, out), ...])]
               int num_threads):
     """out = x_i @ W.T (+ bias) for every matrix of every set (integer formats), each set's x
-    quantized once, and one parallel region over the panels of all the matrices (mixture of
-    experts: each expert's prompt rows).  Each output has the bits gemm gives it."""
-    cdef int ns = len(sets), nm = 0, i, m
+    quantized once per activation form its matrices read, and one parallel region over the
+    panels of all the matrices (mixture of experts: each expert's prompt rows).  Each output
+    has the bits gemm gives it."""
+    cdef int ns = len(sets), nm = 0, i, m, kind, kinds
     cdef Py_ssize_t total_rows = 0, a_bytes = 0, max_in = 32
     for x_, mats_ in sets:  # sizes first: the activations' buffer
         nm += len(mats_)
-        total_rows += x_.shape[0]
-        a_bytes += _act_bytes(x_.shape[0], x_.shape[1])
+        kinds = _set_kinds(mats_)
+        for kind in range(2):
+            if kinds >> kind & 1:
+                total_rows += x_.shape[0]
+                a_bytes += _act_bytes(x_.shape[0], x_.shape[1])
         max_in = max(max_in, x_.shape[1])
     if nm == 0:
         return
@@ -259,7 +282,7 @@ def gemm_sets(list sets,   # [(x [rows_i, in_i] float32, [(code, w, bias or None
     cdef uint8_t *vi
     cdef float *ct
     cdef GemmMat *g
-    cdef GemmMat a
+    cdef GemmMat a[2]
     cdef QuantMat qm
     try:
         acts = <uint8_t *> hy_alloc64(a_bytes + 64)
@@ -275,24 +298,28 @@ def gemm_sets(list sets,   # [(x [rows_i, in_i] float32, [(code, w, bias or None
             x, mats_ = sets[i]
             rows, n_in = x.shape[0], x.shape[1]
             nb, n16 = n_in // 32, n_in // 16
-            a.n_in, a.rows = n_in, rows
-            a.qa = <int8_t *> (acts + off)
-            a.da = <float *> (acts + off + rows * n_in)
-            a.sa = a.da + rows * nb
-            a.a16 = <int32_t *> (a.sa + rows * nb)
-            off += _act_bytes(rows, n_in)
-            for r in range(rows):
-                row_set[k] = a
-                row_set[k].qa, row_set[k].da = a.qa + r * n_in, a.da + r * nb
-                row_set[k].sa, row_set[k].a16 = a.sa + r * nb, a.a16 + r * n16
-                row_x[k] = &x[r, 0]
-                k += 1
+            kinds = _set_kinds(mats_)
+            for kind in range(2):
+                if not kinds >> kind & 1:
+                    continue
+                a[kind].n_in, a[kind].rows, a[kind].group = n_in, rows, 256 if kind else 32
+                a[kind].qa = <int8_t *> (acts + off)
+                a[kind].da = <float *> (acts + off + rows * n_in)
+                a[kind].sa = a[kind].da + rows * nb
+                a[kind].a16 = <int32_t *> (a[kind].sa + rows * nb)
+                off += _act_bytes(rows, n_in)
+                for r in range(rows):
+                    row_set[k] = a[kind]
+                    row_set[k].qa, row_set[k].da = a[kind].qa + r * n_in, a[kind].da + r * nb
+                    row_set[k].sa, row_set[k].a16 = a[kind].sa + r * nb, a[kind].a16 + r * n16
+                    row_x[k] = &x[r, 0]
+                    k += 1
             for code, w, bias, o in mats_:
                 _fill_mat(&qm, code, w, bias, o, n_in, rows, "")
                 if code not in INTEGER_FORMATS:
                     raise ValueError(f"gemm serves the integer formats, not code {code}")
                 g = &ms[m]
-                g[0] = a
+                g[0] = a[_act_kind(code)]
                 g.code, g.w, g.row_bytes, g.n_out = qm.code, qm.w, qm.row_bytes, qm.n_out
                 g.bias, g.out = qm.bias, qm.out
                 g.first_panel = total_panels
@@ -301,11 +328,12 @@ def gemm_sets(list sets,   # [(x [rows_i, in_i] float32, [(code, w, bias or None
                 m += 1
         ms[nm].first_panel = total_panels
         with nogil:
-            # 8-bit activations of every row of every set: values, scales, scaled block sums,
-            # integer sums per 16
+            # 8-bit activations of every row of every set in each form: values, scales, scaled
+            # block sums, integer sums per 16
             for q in prange(total_rows, num_threads=num_threads, schedule="static"):
                 g = &row_set[q]
-                hy_q_act(row_x[q], g.n_in, <int8_t *> g.qa, <float *> g.da, <float *> g.sa, NULL)
+                hy_q_act(row_x[q], g.n_in, g.group, <int8_t *> g.qa, <float *> g.da,
+                         <float *> g.sa, NULL)
                 hy_q_half_sums(g.qa, g.n_in, <int32_t *> g.a16)
             # panels handed out one at a time: when one core is slowed (a shared machine) the
             # other takes more panels; a panel's result does not depend on the thread
@@ -354,36 +382,80 @@ cdef inline bint _integer(int code) noexcept nogil:
 
 
 cdef struct QuantActs:
-    # one input of a mat-vec: x [rows, n_in] and its 8-bit form (hy_q_act) for integer formats
+    # one input of a mat-vec: x [rows, n_in] and its 8-bit forms (hy_q_act) for integer
+    # formats, [kind] as _act_kind: scales per 32 values, per 256
     long n_in
     int rows
     const float *x
-    const int8_t *qa
-    const float *da
-    const float *sa
-    const float *s16
+    const int8_t *qa[2]
+    const float *da[2]
+    const float *sa[2]
+    const float *s16[2]
     const uint8_t *prep
 
 
-cdef void _quantize_acts(const QuantActs *a, int integer, int prep) noexcept nogil:
-    """a's 8-bit activations from its x, row by row, and the prepared layouts that the flags
-    `prep` name (hy_q_prep_flags of the formats that read them)."""
-    cdef long nb = a.n_in // 32, pstride = hy_q_prep_bytes(a.n_in)
-    cdef int r
-    if not integer:
-        return
-    for r in range(a.rows):
-        hy_q_act(a.x + r * a.n_in, a.n_in, <int8_t *> a.qa + r * a.n_in, <float *> a.da + r * nb,
-                 <float *> a.sa + r * nb, <float *> a.s16 + r * 2 * nb)
-        if prep:
-            hy_q_prep_acts(a.qa + r * a.n_in, a.da + r * nb, a.sa + r * nb, a.n_in, a.rows,
-                           prep, <uint8_t *> a.prep + r * pstride)
+cdef struct ActNeeds:
+    # what a mat-vec's formats read of their input: the forms (bit k: kind k) and the
+    # prepared layouts of each form (hy_q_prep_flags)
+    int kinds
+    int prep[2]
+
+
+cdef inline void _need(ActNeeds *n, int code) noexcept nogil:
+    """n plus what format `code` reads."""
+    cdef int k = _act_kind(code)
+    if _integer(code):
+        n.kinds |= 1 << k
+        n.prep[k] |= hy_q_prep_flags(code)
+
+
+cdef Py_ssize_t acts_bytes(long rows, long n_in) noexcept nogil:
+    """Bytes of _place_acts' buffer for rows x n_in values: both 8-bit forms with their scales
+    and sums, and the prepared layouts."""
+    return (2 * (rows * n_in + 4 * sizeof(float) * rows * (n_in // 32))
+            + rows * hy_q_prep_bytes(n_in) + 127) // 64 * 64
+
+
+cdef void _place_acts(QuantActs *a, uint8_t *buf) noexcept nogil:
+    """a's activation arrays inside buf (acts_bytes(a.rows, a.n_in) bytes; NULL: none)."""
+    cdef long rows = a.rows, nb = a.n_in // 32
+    cdef int k
+    a.prep = NULL
+    for k in range(2):
+        a.qa[k] = NULL; a.da[k] = a.sa[k] = a.s16[k] = NULL
+        if buf == NULL:
+            continue
+        a.qa[k] = <int8_t *> buf
+        a.da[k] = <float *> (buf + rows * a.n_in)
+        a.sa[k] = a.da[k] + rows * nb
+        a.s16[k] = a.sa[k] + rows * nb
+        buf += rows * a.n_in + 4 * sizeof(float) * rows * nb
+    if buf != NULL:
+        a.prep = buf
+
+
+cdef void _quantize_acts(const QuantActs *a, const ActNeeds *need) noexcept nogil:
+    """a's 8-bit activations from its x, row by row, in the forms `need` names, and the
+    prepared layouts it names."""
+    cdef long n = a.n_in, nb = a.n_in // 32, pstride = hy_q_prep_bytes(a.n_in)
+    cdef int r, k
+    for k in range(2):
+        if not need.kinds >> k & 1:
+            continue
+        for r in range(a.rows):
+            hy_q_act(a.x + r * n, n, 256 if k else 32, <int8_t *> a.qa[k] + r * n,
+                     <float *> a.da[k] + r * nb, <float *> a.sa[k] + r * nb,
+                     <float *> a.s16[k] + r * 2 * nb)
+            if need.prep[k]:
+                hy_q_prep_acts(a.qa[k] + r * n, a.da[k] + r * nb, a.sa[k] + r * nb, n, a.rows,
+                               need.prep[k], <uint8_t *> a.prep + r * pstride)
 
 
 cdef inline void _matvec_rows(const QuantMat *m, const QuantActs *a, long o0,
                               long o1) noexcept nogil:
-    hy_q_matvec_range(m.code, m.w, m.row_bytes, a.n_in, o0, o1, a.rows, a.qa, a.da, a.sa, a.s16,
-                      a.prep, a.x, m.bias, m.out, m.n_out)
+    cdef int k = _act_kind(m.code)
+    hy_q_matvec_range(m.code, m.w, m.row_bytes, a.n_in, o0, o1, a.rows, a.qa[k], a.da[k],
+                      a.sa[k], a.s16[k], a.prep, a.x, m.bias, m.out, m.n_out)
 
 
 cdef void _matvec_run(const QuantMat *mats, int count, const QuantActs *acts, const int *act_of,
@@ -419,19 +491,20 @@ cdef void _matvec_run(const QuantMat *mats, int count, const QuantActs *acts, co
 
 
 cdef void matvec_group(const QuantMat *mats, int count, const float *x, long n_in, int rows,
-                       int8_t *qa, float *da, float *sa, float *s16, uint8_t *prep,
-                       int num_threads) noexcept nogil:
+                       uint8_t *acts, int num_threads) noexcept nogil:
     """out_i = x @ W_i.T (+ bias_i) for `count` (<= 4) matrices reading the same x [rows, n_in]:
-    x quantized once into qa/da/sa/s16 (rows * n_in, rows * n_in/32, the same, twice that) and,
-    for the formats whose kernels read prepared activations, laid out for them in prep (rows *
-    hy_q_prep_bytes(n_in)), then _matvec_run."""
+    x quantized once in each form the formats read, and laid out for the kernels that read
+    prepared activations, in acts (acts_bytes(rows, n_in) bytes; NULL for float formats only),
+    then _matvec_run."""
     cdef QuantActs a
-    cdef int i, integer = 0, stream = 0
+    cdef ActNeeds need
+    cdef int i
+    need.kinds = need.prep[0] = need.prep[1] = 0
     for i in range(count):
-        integer = integer or _integer(mats[i].code)
-        stream = stream | hy_q_prep_flags(mats[i].code)
-    a.n_in, a.rows, a.x, a.qa, a.da, a.sa, a.s16, a.prep = n_in, rows, x, qa, da, sa, s16, prep
-    _quantize_acts(&a, integer, stream)
+        _need(&need, mats[i].code)
+    a.n_in, a.rows, a.x = n_in, rows, x
+    _place_acts(&a, acts)
+    _quantize_acts(&a, &need)
     _matvec_run(mats, count, &a, NULL, num_threads)
 
 
@@ -487,7 +560,7 @@ def matvec_many(list mats,                    # [(code, w [out_i, row_bytes_i] u
                 int num_threads):
     """out_i = x @ W_i.T (+ bias_i) for several weights that read the same x (Q/K/V, gate/up):
     x is quantized once, and one parallel region covers the rows of every matrix."""
-    cdef Py_ssize_t n_in = x.shape[1], rows = x.shape[0], nb = n_in // 32
+    cdef Py_ssize_t n_in = x.shape[1], rows = x.shape[0]
     cdef int k, nm = len(mats)
     if nm < 1 or nm > 4:
         raise ValueError(f"matvec_many takes 1..4 matrices, got {nm}")
@@ -501,25 +574,16 @@ def matvec_many(list mats,                    # [(code, w [out_i, row_bytes_i] u
         integer = integer or _integer(code)
     if rows == 0:
         return
-    cdef int8_t *qa = NULL
-    cdef float *da = NULL
-    cdef float *sa = NULL
-    cdef float *s16 = NULL
-    cdef uint8_t *prep = NULL
+    cdef uint8_t *acts = NULL
     if integer:
-        qa = <int8_t *> hy_alloc64(rows * n_in)
-        da = <float *> hy_alloc64(sizeof(float) * rows * nb)
-        sa = <float *> hy_alloc64(sizeof(float) * rows * nb)
-        s16 = <float *> hy_alloc64(sizeof(float) * rows * 2 * nb)
-        prep = <uint8_t *> hy_alloc64(rows * hy_q_prep_bytes(n_in) + 1)
-        if qa == NULL or da == NULL or sa == NULL or s16 == NULL or prep == NULL:
-            free(qa); free(da); free(sa); free(s16); free(prep)
+        acts = <uint8_t *> hy_alloc64(acts_bytes(rows, n_in))
+        if acts == NULL:
             raise MemoryError()
     try:
         with nogil:
-            matvec_group(ms, nm, &x[0, 0], n_in, <int> rows, qa, da, sa, s16, prep, num_threads)
+            matvec_group(ms, nm, &x[0, 0], n_in, <int> rows, acts, num_threads)
     finally:
-        free(qa); free(da); free(sa); free(s16); free(prep)
+        free(acts)
 
 
 def matvec_sets(list sets,   # [(x [rows_i, in_i] float32, [(code, w, bias or None, out), ...])]
@@ -528,7 +592,7 @@ def matvec_sets(list sets,   # [(x [rows_i, in_i] float32, [(code, w, bias or No
     one parallel region over the rows of all the matrices (mixture-of-experts decode: each
     expert's gate and up, or down, read their own rows).  Each output row has the bits that
     matvec gives it."""
-    cdef int ns = len(sets), nm = 0, i, k, m, integer = 0, stream = 0
+    cdef int ns = len(sets), nm = 0, i, k, m, integer = 0
     for x_, mats_ in sets:
         nm += len(mats_)
     if nm == 0:
@@ -536,51 +600,47 @@ def matvec_sets(list sets,   # [(x [rows_i, in_i] float32, [(code, w, bias or No
     cdef QuantMat *ms = <QuantMat *> malloc(sizeof(QuantMat) * nm)
     cdef int *act_of = <int *> malloc(sizeof(int) * nm)
     cdef QuantActs *acts = <QuantActs *> malloc(sizeof(QuantActs) * ns)
+    cdef ActNeeds *needs = <ActNeeds *> malloc(sizeof(ActNeeds) * ns)
     cdef uint8_t *buf = NULL
     cdef const uint8_t[:, ::1] w
     cdef const float[:, ::1] x
     cdef float[:, ::1] o
-    cdef Py_ssize_t nbytes = 0, off, rows, n_in, nb
+    cdef Py_ssize_t nbytes = 0, off, rows, n_in
     try:
-        if ms == NULL or act_of == NULL or acts == NULL:
+        if ms == NULL or act_of == NULL or acts == NULL or needs == NULL:
             raise MemoryError()
         m = 0
         for i in range(ns):
             x, mats_ = sets[i]
             rows, n_in = x.shape[0], x.shape[1]
             acts[i].n_in, acts[i].rows, acts[i].x = n_in, <int> rows, &x[0, 0] if rows else NULL
-            acts[i].qa = NULL; acts[i].da = acts[i].sa = acts[i].s16 = NULL; acts[i].prep = NULL
+            _place_acts(&acts[i], NULL)
+            needs[i].kinds = needs[i].prep[0] = needs[i].prep[1] = 0
             for code, w, bias, o in mats_:
                 _fill_mat(&ms[m], code, w, bias, o, n_in, rows, f"set {i}: ")
                 act_of[m] = i
-                integer = integer or _integer(code)
-                stream = stream | hy_q_prep_flags(code)
+                _need(&needs[i], code)
                 m += 1
             if rows == 0:
                 raise ValueError(f"set {i} has no rows")
-            nb = n_in // 32
-            nbytes += (rows * n_in + 4 * rows * nb * 4 + rows * hy_q_prep_bytes(n_in) + 127) \
-                // 64 * 64
+            if needs[i].kinds:
+                integer = 1
+                nbytes += acts_bytes(rows, n_in)
         if integer:
             buf = <uint8_t *> hy_alloc64(nbytes)
             if buf == NULL:
                 raise MemoryError()
             off = 0
             for i in range(ns):
-                rows, n_in, nb = acts[i].rows, acts[i].n_in, acts[i].n_in // 32
-                acts[i].qa = <int8_t *> (buf + off)
-                acts[i].da = <float *> (buf + off + rows * n_in)
-                acts[i].sa = acts[i].da + rows * nb
-                acts[i].s16 = acts[i].sa + rows * nb
-                acts[i].prep = <uint8_t *> (acts[i].s16 + 2 * rows * nb)
-                off += (rows * n_in + 4 * rows * nb * 4 + rows * hy_q_prep_bytes(n_in) + 127) \
-                    // 64 * 64
+                if needs[i].kinds:
+                    _place_acts(&acts[i], buf + off)
+                    off += acts_bytes(acts[i].rows, acts[i].n_in)
         with nogil:
             for i in range(ns):
-                _quantize_acts(&acts[i], integer, stream)
+                _quantize_acts(&acts[i], &needs[i])
             _matvec_run(ms, nm, acts, act_of, num_threads)
     finally:
-        free(ms); free(act_of); free(acts); free(buf)
+        free(ms); free(act_of); free(acts); free(needs); free(buf)
 
 
 cdef extern from "simd.h" nogil:
@@ -627,7 +687,7 @@ def matvec_f32(const float[:, ::1] w,   # IN  [out, in] float32 weight rows
     m.bias = bp
     m.out = &out[0, 0]
     with nogil:
-        matvec_group(&m, 1, &x[0, 0], n, <int> rows, NULL, NULL, NULL, NULL, NULL, num_threads)
+        matvec_group(&m, 1, &x[0, 0], n, <int> rows, NULL, num_threads)
 
 
 def gemm_f32(const float[:, ::1] w,   # IN  [out, in] float32 weight rows

@@ -125,9 +125,10 @@ hy_q4q5_blocks_avx2(const uint8_t *w, long nb, const int R, const int8_t *qa, co
 }
 
 /* Q4_K / Q5_K: nsb super-blocks of 256; activation block 8*s+j is sub-block j of super-block s.
- * The 6-bit scales and mins of the 8 sub-blocks are unpacked with 32-bit masks and widened to
- * 8 floats, so each sub-block's factor d*sc_j*da_j is one lane of a vector product and the mins
- * term dmin * sum_j m_j*sa_j is one FMA per super-block; two accumulators hide FMA latency. */
+ * The activations carry one scale per super-block (hy_q_act with groups of 256), so the
+ * sub-blocks' 6-bit scales stay integers: per 32 values and activation row maddubs, madd with
+ * the scale and an integer add; per super-block one conversion and one FMA with d * da.  The
+ * mins term dmin * sum_j m_j*sa_j is one FMA per super-block. */
 static inline void hy_k4_scales_u32(const uint8_t *s, uint32_t *sc_lo, uint32_t *sc_hi,
                                     uint32_t *mn_lo, uint32_t *mn_hi) {
     uint32_t a = hy_u32(s), b = hy_u32(s + 4), c = hy_u32(s + 8);
@@ -137,29 +138,32 @@ static inline void hy_k4_scales_u32(const uint8_t *s, uint32_t *sc_lo, uint32_t 
     *mn_hi = ((c >> 4) & 0x0f0f0f0fu) | (((b >> 6) & 0x03030303u) << 4);
 }
 
-/* Q4_K / Q5_K super-block factors: lane j = d * scale_j * da[j] for its 8 sub-blocks (returned),
- * and the mins term dmin * sum_j min_j * sa[j] added to *accm (one FMA per super-block). */
-/* a super-block's 8 scales times d (dsc) and 8 mins (mnf) as floats */
-static inline void hy_k4_unpack(const uint8_t *blk, __m256 *dsc, __m256 *mnf) {
+/* a super-block's 8 scales as int16 (returned) and 8 mins as floats (mnf) */
+static inline __m128i hy_k4_unpack(const uint8_t *blk, __m256 *mnf) {
     uint32_t sc_lo, sc_hi, mn_lo, mn_hi;
     hy_k4_scales_u32(blk + 4, &sc_lo, &sc_hi, &mn_lo, &mn_hi);
-    const __m256 scf = _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_set_epi32(0, 0, (int)sc_hi, (int)sc_lo)));
     *mnf = _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_set_epi32(0, 0, (int)mn_hi, (int)mn_lo)));
-    *dsc = _mm256_mul_ps(_mm256_set1_ps(hy_f16(blk)), scf);
+    return _mm_cvtepu8_epi16(_mm_set_epi32(0, 0, (int)sc_hi, (int)sc_lo));
 }
 
-/* the factors and mins term of one activation row from hy_k4_unpack's dsc and mnf */
-static inline __m256 hy_k4_row_factors(__m256 dsc, __m256 mnf, float dmin, const float *da,
-                                       const float *sa, __m256 *accm) {
+/* the mins term of one activation row: *accm += dmin * mnf * sa (one FMA per super-block) */
+static inline void hy_k4_mins(__m256 mnf, float dmin, const float *sa, __m256 *accm) {
     *accm = _mm256_fmadd_ps(_mm256_mul_ps(mnf, _mm256_loadu_ps(sa)), _mm256_set1_ps(dmin), *accm);
-    return _mm256_mul_ps(dsc, _mm256_loadu_ps(da));
 }
 
-static inline __m256 hy_k4_factors(const uint8_t *blk, const float *da, const float *sa,
-                                   __m256 *accm) {
-    __m256 dsc, mnf;
-    hy_k4_unpack(blk, &dsc, &mnf);
-    return hy_k4_row_factors(dsc, mnf, hy_f16(blk + 2), da, sa, accm);
+/* acc + the int16 pairs of p16 times the int16 scales sc, summed in pairs into int32 (vpdpwssd
+ * where the build has VNNI, else madd and add: the same integers) */
+static inline __m256i hy_madd_acc(__m256i acc, __m256i p16, __m256i sc) {
+#if defined(HY_DPWSSD)
+    return HY_DPWSSD(acc, p16, sc);
+#else
+    return _mm256_add_epi32(acc, _mm256_madd_epi16(p16, sc));
+#endif
+}
+
+/* int16 element j of each 128-bit lane of v in every int16 of that lane */
+static inline __m256i hy_bcast16(__m256i v, int j) {
+    return _mm256_shuffle_epi8(v, _mm256_set1_epi16((short)(((2 * j + 1) << 8) | (2 * j))));
 }
 
 /* Q4_K / Q5_K for R (<= 2) activation rows (row r at qa + r*lda, da/sa + r*ldd): the weights
@@ -168,8 +172,8 @@ static inline __attribute__((always_inline)) void
 hy_dot_q45_k_avx2_rows(const uint8_t *w, long nsb, const int R, const int8_t *qa, long lda,
                        const float *da, const float *sa, long ldd, int five, float *out, long ldo) {
     const int bb = five ? 176 : 144;
-    __m256 acc0[2], acc1[2], accm[2];
-    for (int r = 0; r < R; r++) acc0[r] = acc1[r] = accm[r] = _mm256_setzero_ps();
+    __m256 acc[2], accm[2];
+    for (int r = 0; r < R; r++) acc[r] = accm[r] = _mm256_setzero_ps();
     const __m256i low4 = _mm256_set1_epi8(0x0F), one = _mm256_set1_epi8(1);
     for (long s = 0; s < nsb; s++) {
         const uint8_t *blk = w + bb * s;
@@ -178,11 +182,14 @@ hy_dot_q45_k_avx2_rows(const uint8_t *w, long nsb, const int R, const int8_t *qa
         HY_PREFETCH(blk);
         HY_PREFETCH(blk + 64);
         HY_PREFETCH(blk + 128);
-        __m256 dsc, mnf, coef[2];
-        hy_k4_unpack(blk, &dsc, &mnf);
-        const float dmin = hy_f16(blk + 2);
-        for (int r = 0; r < R; r++)
-            coef[r] = hy_k4_row_factors(dsc, mnf, dmin, da + r * ldd + a0, sa + r * ldd + a0, &accm[r]);
+        __m256 mnf;
+        const __m256i sc = _mm256_broadcastsi128_si256(hy_k4_unpack(blk, &mnf));
+        const float d = hy_f16(blk), dmin = hy_f16(blk + 2);
+        __m256i i0[2], i1[2];
+        for (int r = 0; r < R; r++) {
+            hy_k4_mins(mnf, dmin, sa + r * ldd + a0, &accm[r]);
+            i0[r] = i1[r] = _mm256_setzero_si256();
+        }
         __m256i hbits = five ? _mm256_loadu_si256((const __m256i *)qh) : _mm256_setzero_si256();
         for (int g = 0; g < 4; g++) {
             __m256i raw = _mm256_loadu_si256((const __m256i *)(q + 32 * g));
@@ -194,19 +201,19 @@ hy_dot_q45_k_avx2_rows(const uint8_t *w, long nsb, const int R, const int8_t *qa
                 hi = _mm256_or_si256(hi, _mm256_slli_epi16(
                     _mm256_and_si256(_mm256_srli_epi16(hbits, 2 * g + 1), one), 4));
             }
+            const __m256i s0 = hy_bcast16(sc, 2 * g), s1 = hy_bcast16(sc, 2 * g + 1);
             for (int r = 0; r < R; r++) {
                 const int8_t *ar = qa + r * lda + 32 * (a0 + 2 * g);
-                __m256i p0 = hy_dot_u8s8(lo, _mm256_loadu_si256((const __m256i *)ar));
-                __m256i p1 = hy_dot_u8s8(hi, _mm256_loadu_si256((const __m256i *)(ar + 32)));
-                acc0[r] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(p0),
-                                          _mm256_permutevar8x32_ps(coef[r], _mm256_set1_epi32(2 * g)), acc0[r]);
-                acc1[r] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(p1),
-                                          _mm256_permutevar8x32_ps(coef[r], _mm256_set1_epi32(2 * g + 1)), acc1[r]);
+                i0[r] = hy_madd_acc(i0[r], _mm256_maddubs_epi16(lo, _mm256_loadu_si256((const __m256i *)ar)), s0);
+                i1[r] = hy_madd_acc(i1[r], _mm256_maddubs_epi16(hi, _mm256_loadu_si256((const __m256i *)(ar + 32))), s1);
             }
         }
+        for (int r = 0; r < R; r++)
+            acc[r] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(_mm256_add_epi32(i0[r], i1[r])),
+                                     _mm256_set1_ps(d * da[r * ldd + a0]), acc[r]);
     }
     for (int r = 0; r < R; r++)
-        out[r * ldo] = hy_hsum256(_mm256_add_ps(acc0[r], acc1[r])) - hy_hsum256(accm[r]);
+        out[r * ldo] = hy_hsum256(acc[r]) - hy_hsum256(accm[r]);
 }
 
 /* Q4_K / Q5_K, one activation row */
@@ -226,13 +233,16 @@ static inline __m256i hy_scale_pair_ctrl(int j) {
 }
 
 /* Q6_K for R (<= 2) activation rows (row r at qa + r*lda, da + r*ldd, s16 + 2*r*ldd; s16 as
- * hy_q_act gives it): the weights unpacked once for both, each row the same operations as alone
- * (the same bits): out[r*ldo] */
+ * hy_q_act gives it, with one scale per super-block): unsigned values n (0..63) in maddubs,
+ * their 8-bit scales through madd into int32, one conversion and FMA with d * da per
+ * super-block, and the -32 offsets as d * scale * s16 (two FMAs per super-block).  The weights
+ * unpacked once for both rows, each row the same operations as alone (the same bits):
+ * out[r*ldo] */
 static inline __attribute__((always_inline)) void
 hy_dot_q6_k_avx2_rows(const uint8_t *w, long nsb, const int R, const int8_t *qa, long lda,
                       const float *da, const float *s16, long ldd, float *out, long ldo) {
-    __m256 acc[2][2], acco[2];
-    for (int r = 0; r < R; r++) acc[r][0] = acc[r][1] = acco[r] = _mm256_setzero_ps();
+    __m256 acc[2], acco[2];
+    for (int r = 0; r < R; r++) acc[r] = acco[r] = _mm256_setzero_ps();
     const __m256i low4 = _mm256_set1_epi8(0x0F);
     for (long s = 0; s < nsb; s++) {
         const uint8_t *blk = w + 210 * s;
@@ -246,12 +256,12 @@ hy_dot_q6_k_avx2_rows(const uint8_t *w, long nsb, const int R, const int8_t *qa,
         const __m256 dv = _mm256_set1_ps(d);
         const __m256 dsc0 = _mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(sc8)), dv);
         const __m256 dsc1 = _mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_srli_si128(sc8, 8))), dv);
-        __m256 cf[2];  /* d * da of the 8 blocks, per activation row */
+        __m256i is[2][2];
         for (int r = 0; r < R; r++) {
             const float *s16r = s16 + 2 * r * ldd + 16 * s;
             acco[r] = _mm256_fmadd_ps(dsc0, _mm256_loadu_ps(s16r), acco[r]);
             acco[r] = _mm256_fmadd_ps(dsc1, _mm256_loadu_ps(s16r + 8), acco[r]);
-            cf[r] = _mm256_mul_ps(dv, _mm256_loadu_ps(da + r * ldd + 8 * s));
+            is[r][0] = is[r][1] = _mm256_setzero_si256();
         }
         for (int n = 0; n < 2; n++) {
             const uint8_t *ql = blk + 64 * n, *qh = blk + 128 + 32 * n;
@@ -275,15 +285,16 @@ hy_dot_q6_k_avx2_rows(const uint8_t *w, long nsb, const int R, const int8_t *qa,
                 for (int r = 0; r < R; r++) {
                     const __m256i p16 = _mm256_maddubs_epi16(
                         v[k], _mm256_loadu_si256((const __m256i *)(qa + r * lda + 32 * (a0 + k))));
-                    const __m256i p32 = _mm256_madd_epi16(p16, sck);
-                    acc[r][k & 1] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(p32),
-                        _mm256_permutevar8x32_ps(cf[r], _mm256_set1_epi32(4 * n + k)), acc[r][k & 1]);
+                    is[r][k & 1] = hy_madd_acc(is[r][k & 1], p16, sck);
                 }
             }
         }
+        for (int r = 0; r < R; r++)
+            acc[r] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(_mm256_add_epi32(is[r][0], is[r][1])),
+                                     _mm256_set1_ps(d * da[r * ldd + 8 * s]), acc[r]);
     }
     for (int r = 0; r < R; r++)
-        out[r * ldo] = hy_hsum256(_mm256_add_ps(acc[r][0], acc[r][1])) - 32.0f * hy_hsum256(acco[r]);
+        out[r * ldo] = hy_hsum256(acc[r]) - 32.0f * hy_hsum256(acco[r]);
 }
 
 /* Q6_K, one activation row */

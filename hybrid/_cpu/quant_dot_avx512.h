@@ -95,24 +95,21 @@ hy_q8_0_rows_prep(const uint8_t *w, long nb, const int R, const uint8_t *prep, l
     for (int r = 0; r < R; r++) out[r * ldo] = _mm512_reduce_add_ps(acc[r]);
 }
 
-/* The K formats' prepared activations (hy_q_prep_acts), 512 bytes per super-block of 256
+/* The K formats' prepared activations (hy_q_prep_acts), 256 bytes per super-block of 256
  * values: four steps of 64 activation bytes, two blocks side by side (Q4_K / Q5_K: blocks 0|2,
- * 1|3, 4|6, 5|7, the pairs hy_dot_q45_k_512_rows reads; Q6_K: k|4+k, hy_dot_q6_k_512_rows's),
- * then the four steps' 16 lanes of da (the first block's in lanes 0-7, the second's in 8-15). */
-static inline long hy_kq_prep_bytes(long n) { return 512 * (n / 256); }
+ * 1|3, 4|6, 5|7, the pairs hy_dot_q45_k_512_rows reads; Q6_K: k|4+k, hy_dot_q6_k_512_rows's).
+ * (One scale per super-block: the kernels read it from da.) */
+static inline long hy_kq_prep_bytes(long n) { return 256 * (n / 256); }
 
-static inline void hy_kq_prep(const int8_t *qa, const float *da, long nsb, int q6, uint8_t *prep) {
+static inline void hy_kq_prep(const int8_t *qa, long nsb, int q6, uint8_t *prep) {
     static const int pairs[2][4][2] = {{{0, 2}, {1, 3}, {4, 6}, {5, 7}},
                                        {{0, 4}, {1, 5}, {2, 6}, {3, 7}}};
-    for (long s = 0; s < nsb; s++, prep += 512) {
+    for (long s = 0; s < nsb; s++, prep += 256) {
         const int8_t *a = qa + 256 * s;
-        const float *d = da + 8 * s;
         for (int t = 0; t < 4; t++) {
             const int b0 = pairs[q6][t][0], b1 = pairs[q6][t][1];
             _mm256_storeu_si256((__m256i *)(prep + 64 * t), _mm256_loadu_si256((const __m256i *)(a + 32 * b0)));
             _mm256_storeu_si256((__m256i *)(prep + 64 * t + 32), _mm256_loadu_si256((const __m256i *)(a + 32 * b1)));
-            _mm512_storeu_ps(prep + 256 + 64 * t, _mm512_mask_blend_ps((__mmask16)0xFF00,
-                                                                       _mm512_set1_ps(d[b0]), _mm512_set1_ps(d[b1])));
         }
     }
 }
@@ -156,40 +153,50 @@ hy_q45_k_step_512(const uint8_t *blk, __m512i hb, int g, int five, __m512i *lo, 
     }
 }
 
+/* int16 lanes 0-15 holding element j0 and lanes 16-31 element j1 of a vector's 16-bit lanes:
+ * the index vector of _mm512_permutexvar_epi16 that spreads two sub-blocks' scales over a step */
+static inline __m512i hy_idx16_pair(int j0, int j1) {
+    return _mm512_mask_blend_epi32((__mmask16)0xFF00, _mm512_set1_epi32(j0 | (j0 << 16)),
+                                   _mm512_set1_epi32(j1 | (j1 << 16)));
+}
+
 /* Q4_K / Q5_K with 512-bit vectors: 64 nibble bytes (sub-blocks 2g..2g+3) per load, sub-blocks
- * 2g and 2g+2 (low nibbles) or 2g+1 and 2g+3 (high) side by side; otherwise as below.  W weight
- * rows (row i at w + i*wstep) times R activation rows (row r at qa + r*lda, da/sa + r*ldd),
- * W * R <= 4: the activations are loaded and arranged once for the W weight rows, the weights
- * unpacked once for the R activation rows, and each pair takes exactly the operations of one
- * weight row and one activation row (the same bits): out[r*ldo + i]. */
+ * 2g and 2g+2 (low nibbles) or 2g+1 and 2g+3 (high) side by side.  The activations carry one
+ * scale per super-block (hy_q_act with groups of 256), so per 64 values and activation row the
+ * integer work is vpmaddubsw (values times activations, pairs into int16) and vpdpwssd (times
+ * the sub-block's 6-bit scale, into int32); per super-block one conversion and one FMA with
+ * d * da, and the mins term dmin * min * sa as one 256-bit FMA.  W weight rows (row i at
+ * w + i*wstep) times R activation rows (row r at qa + r*lda, da/sa + r*ldd), W * R <= 4: the
+ * activations are loaded and arranged once for the W weight rows, the weights unpacked once for
+ * the R activation rows, and each pair takes exactly the operations of one weight row and one
+ * activation row (the same bits): out[r*ldo + i]. */
 static inline __attribute__((always_inline)) void
 hy_dot_q45_k_512_rows(const uint8_t *w, long wstep, const int W, long nsb, const int R,
                       const int8_t *qa, long lda, const float *da, const float *sa, long ldd,
                       int five, int pf_l2, float *out, long ldo) {
     const int bb = five ? 176 : 144;
-    __m512 acc0[4], acc1[4];
+    __m512 acc[4];
     __m256 accm[4];
-    for (int i = 0; i < W * R; i++) acc0[i] = acc1[i] = _mm512_setzero_ps(), accm[i] = _mm256_setzero_ps();
-    /* 2 in the upper 256 bits (32-bit lanes): the factor index of the second sub-block */
-    const __m512i half = _mm512_mask_blend_epi32((__mmask16)0xFF00, _mm512_setzero_si512(), _mm512_set1_epi32(2));
+    for (int i = 0; i < W * R; i++) acc[i] = _mm512_setzero_ps(), accm[i] = _mm256_setzero_ps();
     for (long s = 0; s < nsb; s++) {
         const long a0 = 8 * s;
-        __m512 coef[4];  /* [i * R + r] */
-        __m512i hb[2];
+        __m512i sc[2], hb[2];
+        float dw[2];
         for (int i = 0; i < W; i++) {
             const uint8_t *blk = w + i * wstep + bb * s;
             /* the W rows' bytes are one span: prefetch it front to back, W blocks per step, so
              * memory sees one forward stream (not W streams, one ahead of each row's cursor) */
             hy_q45_k_prefetch(w + bb * (W * s + i), pf_l2);
-            __m256 dsc, mnf;
-            hy_k4_unpack(blk, &dsc, &mnf);
+            __m256 mnf;
+            sc[i] = _mm512_castsi128_si512(hy_k4_unpack(blk, &mnf));
             const float dmin = hy_f16(blk + 2);
-            for (int r = 0; r < R; r++)
-                coef[i * R + r] = _mm512_castps256_ps512(hy_k4_row_factors(
-                    dsc, mnf, dmin, da + r * ldd + a0, sa + r * ldd + a0, &accm[i * R + r]));
+            dw[i] = hy_f16(blk);
+            for (int r = 0; r < R; r++) hy_k4_mins(mnf, dmin, sa + r * ldd + a0, &accm[i * R + r]);
             hb[i] = five ? _mm512_broadcast_i64x4(_mm256_loadu_si256((const __m256i *)(blk + 16)))
                          : _mm512_setzero_si512();
         }
+        __m512i i0[4], i1[4];
+        for (int k = 0; k < W * R; k++) i0[k] = i1[k] = _mm512_setzero_si512();
         for (int g = 0; g < 4; g += 2) {
             __m512i alo[4], ahi[4];
             for (int r = 0; r < R; r++) {
@@ -199,68 +206,70 @@ hy_dot_q45_k_512_rows(const uint8_t *w, long wstep, const int W, long nsb, const
                 ahi[r] = _mm512_inserti64x4(_mm512_castsi256_si512(HY_LOADR(a0 + 2 * g + 1)), HY_LOADR(a0 + 2 * g + 3), 1);
 #undef HY_LOADR
             }
-            const __m512i l0 = _mm512_add_epi32(_mm512_set1_epi32(2 * g), half);
-            const __m512i l1 = _mm512_add_epi32(l0, _mm512_set1_epi32(1));
             for (int i = 0; i < W; i++) {
                 __m512i lo, hi;
                 hy_q45_k_step_512(w + i * wstep + bb * s, hb[i], g, five, &lo, &hi);
+                const __m512i s0 = _mm512_permutexvar_epi16(hy_idx16_pair(2 * g, 2 * g + 2), sc[i]);
+                const __m512i s1 = _mm512_permutexvar_epi16(hy_idx16_pair(2 * g + 1, 2 * g + 3), sc[i]);
                 for (int r = 0; r < R; r++) {
                     const int k = i * R + r;
-                    const __m512i p0 = _mm512_dpbusd_epi32(_mm512_setzero_si512(), lo, alo[r]);
-                    const __m512i p1 = _mm512_dpbusd_epi32(_mm512_setzero_si512(), hi, ahi[r]);
-                    acc0[k] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(p0), _mm512_permutexvar_ps(l0, coef[k]), acc0[k]);
-                    acc1[k] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(p1), _mm512_permutexvar_ps(l1, coef[k]), acc1[k]);
+                    i0[k] = _mm512_dpwssd_epi32(i0[k], _mm512_maddubs_epi16(lo, alo[r]), s0);
+                    i1[k] = _mm512_dpwssd_epi32(i1[k], _mm512_maddubs_epi16(hi, ahi[r]), s1);
                 }
             }
         }
+        for (int i = 0; i < W; i++)
+            for (int r = 0; r < R; r++) {
+                const int k = i * R + r;
+                acc[k] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(_mm512_add_epi32(i0[k], i1[k])),
+                                         _mm512_set1_ps(dw[i] * da[r * ldd + a0]), acc[k]);
+            }
     }
     for (int i = 0; i < W; i++)
         for (int r = 0; r < R; r++)
-            out[r * ldo + i] = _mm512_reduce_add_ps(_mm512_add_ps(acc0[i * R + r], acc1[i * R + r]))
-                               - hy_hsum256(accm[i * R + r]);
+            out[r * ldo + i] = _mm512_reduce_add_ps(acc[i * R + r]) - hy_hsum256(accm[i * R + r]);
 }
 
 /* Q4_K / Q5_K, one weight row against R (<= 4) prepared activation rows (hy_kq_prep, pstride
- * bytes apart; sa: the plain scaled sums, row r at sa + r*ldd): out[r*ldo].  The same bits as
- * hy_dot_q45_k_512_rows with W = 1 (the same integer sums, the same factor dsc * da per lane,
- * the same FMAs); the activations come straight from memory in their pairs and each factor is
- * one product with the weights' factors permuted once for all rows. */
+ * bytes apart; da/sa the plain scales and scaled sums, row r at + r*ldd): out[r*ldo].  The same
+ * bits as hy_dot_q45_k_512_rows with W = 1 (the same integer sums, the same FMAs); the
+ * activations come straight from memory in their pairs. */
 static inline __attribute__((always_inline)) void
 hy_dot_q45_k_512_prep(const uint8_t *w, long nsb, const int R, const uint8_t *prep, long pstride,
-                      const float *sa, long ldd, int five, int pf_l2, float *out, long ldo) {
+                      const float *da, const float *sa, long ldd, int five, int pf_l2, float *out,
+                      long ldo) {
     const int bb = five ? 176 : 144;
-    __m512 acc0[4], acc1[4];
+    __m512 acc[4];
     __m256 accm[4];
-    for (int r = 0; r < R; r++) acc0[r] = acc1[r] = _mm512_setzero_ps(), accm[r] = _mm256_setzero_ps();
-    const __m512i half = _mm512_mask_blend_epi32((__mmask16)0xFF00, _mm512_setzero_si512(), _mm512_set1_epi32(2));
+    for (int r = 0; r < R; r++) acc[r] = _mm512_setzero_ps(), accm[r] = _mm256_setzero_ps();
     for (long s = 0; s < nsb; s++) {
         const uint8_t *blk = w + bb * s;
         hy_q45_k_prefetch(blk, pf_l2);
-        __m256 dsc, mnf;
-        hy_k4_unpack(blk, &dsc, &mnf);
-        const __m256 dmin = _mm256_set1_ps(hy_f16(blk + 2));
-        for (int r = 0; r < R; r++)  /* (hy_k4_row_factors' mins term) */
-            accm[r] = _mm256_fmadd_ps(_mm256_mul_ps(mnf, _mm256_loadu_ps(sa + r * ldd + 8 * s)), dmin, accm[r]);
-        const __m512 dsc512 = _mm512_castps256_ps512(dsc);
+        __m256 mnf;
+        const __m512i sc = _mm512_castsi128_si512(hy_k4_unpack(blk, &mnf));
+        const float dmin = hy_f16(blk + 2), dw = hy_f16(blk);
+        for (int r = 0; r < R; r++) hy_k4_mins(mnf, dmin, sa + r * ldd + 8 * s, &accm[r]);
         const __m512i hb = five ? _mm512_broadcast_i64x4(_mm256_loadu_si256((const __m256i *)(blk + 16)))
                                 : _mm512_setzero_si512();
+        __m512i i0[4], i1[4];
+        for (int r = 0; r < R; r++) i0[r] = i1[r] = _mm512_setzero_si512();
         for (int g = 0; g < 4; g += 2) {
-            const __m512i l0 = _mm512_add_epi32(_mm512_set1_epi32(2 * g), half);
-            const __m512 c0 = _mm512_permutexvar_ps(l0, dsc512);
-            const __m512 c1 = _mm512_permutexvar_ps(_mm512_add_epi32(l0, _mm512_set1_epi32(1)), dsc512);
             __m512i lo, hi;
             hy_q45_k_step_512(blk, hb, g, five, &lo, &hi);
+            const __m512i s0 = _mm512_permutexvar_epi16(hy_idx16_pair(2 * g, 2 * g + 2), sc);
+            const __m512i s1 = _mm512_permutexvar_epi16(hy_idx16_pair(2 * g + 1, 2 * g + 3), sc);
             for (int r = 0; r < R; r++) {
-                const uint8_t *pr = prep + r * pstride + 512 * s + 64 * g;
-                const __m512i p0 = _mm512_dpbusd_epi32(_mm512_setzero_si512(), lo, _mm512_loadu_si512((const void *)pr));
-                const __m512i p1 = _mm512_dpbusd_epi32(_mm512_setzero_si512(), hi, _mm512_loadu_si512((const void *)(pr + 64)));
-                acc0[r] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(p0), _mm512_mul_ps(c0, _mm512_loadu_ps((const float *)(pr + 256))), acc0[r]);
-                acc1[r] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(p1), _mm512_mul_ps(c1, _mm512_loadu_ps((const float *)(pr + 320))), acc1[r]);
+                const uint8_t *pr = prep + r * pstride + 256 * s + 64 * g;
+                i0[r] = _mm512_dpwssd_epi32(i0[r], _mm512_maddubs_epi16(lo, _mm512_loadu_si512((const void *)pr)), s0);
+                i1[r] = _mm512_dpwssd_epi32(i1[r], _mm512_maddubs_epi16(hi, _mm512_loadu_si512((const void *)(pr + 64))), s1);
             }
         }
+        for (int r = 0; r < R; r++)
+            acc[r] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(_mm512_add_epi32(i0[r], i1[r])),
+                                     _mm512_set1_ps(dw * da[r * ldd + 8 * s]), acc[r]);
     }
     for (int r = 0; r < R; r++)
-        out[r * ldo] = _mm512_reduce_add_ps(_mm512_add_ps(acc0[r], acc1[r])) - hy_hsum256(accm[r]);
+        out[r * ldo] = _mm512_reduce_add_ps(acc[r]) - hy_hsum256(accm[r]);
 }
 
 HY_UNUSED static float hy_dot_q45_k_512(const uint8_t *w, long nsb, const int8_t *qa,
@@ -271,9 +280,11 @@ HY_UNUSED static float hy_dot_q45_k_512(const uint8_t *w, long nsb, const int8_t
 }
 
 /* One Q6_K super-block: returns d * scale of its 16 groups (exact: an 8-bit integer times a
- * float16) and sets v[k] to the values (0..63) of step k, the two 128-value halves side by side
- * (half n: ql at 64n, qh at 128 + 32n), as hy_dot_q6_k_512_rows and _prep multiply them. */
-static inline __attribute__((always_inline)) __m512 hy_q6_k_unpack_512(const uint8_t *blk, __m512i v[4]) {
+ * float16), sets *sc to the 16 scales as int16 and v[k] to the values (0..63) of step k, the two
+ * 128-value halves side by side (half n: ql at 64n, qh at 128 + 32n), as hy_dot_q6_k_512_rows
+ * and _prep multiply them. */
+static inline __attribute__((always_inline)) __m512 hy_q6_k_unpack_512(const uint8_t *blk, __m512i v[4],
+                                                                      __m512i *sc) {
     const __m512i low4 = _mm512_set1_epi8(0x0F);
     const __m512i l0 = _mm512_inserti64x4(_mm512_castsi256_si512(_mm256_loadu_si256((const __m256i *)blk)),
                                           _mm256_loadu_si256((const __m256i *)(blk + 64)), 1);
@@ -288,47 +299,40 @@ static inline __attribute__((always_inline)) __m512 hy_q6_k_unpack_512(const uin
                            _mm512_and_si512(h, _mm512_set1_epi8(0x30)));
     v[3] = _mm512_or_si512(_mm512_and_si512(_mm512_srli_epi16(l1, 4), low4),
                            _mm512_srli_epi16(_mm512_and_si512(h, _mm512_set1_epi8((char)0xC0)), 2));
-    return _mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i *)(blk + 192)))),
-                         _mm512_set1_ps(hy_f16(blk + 208)));
+    const __m128i sc8 = _mm_loadu_si128((const __m128i *)(blk + 192));
+    *sc = _mm512_castsi256_si512(_mm256_cvtepi8_epi16(sc8));
+    return _mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(sc8)), _mm512_set1_ps(hy_f16(blk + 208)));
 }
 
-/* Q6_K: values n (0..63) with a signed 8-bit scale per 16 and one float16 d per 256:
- * sum = d * sum_g sc_g * (da_b * sum n*qa  -  32 * s16_g), where s16_g = da_b * (sum of qa over
- * the 16 values of g).  The integer products use unsigned n (no sign trick) and the scales enter
- * through _mm256_madd_epi16; the -32 offsets are one vector FMA per 8 groups. */
-/* Q6_K with 512-bit vectors: the two 128-value halves of a super-block side by side (half n in
- * 256-bit lane n), so each step serves 64 values.  Unlike the AVX2 scheme below, the integer
- * sums (vpdpbusd, 4 values per lane) carry no scale: each lane's factor d * scale * da is one
- * float product (d * scale exact), cheaper than maddubs + scale shuffle + madd.
+/* the int16 index vector of Q6_K step k's scales (lanes: groups 2k, 2k+1 of half 0, then
+ * 8+2k, 9+2k of half 1, 8 int16 lanes each) */
+static inline __m512i hy_q6_k_idx16(int k) {
+#define HY_P(j) ((j) | ((j) << 16))
+    return _mm512_set_epi32(HY_P(9 + 2 * k), HY_P(9 + 2 * k), HY_P(9 + 2 * k), HY_P(9 + 2 * k),
+                            HY_P(8 + 2 * k), HY_P(8 + 2 * k), HY_P(8 + 2 * k), HY_P(8 + 2 * k),
+                            HY_P(1 + 2 * k), HY_P(1 + 2 * k), HY_P(1 + 2 * k), HY_P(1 + 2 * k),
+                            HY_P(2 * k), HY_P(2 * k), HY_P(2 * k), HY_P(2 * k));
+#undef HY_P
+}
+
+/* Q6_K with 512-bit vectors: values n (0..63) with a signed 8-bit scale per 16 and one float16
+ * d per 256, the two 128-value halves of a super-block side by side (half n in 256-bit lane n),
+ * so each step serves 64 values.  The activations carry one scale per super-block, so per step
+ * and activation row the integer work is vpmaddubsw (unsigned n times activations) and vpdpwssd
+ * (times the group's scale, into int32); per super-block one conversion and one FMA with d * da.
+ * The -32 offsets: sum = d * sum_g sc_g * (sum n*qa*da - 32 * s16_g), where s16_g = da * (sum of
+ * qa over the 16 values of g), one vector FMA per super-block.
  * W weight rows times R activation rows, W * R <= 4, share a pass as in hy_dot_q45_k_512_rows
  * (each pair the same operations, the same bits): out[r*ldo + i]. */
 static inline __attribute__((always_inline)) void
 hy_dot_q6_k_512_rows(const uint8_t *w, long wstep, const int W, long nsb, const int R,
                      const int8_t *qa, long lda, const float *da, const float *s16, long ldd,
                      float *out, long ldo) {
-    __m512 acc[4][4], acco[4];  /* [i * R + r] */
-    for (int i = 0; i < W * R; i++) {
-        acco[i] = _mm512_setzero_ps();
-        for (int k = 0; k < 4; k++) acc[i][k] = _mm512_setzero_ps();
-    }
-    /* step k's 16 int32 sums (vpdpbusd: 4 values each): lanes 0-3 / 4-7 are half 0's 16-value
-     * groups 2k / 2k+1, lanes 8-11 / 12-15 half 1's (scales 8+2k / 9+2k); lanes 0-7 take
-     * activation block 4*0+k, lanes 8-15 block 4+k */
-    __m512i grp[4], blk8[4];
-    for (int k = 0; k < 4; k++) {
-        grp[k] = _mm512_set_epi32(9 + 2 * k, 9 + 2 * k, 9 + 2 * k, 9 + 2 * k, 8 + 2 * k, 8 + 2 * k,
-                                  8 + 2 * k, 8 + 2 * k, 1 + 2 * k, 1 + 2 * k, 1 + 2 * k, 1 + 2 * k,
-                                  2 * k, 2 * k, 2 * k, 2 * k);
-        blk8[k] = _mm512_mask_blend_epi32((__mmask16)0xFF00, _mm512_set1_epi32(k), _mm512_set1_epi32(4 + k));
-    }
+    __m512 acc[4], acco[4];  /* [i * R + r] */
+    for (int i = 0; i < W * R; i++) acc[i] = acco[i] = _mm512_setzero_ps();
     for (long s = 0; s < nsb; s++) {
-        __m512 s16v[4], dav[4];
-        for (int r = 0; r < R; r++) {
-            s16v[r] = _mm512_loadu_ps(s16 + 2 * r * ldd + 16 * s);
-            dav[r] = _mm512_castps256_ps512(_mm256_loadu_ps(da + r * ldd + 8 * s));
-        }
-        __m512 scf[2];
-        __m512i v[2][4];
+        __m512i v[2][4], sc[2];
+        float dw[2];
         for (int i = 0; i < W; i++) {
             const uint8_t *blk = w + i * wstep + 210 * s;
             const uint8_t *pf = w + 210 * (W * s + i);  /* one forward stream, as for Q4_K */
@@ -336,73 +340,79 @@ hy_dot_q6_k_512_rows(const uint8_t *w, long wstep, const int W, long nsb, const 
             HY_PREFETCH_L2(pf + 64);
             HY_PREFETCH_L2(pf + 128);
             HY_PREFETCH_L2(pf + 192);
-            scf[i] = hy_q6_k_unpack_512(blk, v[i]);
-            for (int r = 0; r < R; r++) acco[i * R + r] = _mm512_fmadd_ps(scf[i], s16v[r], acco[i * R + r]);
+            const __m512 scf = hy_q6_k_unpack_512(blk, v[i], &sc[i]);
+            dw[i] = hy_f16(blk + 208);
+            for (int r = 0; r < R; r++)
+                acco[i * R + r] = _mm512_fmadd_ps(scf, _mm512_loadu_ps(s16 + 2 * r * ldd + 16 * s), acco[i * R + r]);
         }
+        __m512i is[4][2];
+        for (int k = 0; k < W * R; k++) is[k][0] = is[k][1] = _mm512_setzero_si512();
         for (int k = 0; k < 4; k++) {
+            __m512i av[4];
             for (int r = 0; r < R; r++) {
                 const int8_t *a = qa + r * lda + 256 * s;
-                const __m512i av = _mm512_inserti64x4(
+                av[r] = _mm512_inserti64x4(
                     _mm512_castsi256_si512(_mm256_loadu_si256((const __m256i *)(a + 32 * k))),
                     _mm256_loadu_si256((const __m256i *)(a + 128 + 32 * k)), 1);
-                const __m512 dak = _mm512_permutexvar_ps(blk8[k], dav[r]);  /* step k's scales */
-                for (int i = 0; i < W; i++) {
-                    const __m512i p32 = _mm512_dpbusd_epi32(_mm512_setzero_si512(), v[i][k], av);
-                    const __m512 f = _mm512_mul_ps(_mm512_permutexvar_ps(grp[k], scf[i]), dak);
-                    acc[i * R + r][k] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(p32), f, acc[i * R + r][k]);
-                }
+            }
+            for (int i = 0; i < W; i++) {
+                const __m512i sck = _mm512_permutexvar_epi16(hy_q6_k_idx16(k), sc[i]);
+                for (int r = 0; r < R; r++)
+                    is[i * R + r][k & 1] = _mm512_dpwssd_epi32(is[i * R + r][k & 1],
+                                                               _mm512_maddubs_epi16(v[i][k], av[r]), sck);
             }
         }
+        for (int i = 0; i < W; i++)
+            for (int r = 0; r < R; r++) {
+                const int j = i * R + r;
+                acc[j] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(_mm512_add_epi32(is[j][0], is[j][1])),
+                                         _mm512_set1_ps(dw[i] * da[r * ldd + 8 * s]), acc[j]);
+            }
     }
     for (int i = 0; i < W; i++)
         for (int r = 0; r < R; r++) {
             const int j = i * R + r;
-            out[r * ldo + i] = _mm512_reduce_add_ps(_mm512_add_ps(_mm512_add_ps(acc[j][0], acc[j][1]),
-                                                                  _mm512_add_ps(acc[j][2], acc[j][3])))
-                               - 32.0f * _mm512_reduce_add_ps(acco[j]);
+            out[r * ldo + i] = _mm512_reduce_add_ps(acc[j]) - 32.0f * _mm512_reduce_add_ps(acco[j]);
         }
 }
 
 /* Q6_K, one weight row against R (<= 4) prepared activation rows (hy_kq_prep's Q6_K layout,
- * pstride bytes apart; s16 the plain sums, row r at s16 + 2*r*ldd): out[r*ldo].  The same bits
- * as hy_dot_q6_k_512_rows with W = 1; the activations come straight from memory in their pairs,
- * and each step's factors are one product with the weights' scales permuted once for all rows. */
+ * pstride bytes apart; da/s16 the plain scales and sums, row r at da + r*ldd, s16 + 2*r*ldd):
+ * out[r*ldo].  The same bits as hy_dot_q6_k_512_rows with W = 1; the activations come straight
+ * from memory in their pairs. */
 static inline __attribute__((always_inline)) void
 hy_dot_q6_k_512_prep(const uint8_t *w, long nsb, const int R, const uint8_t *prep, long pstride,
-                     const float *s16, long ldd, float *out, long ldo) {
-    __m512 acc[4][4], acco[4];
-    for (int r = 0; r < R; r++) {
-        acco[r] = _mm512_setzero_ps();
-        for (int k = 0; k < 4; k++) acc[r][k] = _mm512_setzero_ps();
-    }
-    __m512i grp[4];
-    for (int k = 0; k < 4; k++)
-        grp[k] = _mm512_set_epi32(9 + 2 * k, 9 + 2 * k, 9 + 2 * k, 9 + 2 * k, 8 + 2 * k, 8 + 2 * k,
-                                  8 + 2 * k, 8 + 2 * k, 1 + 2 * k, 1 + 2 * k, 1 + 2 * k, 1 + 2 * k,
-                                  2 * k, 2 * k, 2 * k, 2 * k);
+                     const float *da, const float *s16, long ldd, float *out, long ldo) {
+    __m512 acc[4], acco[4];
+    for (int r = 0; r < R; r++) acc[r] = acco[r] = _mm512_setzero_ps();
     for (long s = 0; s < nsb; s++) {
         const uint8_t *blk = w + 210 * s;
         HY_PREFETCH_L2(blk);
         HY_PREFETCH_L2(blk + 64);
         HY_PREFETCH_L2(blk + 128);
         HY_PREFETCH_L2(blk + 192);
-        __m512i v[4];
-        const __m512 scf = hy_q6_k_unpack_512(blk, v);
-        for (int r = 0; r < R; r++)
+        __m512i v[4], sc;
+        const __m512 scf = hy_q6_k_unpack_512(blk, v, &sc);
+        const float dw = hy_f16(blk + 208);
+        __m512i is[4][2];
+        for (int r = 0; r < R; r++) {
             acco[r] = _mm512_fmadd_ps(scf, _mm512_loadu_ps(s16 + 2 * r * ldd + 16 * s), acco[r]);
+            is[r][0] = is[r][1] = _mm512_setzero_si512();
+        }
         for (int k = 0; k < 4; k++) {
-            const __m512 fk = _mm512_permutexvar_ps(grp[k], scf);
+            const __m512i sck = _mm512_permutexvar_epi16(hy_q6_k_idx16(k), sc);
             for (int r = 0; r < R; r++) {
-                const uint8_t *pr = prep + r * pstride + 512 * s + 64 * k;
-                const __m512i p32 = _mm512_dpbusd_epi32(_mm512_setzero_si512(), v[k], _mm512_loadu_si512((const void *)pr));
-                acc[r][k] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(p32), _mm512_mul_ps(fk, _mm512_loadu_ps((const float *)(pr + 256))), acc[r][k]);
+                const uint8_t *pr = prep + r * pstride + 256 * s + 64 * k;
+                is[r][k & 1] = _mm512_dpwssd_epi32(is[r][k & 1],
+                    _mm512_maddubs_epi16(v[k], _mm512_loadu_si512((const void *)pr)), sck);
             }
         }
+        for (int r = 0; r < R; r++)
+            acc[r] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(_mm512_add_epi32(is[r][0], is[r][1])),
+                                     _mm512_set1_ps(dw * da[r * ldd + 8 * s]), acc[r]);
     }
     for (int r = 0; r < R; r++)
-        out[r * ldo] = _mm512_reduce_add_ps(_mm512_add_ps(_mm512_add_ps(acc[r][0], acc[r][1]),
-                                                          _mm512_add_ps(acc[r][2], acc[r][3])))
-                       - 32.0f * _mm512_reduce_add_ps(acco[r]);
+        out[r * ldo] = _mm512_reduce_add_ps(acc[r]) - 32.0f * _mm512_reduce_add_ps(acco[r]);
 }
 
 HY_UNUSED static float hy_dot_q6_k_512(const uint8_t *w, long nsb, const int8_t *qa,

@@ -51,7 +51,9 @@ hy_q4q5_tail(const uint8_t *w, long b, long nb, const int R, const int8_t *qa, c
     }
 }
 
-/* Q4_K / Q5_K, one activation row */
+/* Q4_K / Q5_K, one activation row (scales per 256 values, hy_q_act): per super-block the
+ * integer sum over its sub-blocks of scale * (values . activations), times d * da; less the
+ * mins term dmin * min * sa per sub-block */
 HY_UNUSED static float hy_dot_q45_k_portable(const uint8_t *w, long nsb, const int8_t *qa,
                                              const float *da, const float *sa, int five) {
     const int bb = five ? 176 : 144;
@@ -61,25 +63,28 @@ HY_UNUSED static float hy_dot_q45_k_portable(const uint8_t *w, long nsb, const i
         const uint8_t *qh = blk + 16, *q = five ? blk + 48 : blk + 16;
         const float d = hy_f16(blk), dmin = hy_f16(blk + 2);
         const long a0 = 8 * s;
+        int isum = 0;
         for (int j = 0; j < 8; j++) {
             uint8_t sc, mn;
             hy_k4_scale_min(j, blk + 4, &sc, &mn);
             const int8_t *a = qa + 32 * (a0 + j);
             const uint8_t *qq = q + 32 * (j / 2);
-            int isum = 0;
+            int bsum = 0;
             for (int l = 0; l < 32; l++) {
                 int n = (j & 1) ? (qq[l] >> 4) : (qq[l] & 0x0F);
                 if (five) n |= ((qh[l] >> j) & 1) << 4;
-                isum += n * a[l];
+                bsum += n * a[l];
             }
-            sum += (float)isum * (d * (float)sc * da[a0 + j]);
+            isum += sc * bsum;
             msum += dmin * (float)mn * sa[a0 + j];
         }
+        sum += (float)isum * (d * da[a0]);
     }
     return sum - msum;
 }
 
-/* Q6_K, one activation row */
+/* Q6_K, one activation row (scales per 256 values): per super-block the integer sum of
+ * scale * (n - 32) * activation, times d * da */
 HY_UNUSED static float hy_dot_q6_k_portable(const uint8_t *w, long nsb, const int8_t *qa,
                                             const float *da, const float *s16) {
     float sum = 0.0f;
@@ -88,22 +93,22 @@ HY_UNUSED static float hy_dot_q6_k_portable(const uint8_t *w, long nsb, const in
         const uint8_t *blk = w + 210 * s;
         const int8_t *sc = (const int8_t *)(blk + 192);
         const float d = hy_f16(blk + 208);
+        int isum = 0;
         for (int n = 0; n < 2; n++) {
             const uint8_t *ql = blk + 64 * n, *qh = blk + 128 + 32 * n;
             const int8_t *scn = sc + 8 * n;
             const long a0 = 8 * s + 4 * n;
             for (int k = 0; k < 4; k++) {
                 const int8_t *a = qa + 32 * (a0 + k);
-                int isum = 0;
                 for (int l = 0; l < 32; l++) {
                     const uint8_t *src = (k & 1) ? ql + 32 : ql;
                     int nib = (k & 2) ? (src[l] >> 4) : (src[l] & 0x0F);
                     int q6 = (nib | (((qh[l] >> (2 * k)) & 3) << 4)) - 32;
                     isum += scn[2 * k + l / 16] * q6 * a[l];
                 }
-                sum += (float)isum * (d * da[a0 + k]);
             }
         }
+        sum += (float)isum * (d * da[8 * s]);
     }
     return sum;
 }

@@ -17,9 +17,11 @@
 #if defined(HY_AVX2) && defined(__AVX512VNNI__) && defined(__AVX512VL__)
 #define HY_VNNI 1
 #define HY_DPBUSD(acc, u, s) _mm256_dpbusd_epi32((acc), (u), (s))
+#define HY_DPWSSD(acc, a, b) _mm256_dpwssd_epi32((acc), (a), (b))
 #elif defined(HY_AVX2) && defined(__AVXVNNI__)
 #define HY_VNNI 1
 #define HY_DPBUSD(acc, u, s) _mm256_dpbusd_avx_epi32((acc), (u), (s))
+#define HY_DPWSSD(acc, a, b) _mm256_dpwssd_avx_epi32((acc), (a), (b))
 #endif
 
 /* The prefill GEMM runs panels of 32 weight rows, two 512-bit vectors of 16, where the build

@@ -71,9 +71,9 @@ static inline void hy_q_prep_acts(const int8_t *qa, const float *da, const float
     if (rows < 2 || !hy_q_prep_fits(n)) return;
     if (flags & HY_PREP_Q8) hy_q8_prep(qa, da, n / 32, prep + hy_q_prep_at(HY_PREP_Q8, n));
     if ((flags & HY_PREP_KQ) && n % 256 == 0)
-        hy_kq_prep(qa, da, n / 256, 0, prep + hy_q_prep_at(HY_PREP_KQ, n));
+        hy_kq_prep(qa, n / 256, 0, prep + hy_q_prep_at(HY_PREP_KQ, n));
     if ((flags & HY_PREP_Q6K) && n % 256 == 0)
-        hy_kq_prep(qa, da, n / 256, 1, prep + hy_q_prep_at(HY_PREP_Q6K, n));
+        hy_kq_prep(qa, n / 256, 1, prep + hy_q_prep_at(HY_PREP_Q6K, n));
 #else
     (void)qa, (void)da, (void)sa, (void)n, (void)rows, (void)flags, (void)prep;
 #endif
@@ -204,7 +204,8 @@ static inline void hy_q_matvec_range(int type, const uint8_t *w, long row_bytes,
         const long pstride = hy_q_prep_bytes(n);
         const uint8_t *pk = prep + hy_q_prep_at(HY_PREP_Q6K, n);
 #define HY_R6P(R, i, r) hy_dot_q6_k_512_prep(w + (i) * row_bytes, n / 256, R, pk + (r) * pstride, \
-                                             pstride, s16 + 2 * (r) * nb, nb, out + (r) * ldo + (i), ldo)
+                                             pstride, da + (r) * nb, s16 + 2 * (r) * nb, nb, \
+                                             out + (r) * ldo + (i), ldo)
         HY_PREP_LOOP(HY_R6P)
 #undef HY_R6P
     }
@@ -230,8 +231,8 @@ static inline void hy_q_matvec_range(int type, const uint8_t *w, long row_bytes,
         const uint8_t *pk = prep + hy_q_prep_at(HY_PREP_KQ, n);
         const int pf_l2 = hy_q_kquant_pf_l2(n), five = type == HY_Q_Q5_K;
 #define HY_RKP(R, i, r) \
-        if (five) hy_dot_q45_k_512_prep(w + (i) * row_bytes, n / 256, R, pk + (r) * pstride, pstride, sa + (r) * nb, nb, 1, pf_l2, out + (r) * ldo + (i), ldo); \
-        else hy_dot_q45_k_512_prep(w + (i) * row_bytes, n / 256, R, pk + (r) * pstride, pstride, sa + (r) * nb, nb, 0, pf_l2, out + (r) * ldo + (i), ldo)
+        if (five) hy_dot_q45_k_512_prep(w + (i) * row_bytes, n / 256, R, pk + (r) * pstride, pstride, da + (r) * nb, sa + (r) * nb, nb, 1, pf_l2, out + (r) * ldo + (i), ldo); \
+        else hy_dot_q45_k_512_prep(w + (i) * row_bytes, n / 256, R, pk + (r) * pstride, pstride, da + (r) * nb, sa + (r) * nb, nb, 0, pf_l2, out + (r) * ldo + (i), ldo)
         HY_PREP_LOOP(HY_RKP)
 #undef HY_RKP
     }

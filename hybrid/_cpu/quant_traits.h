@@ -147,6 +147,13 @@ static inline int hy_q_block_bytes(int type) {
     return t ? t->block_bytes : 0;
 }
 
+/* The values per activation scale that a format's dot products read (hy_q_act): its block of
+ * 32 or super-block of 256 values for the integer formats, 0 for the float ones. */
+static inline int hy_q_act_group(int type) {
+    const hy_q_traits *t = hy_q_traits_of(type);
+    return t && t->integer ? t->block_values : 0;
+}
+
 static inline void hy_q_decode_row(int type, const uint8_t *row, float *y, long n) {
     hy_q_table[type].decode_row(row, y, n);
 }
