@@ -174,14 +174,16 @@ static inline __m256i hy_bcast16(__m256i v, int j) {
     return _mm256_shuffle_epi8(v, _mm256_set1_epi16((short)(((2 * j + 1) << 8) | (2 * j))));
 }
 
-/* Q4_K / Q5_K for R (<= 2) activation rows (row r at qa + r*lda, da/sa + r*ldd): the weights
- * unpacked once for both, each row the same operations as alone (the same bits): out[r*ldo] */
+/* Q4_K / Q5_K for R (<= 4) activation rows (row r at qa + r*lda, da/sa + r*ldd): the weights
+ * unpacked once for all of them, each row the same operations as alone (the same bits):
+ * out[r*ldo].  Per row one integer and one float accumulator (the mins term goes into the same
+ * float lanes), so four rows fit the 16 vector registers. */
 static inline __attribute__((always_inline)) void
 hy_dot_q45_k_avx2_rows(const uint8_t *w, long nsb, const int R, const int8_t *qa, long lda,
                        const float *da, const float *sa, long ldd, int five, float *out, long ldo) {
     const int bb = five ? 176 : 144;
-    __m256 acc[2], accm[2];
-    for (int r = 0; r < R; r++) acc[r] = accm[r] = _mm256_setzero_ps();
+    __m256 acc[4];
+    for (int r = 0; r < R; r++) acc[r] = _mm256_setzero_ps();
     const __m256i low4 = _mm256_set1_epi8(0x0F), one = _mm256_set1_epi8(1);
     for (long s = 0; s < nsb; s++) {
         const uint8_t *blk = w + bb * s;
@@ -192,15 +194,13 @@ hy_dot_q45_k_avx2_rows(const uint8_t *w, long nsb, const int R, const int8_t *qa
         HY_PREFETCH(blk + 128);
         __m256 mnf;
         const __m256i sc = _mm256_broadcastsi128_si256(hy_k4_unpack(blk, &mnf));
-        const float d = hy_f16(blk), dmin = hy_f16(blk + 2);
-        __m256i i0[2], i1[2];
-        for (int r = 0; r < R; r++) {
-            hy_k4_mins(mnf, dmin, sa + r * ldd + a0, &accm[r]);
-            i0[r] = i1[r] = _mm256_setzero_si256();
-        }
-        __m256i hbits = five ? _mm256_loadu_si256((const __m256i *)qh) : _mm256_setzero_si256();
+        const float d = hy_f16(blk);
+        mnf = _mm256_mul_ps(mnf, _mm256_set1_ps(-hy_f16(blk + 2)));  /* -dmin * min_j, exact */
+        __m256i is[4];
+        for (int r = 0; r < R; r++) is[r] = _mm256_setzero_si256();
+        const __m256i hbits = five ? _mm256_loadu_si256((const __m256i *)qh) : _mm256_setzero_si256();
         for (int g = 0; g < 4; g++) {
-            __m256i raw = _mm256_loadu_si256((const __m256i *)(q + 32 * g));
+            const __m256i raw = _mm256_loadu_si256((const __m256i *)(q + 32 * g));
             __m256i lo = _mm256_and_si256(raw, low4);
             __m256i hi = _mm256_and_si256(_mm256_srli_epi16(raw, 4), low4);
             if (five) {
@@ -212,16 +212,16 @@ hy_dot_q45_k_avx2_rows(const uint8_t *w, long nsb, const int R, const int8_t *qa
             const __m256i s0 = hy_bcast16(sc, 2 * g), s1 = hy_bcast16(sc, 2 * g + 1);
             for (int r = 0; r < R; r++) {
                 const int8_t *ar = qa + r * lda + 32 * (a0 + 2 * g);
-                i0[r] = hy_madd_acc(i0[r], _mm256_maddubs_epi16(lo, _mm256_loadu_si256((const __m256i *)ar)), s0);
-                i1[r] = hy_madd_acc(i1[r], _mm256_maddubs_epi16(hi, _mm256_loadu_si256((const __m256i *)(ar + 32))), s1);
+                is[r] = hy_madd_acc(is[r], _mm256_maddubs_epi16(lo, _mm256_loadu_si256((const __m256i *)ar)), s0);
+                is[r] = hy_madd_acc(is[r], _mm256_maddubs_epi16(hi, _mm256_loadu_si256((const __m256i *)(ar + 32))), s1);
             }
         }
-        for (int r = 0; r < R; r++)
-            acc[r] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(_mm256_add_epi32(i0[r], i1[r])),
-                                     _mm256_set1_ps(d * da[r * ldd + a0]), acc[r]);
+        for (int r = 0; r < R; r++) {
+            acc[r] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(is[r]), _mm256_set1_ps(d * da[r * ldd + a0]), acc[r]);
+            acc[r] = _mm256_fmadd_ps(mnf, _mm256_loadu_ps(sa + r * ldd + a0), acc[r]);
+        }
     }
-    for (int r = 0; r < R; r++)
-        out[r * ldo] = hy_hsum256(acc[r]) - hy_hsum256(accm[r]);
+    for (int r = 0; r < R; r++) out[r * ldo] = hy_hsum256(acc[r]);
 }
 
 /* Q4_K / Q5_K, one activation row */
@@ -240,36 +240,38 @@ static inline __m256i hy_scale_pair_ctrl(int j) {
                             _mm_set1_epi16((short)(((4 * j + 1) << 8) | (4 * j))));
 }
 
-/* Q6_K for R (<= 2) activation rows (row r at qa + r*lda, da + r*ldd, s16 + 2*r*ldd; s16 as
+/* Q6_K for R (<= 4) activation rows (row r at qa + r*lda, da + r*ldd, s16 + 2*r*ldd; s16 as
  * hy_q_act gives it, with one scale per super-block): unsigned values n (0..63) in maddubs,
  * their 8-bit scales through madd into int32, one conversion and FMA with d * da per
- * super-block, and the -32 offsets as d * scale * s16 (two FMAs per super-block).  The weights
- * unpacked once for both rows, each row the same operations as alone (the same bits):
- * out[r*ldo] */
+ * super-block, and the -32 offsets as -32 * d * scale * s16 (two FMAs per super-block) into the
+ * same float lanes.  The weights unpacked once for all rows, each row the same operations as
+ * alone (the same bits): out[r*ldo] */
 static inline __attribute__((always_inline)) void
 hy_dot_q6_k_avx2_rows(const uint8_t *w, long nsb, const int R, const int8_t *qa, long lda,
                       const float *da, const float *s16, long ldd, float *out, long ldo) {
-    __m256 acc[2], acco[2];
-    for (int r = 0; r < R; r++) acc[r] = acco[r] = _mm256_setzero_ps();
+    __m256 acc[4];
+    for (int r = 0; r < R; r++) acc[r] = _mm256_setzero_ps();
     const __m256i low4 = _mm256_set1_epi8(0x0F);
     for (long s = 0; s < nsb; s++) {
         const uint8_t *blk = w + 210 * s;
         const int8_t *sc = (const int8_t *)(blk + 192);
-        const float d = hy_f16(blk + 208);
         HY_PREFETCH(blk);
         HY_PREFETCH(blk + 64);
         HY_PREFETCH(blk + 128);
         HY_PREFETCH(blk + 192);
-        const __m128i sc8 = _mm_loadu_si128((const __m128i *)sc);
-        const __m256 dv = _mm256_set1_ps(d);
-        const __m256 dsc0 = _mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(sc8)), dv);
-        const __m256 dsc1 = _mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_srli_si128(sc8, 8))), dv);
-        __m256i is[2][2];
-        for (int r = 0; r < R; r++) {
-            const float *s16r = s16 + 2 * r * ldd + 16 * s;
-            acco[r] = _mm256_fmadd_ps(dsc0, _mm256_loadu_ps(s16r), acco[r]);
-            acco[r] = _mm256_fmadd_ps(dsc1, _mm256_loadu_ps(s16r + 8), acco[r]);
-            is[r][0] = is[r][1] = _mm256_setzero_si256();
+        const float d = hy_f16(blk + 208);
+        __m256i is[4];
+        {   /* the offsets first: -32 * d * scale (exact) times the sums per 16 */
+            const __m128i sc8 = _mm_loadu_si128((const __m128i *)sc);
+            const __m256 dv = _mm256_set1_ps(-32.0f * d);
+            const __m256 dsc0 = _mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(sc8)), dv);
+            const __m256 dsc1 = _mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_srli_si128(sc8, 8))), dv);
+            for (int r = 0; r < R; r++) {
+                const float *s16r = s16 + 2 * r * ldd + 16 * s;
+                acc[r] = _mm256_fmadd_ps(dsc0, _mm256_loadu_ps(s16r), acc[r]);
+                acc[r] = _mm256_fmadd_ps(dsc1, _mm256_loadu_ps(s16r + 8), acc[r]);
+                is[r] = _mm256_setzero_si256();
+            }
         }
         for (int n = 0; n < 2; n++) {
             const uint8_t *ql = blk + 64 * n, *qh = blk + 128 + 32 * n;
@@ -293,16 +295,14 @@ hy_dot_q6_k_avx2_rows(const uint8_t *w, long nsb, const int R, const int8_t *qa,
                 for (int r = 0; r < R; r++) {
                     const __m256i p16 = _mm256_maddubs_epi16(
                         v[k], _mm256_loadu_si256((const __m256i *)(qa + r * lda + 32 * (a0 + k))));
-                    is[r][k & 1] = hy_madd_acc(is[r][k & 1], p16, sck);
+                    is[r] = hy_madd_acc(is[r], p16, sck);
                 }
             }
         }
         for (int r = 0; r < R; r++)
-            acc[r] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(_mm256_add_epi32(is[r][0], is[r][1])),
-                                     _mm256_set1_ps(d * da[r * ldd + 8 * s]), acc[r]);
+            acc[r] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(is[r]), _mm256_set1_ps(d * da[r * ldd + 8 * s]), acc[r]);
     }
-    for (int r = 0; r < R; r++)
-        out[r * ldo] = hy_hsum256(acc[r]) - 32.0f * hy_hsum256(acco[r]);
+    for (int r = 0; r < R; r++) out[r * ldo] = hy_hsum256(acc[r]);
 }
 
 /* Q6_K, one activation row */

@@ -285,36 +285,23 @@ static inline void hy_q_matvec_range(int type, const uint8_t *w, long row_bytes,
     }
 #endif
 #if defined(HY_AVX2) && !defined(HY_Q512)
-    /* Q4_K / Q5_K for several activation rows: each weight row unpacked once for two of them
-     * (each row the same operations as alone: the same bits) */
-    if ((type == HY_Q_Q4_K || type == HY_Q_Q5_K) && rows > 1 && qa != NULL) {
-        const int five = type == HY_Q_Q5_K;
+    /* Q4_K / Q5_K and Q6_K for several activation rows: each weight row unpacked once for up to
+     * four of them (each row the same operations as alone: the same bits) */
+    if ((type == HY_Q_Q4_K || type == HY_Q_Q5_K || type == HY_Q_Q6_K) && rows > 1 && qa != NULL) {
         for (; o < o1; o++) {
             const uint8_t *wr = w + o * row_bytes;
-            int r = 0;
-            for (; r + 2 <= rows; r += 2) {
-                if (five) hy_dot_q45_k_avx2_rows(wr, n / 256, 2, qa + r * n, n, da + r * nb, sa + r * nb, nb, 1, out + r * ldo + o, ldo);
-                else hy_dot_q45_k_avx2_rows(wr, n / 256, 2, qa + r * n, n, da + r * nb, sa + r * nb, nb, 0, out + r * ldo + o, ldo);
-            }
-            if (r < rows) {
-                if (five) hy_dot_q45_k_avx2_rows(wr, n / 256, 1, qa + r * n, n, da + r * nb, sa + r * nb, nb, 1, out + r * ldo + o, ldo);
-                else hy_dot_q45_k_avx2_rows(wr, n / 256, 1, qa + r * n, n, da + r * nb, sa + r * nb, nb, 0, out + r * ldo + o, ldo);
+            for (int r = 0; r < rows; r += 4) {
+                const int left = rows - r < 4 ? rows - r : 4;
+#define HY_RK2(R) case R: \
+                if (type == HY_Q_Q6_K) hy_dot_q6_k_avx2_rows(wr, n / 256, R, qa + r * n, n, da + r * nb, s16 + 2 * r * nb, nb, out + r * ldo + o, ldo); \
+                else if (type == HY_Q_Q5_K) hy_dot_q45_k_avx2_rows(wr, n / 256, R, qa + r * n, n, da + r * nb, sa + r * nb, nb, 1, out + r * ldo + o, ldo); \
+                else hy_dot_q45_k_avx2_rows(wr, n / 256, R, qa + r * n, n, da + r * nb, sa + r * nb, nb, 0, out + r * ldo + o, ldo); \
+                break;
+                switch (left) { HY_RK2(1) HY_RK2(2) HY_RK2(3) HY_RK2(4) }
+#undef HY_RK2
             }
             if (bias)
-                for (r = 0; r < rows; r++) out[r * ldo + o] += bias[o];
-        }
-        return;
-    }
-    if (type == HY_Q_Q6_K && rows > 1 && qa != NULL) {  /* the same for Q6_K */
-        for (; o < o1; o++) {
-            const uint8_t *wr = w + o * row_bytes;
-            int r = 0;
-            for (; r + 2 <= rows; r += 2)
-                hy_dot_q6_k_avx2_rows(wr, n / 256, 2, qa + r * n, n, da + r * nb, s16 + 2 * r * nb, nb, out + r * ldo + o, ldo);
-            if (r < rows)
-                hy_dot_q6_k_avx2_rows(wr, n / 256, 1, qa + r * n, n, da + r * nb, s16 + 2 * r * nb, nb, out + r * ldo + o, ldo);
-            if (bias)
-                for (r = 0; r < rows; r++) out[r * ldo + o] += bias[o];
+                for (int r = 0; r < rows; r++) out[r * ldo + o] += bias[o];
         }
         return;
     }
