@@ -22,7 +22,6 @@ from bench_moe import _tokenizer_fields  # noqa: E402
 
 LAYERS, HIDDEN, HEADS, KV_HEADS, HEAD_DIM, FF, WINDOW = 6, 1152, 4, 1, 256, 6912, 512
 PROMPT, NEW, PREFILL = 32, 64, 600
-_tps: dict = {}
 
 
 def _write(path, quantize_here: bool):
@@ -82,35 +81,26 @@ def _prompts():
             [int(t) for t in rng.integers(100, 20000, PREFILL)])
 
 
-def test_hybrid_gemma(benchmark, gemma_file):
+def test_gemma_against_llama_cpp(benchmark, gemma_file):
     path, how = gemma_file
     model = hybrid.load_model(path)
     prompt, long = _prompts()
     model.generate(prompt, 4, stop_tokens=[])
-    prefill, decode = gguf_models.hybrid_rounds(model, prompt, long, NEW)
+    try:
+        import llama_cpp
+        llm = llama_cpp.Llama(model_path=path, n_ctx=2048, n_threads=THREADS, n_batch=512,
+                              verbose=False)
+    except ImportError:  # llama-cpp-python is an optional peer: hybrid's side alone
+        llm = None
+    best = gguf_models.side_by_side(model, llm, prompt, long, NEW)
     benchmark.pedantic(lambda: None, rounds=1)
-    _tps["hybrid decode"], _tps["hybrid prefill"] = decode, prefill
-    RESULTS.append(("gemma", f"hybrid decode ({how})", decode, "tok/s", "best of 3"))
-    RESULTS.append(("gemma", f"hybrid prefill {PREFILL}", prefill, "tok/s", "best of 3"))
-    _ratios()
-
-
-def test_llama_cpp_gemma(benchmark, gemma_file):
-    llama_cpp = pytest.importorskip("llama_cpp", reason="llama-cpp-python is not installed "
-                                                        "(an optional peer)")
-    path, _ = gemma_file
-    llm = llama_cpp.Llama(model_path=path, n_ctx=2048, n_threads=THREADS, n_batch=512,
-                          verbose=False)
-    prompt, long = _prompts()
-    prefill, decode = gguf_models.llama_cpp_rounds(llm, prompt, long, NEW)
-    benchmark.pedantic(lambda: None, rounds=1)
-    _tps["llama.cpp decode"], _tps["llama.cpp prefill"] = decode, prefill
-    RESULTS.append(("gemma", "llama.cpp decode", decode, "tok/s", "best of 3"))
-    RESULTS.append(("gemma", f"llama.cpp prefill {PREFILL}", prefill, "tok/s", "best of 3"))
-    _ratios()
-
-
-def _ratios():
-    for what, target in (("decode", 1.1), ("prefill", 1.0)):
-        record_ratio("gemma", f"hybrid / llama.cpp {what}", _tps.get(f"hybrid {what}"),
-                     _tps.get(f"llama.cpp {what}"), f"target >= {target}")
+    RESULTS.append(("gemma", f"hybrid decode ({how})", best["hybrid"][1], "tok/s", "best of 4"))
+    RESULTS.append(("gemma", f"hybrid prefill {PREFILL}", best["hybrid"][0], "tok/s", "best of 4"))
+    if llm is None:
+        return
+    RESULTS.append(("gemma", "llama.cpp decode", best["llama.cpp"][1], "tok/s", "best of 4"))
+    RESULTS.append(("gemma", f"llama.cpp prefill {PREFILL}", best["llama.cpp"][0], "tok/s",
+                    "best of 4"))
+    for k, (what, target) in enumerate((("prefill", 1.0), ("decode", 1.1))):
+        record_ratio("gemma", f"hybrid / llama.cpp {what}", best["hybrid"][k],
+                     best["llama.cpp"][k], f"target >= {target}")

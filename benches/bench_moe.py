@@ -24,7 +24,6 @@ gguf = pytest.importorskip("gguf")
 LAYERS, HIDDEN, HEADS, KV_HEADS, HEAD_DIM = 2, 2048, 32, 4, 128
 EXPERTS, TOP_K, EXPERT_FF = 128, 8, 768
 PROMPT, NEW, PREFILL = 32, 64, 128
-_tps: dict = {}
 
 
 def _tokenizer_fields(writer):
@@ -102,7 +101,7 @@ def _rss() -> int:
         return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
 
 
-def test_hybrid_moe(benchmark, moe_file):
+def test_moe_against_llama_cpp(benchmark, moe_file):
     path, how = moe_file
     base = _rss()  # the process before the model (the file was written in this process)
     model = hybrid.load_model(path)
@@ -110,37 +109,26 @@ def test_hybrid_moe(benchmark, moe_file):
     prompt = [int(t) for t in rng.integers(100, 20000, PROMPT)]
     long = [int(t) for t in rng.integers(100, 20000, PREFILL)]
     model.generate(prompt, 4, stop_tokens=[])  # warm
-    prefill, decode = gguf_models.hybrid_rounds(model, prompt, long, NEW)
-    rss, size = _rss() - base, os.path.getsize(path)
+    gguf_models.hybrid_rounds(model, prompt, long, NEW, 1)  # every page a round touches
+    rss, size = _rss() - base, os.path.getsize(path)  # (before llama.cpp maps the file too)
+    try:
+        import llama_cpp
+        llm = llama_cpp.Llama(model_path=path, n_ctx=1024, n_threads=THREADS, n_batch=512,
+                              verbose=False)
+        llm.eval(prompt[:4])
+    except ImportError:  # llama-cpp-python is an optional peer: hybrid's side alone
+        llm = None
+    best = gguf_models.side_by_side(model, llm, prompt, long, NEW)
     benchmark.pedantic(lambda: None, rounds=1)
-    _tps["hybrid decode"], _tps["hybrid prefill"] = decode, prefill
-    RESULTS.append(("moe", f"hybrid decode ({how})", decode, "tok/s", "best of 3"))
-    RESULTS.append(("moe", "hybrid prefill 128", prefill, "tok/s", "best of 3"))
+    RESULTS.append(("moe", f"hybrid decode ({how})", best["hybrid"][1], "tok/s", "best of 4"))
+    RESULTS.append(("moe", "hybrid prefill 128", best["hybrid"][0], "tok/s", "best of 4"))
     RESULTS.append(("moe", "resident memory over the file size", (rss - size) / 2**20, "MiB",
                     f"file {size / 2**20:.0f} MiB, the model's resident growth "
                     f"{rss / 2**20:.0f} MiB (target <= +64)"))
-    _ratios()
-
-
-def test_llama_cpp_moe(benchmark, moe_file):
-    llama_cpp = pytest.importorskip("llama_cpp", reason="llama-cpp-python is not installed "
-                                                        "(an optional peer)")
-    path, _ = moe_file
-    llm = llama_cpp.Llama(model_path=path, n_ctx=1024, n_threads=THREADS, n_batch=512,
-                          verbose=False)
-    rng = np.random.default_rng(1)
-    prompt = [int(t) for t in rng.integers(100, 20000, PROMPT)]
-    long = [int(t) for t in rng.integers(100, 20000, PREFILL)]
-    llm.eval(prompt[:4])
-    prefill, decode = gguf_models.llama_cpp_rounds(llm, prompt, long, NEW)
-    benchmark.pedantic(lambda: None, rounds=1)
-    _tps["llama.cpp decode"], _tps["llama.cpp prefill"] = decode, prefill
-    RESULTS.append(("moe", "llama.cpp decode", decode, "tok/s", "best of 3"))
-    RESULTS.append(("moe", "llama.cpp prefill 128", prefill, "tok/s", "best of 3"))
-    _ratios()
-
-
-def _ratios():
-    for what, target in (("decode", 1.1), ("prefill", 1.0)):
-        record_ratio("moe", f"hybrid / llama.cpp {what}", _tps.get(f"hybrid {what}"),
-                     _tps.get(f"llama.cpp {what}"), f"target >= {target}")
+    if llm is None:
+        return
+    RESULTS.append(("moe", "llama.cpp decode", best["llama.cpp"][1], "tok/s", "best of 4"))
+    RESULTS.append(("moe", "llama.cpp prefill 128", best["llama.cpp"][0], "tok/s", "best of 4"))
+    for k, (what, target) in enumerate((("prefill", 1.0), ("decode", 1.1))):
+        record_ratio("moe", f"hybrid / llama.cpp {what}", best["hybrid"][k],
+                     best["llama.cpp"][k], f"target >= {target}")

@@ -220,6 +220,23 @@ def llama_cpp_rounds(llm, prompt, long, new: int, rounds: int = 3):
     return max(prefill), max(decode)
 
 
+def side_by_side(model, llm, prompt, long, new: int, rounds: int = 4) -> dict:
+    """{"hybrid": (prefill, decode), "llama.cpp": (prefill, decode)}: the best tok/s of a hybrid
+    Model and of a llama_cpp.Llama (None: hybrid only) over ``rounds`` rounds, one round of each
+    in turn and the order reversed every other round, so that the machine's drift between rounds
+    reaches both sides alike."""
+    best = {"hybrid": (0.0, 0.0)}
+    sides = [("hybrid", lambda: hybrid_rounds(model, prompt, long, new, 1))]
+    if llm is not None:
+        best["llama.cpp"] = (0.0, 0.0)
+        sides.append(("llama.cpp", lambda: llama_cpp_rounds(llm, prompt, long, new, 1)))
+    for i in range(rounds):
+        for name, run in (sides if i % 2 == 0 else sides[::-1]):
+            prefill, decode = run()
+            best[name] = (max(best[name][0], prefill), max(best[name][1], decode))
+    return best
+
+
 def llama_cpp_next(llm) -> int:
     """llama.cpp's greedy next token, from its context's logits of the last evaluated token
     (Llama.scores holds them only with logits_all)."""
