@@ -13,6 +13,7 @@ import numpy as np
 import pytest
 
 import hybrid
+import gguf_models
 from conftest import RESULTS, THREADS, record_ratio
 
 SEQS, PROMPT, NEW = 16, 32, 64
@@ -23,8 +24,6 @@ FILES = ["smollm2 Q4_K_M", "llama1b-shaped Q4_K_M", "llama1b-shaped Q4_0", "llam
 def files(tmp_path_factory):
     pytest.importorskip("llama_cpp", reason="llama-cpp-python is not installed (the peer)")
     from hybrid.models import ModelLoadError
-
-    import gguf_models
 
     try:
         return gguf_models.peer_files(str(tmp_path_factory.mktemp("batched")), FILES)
@@ -114,14 +113,8 @@ def _llama_cpp(path):
 @pytest.mark.parametrize("which", FILES)
 def test_batched_decode_against_llama_cpp(benchmark, files, which):
     path = files[which]
-    best_h = best_l = 0.0
-    for i in range(4):  # alternating, the order reversed every other round
-        for run in ((_hybrid, _llama_cpp) if i % 2 == 0 else (_llama_cpp, _hybrid)):
-            tps, _ = run(path)
-            if run is _hybrid:
-                best_h = max(best_h, tps)
-            else:
-                best_l = max(best_l, tps)
+    (best_h,), (best_l,) = gguf_models.alternating(
+        [lambda: _hybrid(path)[:1], lambda: _llama_cpp(path)[:1]], rounds=4)
     one, _ = _hybrid(path, 1)
     benchmark.pedantic(lambda: None, rounds=1)
     RESULTS.append(("batched", f"{which} hybrid, {SEQS} sequences", best_h, "tok/s",

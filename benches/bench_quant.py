@@ -141,25 +141,13 @@ def _hybrid(path):
 ROUNDS = 3
 
 
-def alternating(runners, rounds=ROUNDS):
-    """Call each runner once per round, the order reversed every other round, and keep the best
-    of each figure it returns.  This machine's speed drifts by 10-50% over seconds (shared
-    cores), so every runner gets a turn in every phase; a runner loads its engine, runs and
-    frees it, so only one engine is loaded at a time (llama.cpp's idle threads would compete
-    with hybrid's).  Returns one tuple of best figures per runner."""
-    best = [None] * len(runners)
-    for i in range(rounds):
-        for k in (range(len(runners)) if i % 2 == 0 else reversed(range(len(runners)))):
-            got = runners[k]()
-            best[k] = got if best[k] is None else tuple(map(max, best[k], got))
-    return best
-
-
 def side_by_side(path):
     """(hybrid prefill, hybrid decode, hybrid weight bytes, llama.cpp prefill, llama.cpp decode)
     on one file, best of ROUNDS alternating rounds."""
-    (lp, ld), (hp, hd, weight_bytes) = alternating([lambda: _llama_cpp(path),
-                                                    lambda: _hybrid(path)])
+    # a runner loads its engine, runs and frees it, so only one engine is loaded at a time
+    # (llama.cpp's idle threads would compete with hybrid's)
+    (lp, ld), (hp, hd, weight_bytes) = gguf_models.alternating([lambda: _llama_cpp(path),
+                                                                lambda: _hybrid(path)], ROUNDS)
     return hp, hd, weight_bytes, lp, ld
 
 
@@ -242,7 +230,7 @@ def test_long_prompt_prefill_against_llama_cpp(benchmark, gguf_files):
         llm.eval(ids)
         return (LONG_PROMPT / (time.perf_counter() - t0),)
 
-    (best_h,), (best_l,) = alternating([run_hybrid, run_llama_cpp], rounds=2)
+    (best_h,), (best_l,) = gguf_models.alternating([run_hybrid, run_llama_cpp], rounds=2)
     benchmark.pedantic(lambda: None, rounds=1)
     RESULTS.append(("gguf", f"smollm2 Q8_0 {LONG_PROMPT}-token prefill, hybrid", best_h, "tok/s", ""))
     RESULTS.append(("gguf", f"smollm2 Q8_0 {LONG_PROMPT}-token prefill, llama.cpp (no flash "

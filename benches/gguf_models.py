@@ -220,21 +220,27 @@ def llama_cpp_rounds(llm, prompt, long, new: int, rounds: int = 3):
     return max(prefill), max(decode)
 
 
-def side_by_side(model, llm, prompt, long, new: int, rounds: int = 4) -> dict:
-    """{"hybrid": (prefill, decode), "llama.cpp": (prefill, decode)}: the best tok/s of a hybrid
-    Model and of a llama_cpp.Llama (None: hybrid only) over ``rounds`` rounds, one round of each
-    in turn and the order reversed every other round, so that the machine's drift between rounds
-    reaches both sides alike."""
-    best = {"hybrid": (0.0, 0.0)}
-    sides = [("hybrid", lambda: hybrid_rounds(model, prompt, long, new, 1))]
-    if llm is not None:
-        best["llama.cpp"] = (0.0, 0.0)
-        sides.append(("llama.cpp", lambda: llama_cpp_rounds(llm, prompt, long, new, 1)))
+def alternating(runners, rounds: int = 3):
+    """Call each runner once per round, the order reversed every other round, and keep the best
+    of each figure it returns.  This machine's speed drifts by 10-50% over seconds (shared
+    cores), so every runner gets a turn in every phase.  Returns one tuple of best figures per
+    runner."""
+    best = [None] * len(runners)
     for i in range(rounds):
-        for name, run in (sides if i % 2 == 0 else sides[::-1]):
-            prefill, decode = run()
-            best[name] = (max(best[name][0], prefill), max(best[name][1], decode))
+        for k in (range(len(runners)) if i % 2 == 0 else reversed(range(len(runners)))):
+            got = runners[k]()
+            best[k] = got if best[k] is None else tuple(map(max, best[k], got))
     return best
+
+
+def side_by_side(model, llm, prompt, long, new: int, rounds: int = 4) -> dict:
+    """{"hybrid": (prefill, decode), "llama.cpp": (prefill, decode)}: the best tok/s of a loaded
+    hybrid Model and llama_cpp.Llama (None: hybrid only) over ``rounds`` alternating rounds of
+    one prefill and one decode each."""
+    runners = [lambda: hybrid_rounds(model, prompt, long, new, 1)]
+    if llm is not None:
+        runners.append(lambda: llama_cpp_rounds(llm, prompt, long, new, 1))
+    return dict(zip(("hybrid", "llama.cpp"), alternating(runners, rounds)))
 
 
 def llama_cpp_next(llm) -> int:
