@@ -53,9 +53,10 @@ static inline int hy_q_prep_flags(int type) {
 }
 
 /* Whether the multi-row kernels read prepared activations for rows of n values: where four
- * rows' layouts (2n bytes each) fit in 3/4 of the L1D beside the weights; wider rows take the
- * kernels that read the plain blocks (n bytes a row), which then run faster (both give the same
- * bits). */
+ * rows' Q8_0 layouts (2n bytes each) fit in 3/4 of the L1D beside the weights; wider rows take
+ * the kernels that read the plain blocks (n bytes a row), which then run as fast or faster (both
+ * give the same bits; the K formats' layout is n bytes a row and gains nothing on wider rows
+ * either). */
 static inline int hy_q_prep_fits(long n) {
     return 8 * n <= hy_l1d_bytes() * 3 / 4;
 }
