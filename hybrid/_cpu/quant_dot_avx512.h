@@ -47,7 +47,7 @@ hy_q8_0_blocks_512(const uint8_t *w, long nb, const int R, const int8_t *qa, con
     return b;
 }
 
-/* Q8_0's prepared activations (hy_q_stream_acts): per pair of blocks, 64 bytes of values
+/* Q8_0's prepared activations (hy_q_prep_acts): per pair of blocks, 64 bytes of values
  * a + 128 (unsigned), then 16 floats, da of the first block in lanes 0-7 and of the second in
  * lanes 8-15 (zeros past the last block). */
 static inline long hy_q8_prep_bytes(long n) { return 128 * ((n / 32 + 1) / 2); }
@@ -93,25 +93,6 @@ hy_q8_0_rows_prep(const uint8_t *w, long nb, const int R, const uint8_t *prep, l
         }
     }
     for (int r = 0; r < R; r++) out[r * ldo] = _mm512_reduce_add_ps(acc[r]);
-}
-
-/* The K formats' prepared activations (hy_q_prep_acts), 256 bytes per super-block of 256
- * values: four steps of 64 activation bytes, two blocks side by side (Q4_K / Q5_K: blocks 0|2,
- * 1|3, 4|6, 5|7, the pairs hy_dot_q45_k_512_rows reads; Q6_K: k|4+k, hy_dot_q6_k_512_rows's).
- * (One scale per super-block: the kernels read it from da.) */
-static inline long hy_kq_prep_bytes(long n) { return 256 * (n / 256); }
-
-static inline void hy_kq_prep(const int8_t *qa, long nsb, int q6, uint8_t *prep) {
-    static const int pairs[2][4][2] = {{{0, 2}, {1, 3}, {4, 6}, {5, 7}},
-                                       {{0, 4}, {1, 5}, {2, 6}, {3, 7}}};
-    for (long s = 0; s < nsb; s++, prep += 256) {
-        const int8_t *a = qa + 256 * s;
-        for (int t = 0; t < 4; t++) {
-            const int b0 = pairs[q6][t][0], b1 = pairs[q6][t][1];
-            _mm256_storeu_si256((__m256i *)(prep + 64 * t), _mm256_loadu_si256((const __m256i *)(a + 32 * b0)));
-            _mm256_storeu_si256((__m256i *)(prep + 64 * t + 32), _mm256_loadu_si256((const __m256i *)(a + 32 * b1)));
-        }
-    }
 }
 
 /* Whether the Q4_K / Q5_K two-row kernel prefetches into L2 rather than L1, for rows of n
@@ -230,48 +211,6 @@ hy_dot_q45_k_512_rows(const uint8_t *w, long wstep, const int W, long nsb, const
             out[r * ldo + i] = _mm512_reduce_add_ps(acc[i * R + r]) - hy_hsum256(accm[i * R + r]);
 }
 
-/* Q4_K / Q5_K, one weight row against R (<= 4) prepared activation rows (hy_kq_prep, pstride
- * bytes apart; da/sa the plain scales and scaled sums, row r at + r*ldd): out[r*ldo].  The same
- * bits as hy_dot_q45_k_512_rows with W = 1 (the same integer sums, the same FMAs); the
- * activations come straight from memory in their pairs. */
-static inline __attribute__((always_inline)) void
-hy_dot_q45_k_512_prep(const uint8_t *w, long nsb, const int R, const uint8_t *prep, long pstride,
-                      const float *da, const float *sa, long ldd, int five, int pf_l2, float *out,
-                      long ldo) {
-    const int bb = five ? 176 : 144;
-    __m512 acc[4];
-    __m256 accm[4];
-    for (int r = 0; r < R; r++) acc[r] = _mm512_setzero_ps(), accm[r] = _mm256_setzero_ps();
-    for (long s = 0; s < nsb; s++) {
-        const uint8_t *blk = w + bb * s;
-        hy_q45_k_prefetch(blk, pf_l2);
-        __m256 mnf;
-        const __m512i sc = _mm512_castsi128_si512(hy_k4_unpack(blk, &mnf));
-        const float dmin = hy_f16(blk + 2), dw = hy_f16(blk);
-        for (int r = 0; r < R; r++) hy_k4_mins(mnf, dmin, sa + r * ldd + 8 * s, &accm[r]);
-        const __m512i hb = five ? _mm512_broadcast_i64x4(_mm256_loadu_si256((const __m256i *)(blk + 16)))
-                                : _mm512_setzero_si512();
-        __m512i i0[4], i1[4];
-        for (int r = 0; r < R; r++) i0[r] = i1[r] = _mm512_setzero_si512();
-        for (int g = 0; g < 4; g += 2) {
-            __m512i lo, hi;
-            hy_q45_k_step_512(blk, hb, g, five, &lo, &hi);
-            const __m512i s0 = _mm512_permutexvar_epi16(hy_idx16_pair(2 * g, 2 * g + 2), sc);
-            const __m512i s1 = _mm512_permutexvar_epi16(hy_idx16_pair(2 * g + 1, 2 * g + 3), sc);
-            for (int r = 0; r < R; r++) {
-                const uint8_t *pr = prep + r * pstride + 256 * s + 64 * g;
-                i0[r] = _mm512_dpwssd_epi32(i0[r], _mm512_maddubs_epi16(lo, _mm512_loadu_si512((const void *)pr)), s0);
-                i1[r] = _mm512_dpwssd_epi32(i1[r], _mm512_maddubs_epi16(hi, _mm512_loadu_si512((const void *)(pr + 64))), s1);
-            }
-        }
-        for (int r = 0; r < R; r++)
-            acc[r] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(_mm512_add_epi32(i0[r], i1[r])),
-                                     _mm512_set1_ps(dw * da[r * ldd + 8 * s]), acc[r]);
-    }
-    for (int r = 0; r < R; r++)
-        out[r * ldo] = _mm512_reduce_add_ps(acc[r]) - hy_hsum256(accm[r]);
-}
-
 HY_UNUSED static float hy_dot_q45_k_512(const uint8_t *w, long nsb, const int8_t *qa,
                                         const float *da, const float *sa, int five) {
     float out;
@@ -282,7 +221,7 @@ HY_UNUSED static float hy_dot_q45_k_512(const uint8_t *w, long nsb, const int8_t
 /* One Q6_K super-block: returns d * scale of its 16 groups (exact: an 8-bit integer times a
  * float16), sets *sc to the 16 scales as int16 and v[k] to the values (0..63) of step k, the two
  * 128-value halves side by side (half n: ql at 64n, qh at 128 + 32n), as hy_dot_q6_k_512_rows
- * and _prep multiply them. */
+ * multiplies them. */
 static inline __attribute__((always_inline)) __m512 hy_q6_k_unpack_512(const uint8_t *blk, __m512i v[4],
                                                                       __m512i *sc) {
     const __m512i low4 = _mm512_set1_epi8(0x0F);
@@ -374,45 +313,6 @@ hy_dot_q6_k_512_rows(const uint8_t *w, long wstep, const int W, long nsb, const 
             const int j = i * R + r;
             out[r * ldo + i] = _mm512_reduce_add_ps(acc[j]) - 32.0f * _mm512_reduce_add_ps(acco[j]);
         }
-}
-
-/* Q6_K, one weight row against R (<= 4) prepared activation rows (hy_kq_prep's Q6_K layout,
- * pstride bytes apart; da/s16 the plain scales and sums, row r at da + r*ldd, s16 + 2*r*ldd):
- * out[r*ldo].  The same bits as hy_dot_q6_k_512_rows with W = 1; the activations come straight
- * from memory in their pairs. */
-static inline __attribute__((always_inline)) void
-hy_dot_q6_k_512_prep(const uint8_t *w, long nsb, const int R, const uint8_t *prep, long pstride,
-                     const float *da, const float *s16, long ldd, float *out, long ldo) {
-    __m512 acc[4], acco[4];
-    for (int r = 0; r < R; r++) acc[r] = acco[r] = _mm512_setzero_ps();
-    for (long s = 0; s < nsb; s++) {
-        const uint8_t *blk = w + 210 * s;
-        HY_PREFETCH_L2(blk);
-        HY_PREFETCH_L2(blk + 64);
-        HY_PREFETCH_L2(blk + 128);
-        HY_PREFETCH_L2(blk + 192);
-        __m512i v[4], sc;
-        const __m512 scf = hy_q6_k_unpack_512(blk, v, &sc);
-        const float dw = hy_f16(blk + 208);
-        __m512i is[4][2];
-        for (int r = 0; r < R; r++) {
-            acco[r] = _mm512_fmadd_ps(scf, _mm512_loadu_ps(s16 + 2 * r * ldd + 16 * s), acco[r]);
-            is[r][0] = is[r][1] = _mm512_setzero_si512();
-        }
-        for (int k = 0; k < 4; k++) {
-            const __m512i sck = _mm512_permutexvar_epi16(hy_q6_k_idx16(k), sc);
-            for (int r = 0; r < R; r++) {
-                const uint8_t *pr = prep + r * pstride + 256 * s + 64 * k;
-                is[r][k & 1] = _mm512_dpwssd_epi32(is[r][k & 1],
-                    _mm512_maddubs_epi16(v[k], _mm512_loadu_si512((const void *)pr)), sck);
-            }
-        }
-        for (int r = 0; r < R; r++)
-            acc[r] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(_mm512_add_epi32(is[r][0], is[r][1])),
-                                     _mm512_set1_ps(dw * da[r * ldd + 8 * s]), acc[r]);
-    }
-    for (int r = 0; r < R; r++)
-        out[r * ldo] = _mm512_reduce_add_ps(acc[r]) - 32.0f * _mm512_reduce_add_ps(acco[r]);
 }
 
 HY_UNUSED static float hy_dot_q6_k_512(const uint8_t *w, long nsb, const int8_t *qa,

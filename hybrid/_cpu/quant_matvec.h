@@ -7,10 +7,9 @@
 /* Prepared activations: the layouts some kernels read instead of the plain 8-bit blocks, laid
  * out once per call, one span of hy_q_prep_bytes(n) per activation row (0 where the build has
  * no such kernel).  Its parts, each at hy_q_prep_at: the stream kernel's (hy_q45_prep, any
- * number of rows), and, for several rows, the Q8_0 (hy_q8_prep), Q4_K / Q5_K and Q6_K
- * (hy_kq_prep, one layout each) multi-row kernels'.  hy_q_prep_flags says which parts a format
- * reads; hy_q_prep_acts lays out one row's. */
-enum { HY_PREP_Q45 = 1, HY_PREP_Q8 = 2, HY_PREP_KQ = 4, HY_PREP_Q6K = 8 };
+ * number of rows), and, for several rows, the Q8_0 multi-row kernel's (hy_q8_prep).
+ * hy_q_prep_flags says which parts a format reads; hy_q_prep_acts lays out one row's. */
+enum { HY_PREP_Q45 = 1, HY_PREP_Q8 = 2 };
 
 static inline long hy_q_prep_part_bytes(int part, long n) {
 #if defined(HY_Q512)
@@ -19,8 +18,6 @@ static inline long hy_q_prep_part_bytes(int part, long n) {
     case HY_PREP_Q45: return hy_q45_prep_bytes(n);
 #endif
     case HY_PREP_Q8: return hy_q8_prep_bytes(n);
-    case HY_PREP_KQ: return hy_kq_prep_bytes(n);
-    case HY_PREP_Q6K: return hy_kq_prep_bytes(n);
     default: return 0;
     }
 #else
@@ -36,27 +33,24 @@ static inline long hy_q_prep_at(int part, long n) {
     return at;
 }
 
-static inline long hy_q_prep_bytes(long n) { return hy_q_prep_at(HY_PREP_Q6K << 1, n); }
+static inline long hy_q_prep_bytes(long n) { return hy_q_prep_at(HY_PREP_Q8 << 1, n); }
 
 static inline int hy_q_prep_flags(int type) {
 #if defined(HY_Q45_STREAM)
     if (hy_q45_rows16(type)) return HY_PREP_Q45;
 #endif
 #if defined(HY_Q512)
-    return type == HY_Q_Q8_0 ? HY_PREP_Q8
-         : type == HY_Q_Q4_K || type == HY_Q_Q5_K ? HY_PREP_KQ
-         : type == HY_Q_Q6_K ? HY_PREP_Q6K : 0;
+    return type == HY_Q_Q8_0 ? HY_PREP_Q8 : 0;
 #else
     (void)type;
     return 0;
 #endif
 }
 
-/* Whether the multi-row kernels read prepared activations for rows of n values: where four
- * rows' Q8_0 layouts (2n bytes each) fit in 3/4 of the L1D beside the weights; wider rows take
- * the kernels that read the plain blocks (n bytes a row), which then run as fast or faster (both
- * give the same bits; the K formats' layout is n bytes a row and gains nothing on wider rows
- * either). */
+/* Whether the Q8_0 multi-row kernel reads prepared activations for rows of n values: where four
+ * rows' layouts (2n bytes each) fit in 3/4 of the L1D beside the weights; wider rows take the
+ * kernel that reads the plain blocks (n bytes a row), which then runs faster (both give the same
+ * bits). */
 static inline int hy_q_prep_fits(long n) {
     return 8 * n <= hy_l1d_bytes() * 3 / 4;
 }
@@ -71,10 +65,6 @@ static inline void hy_q_prep_acts(const int8_t *qa, const float *da, const float
 #if defined(HY_Q512)
     if (rows < 2 || !hy_q_prep_fits(n)) return;
     if (flags & HY_PREP_Q8) hy_q8_prep(qa, da, n / 32, prep + hy_q_prep_at(HY_PREP_Q8, n));
-    if ((flags & HY_PREP_KQ) && n % 256 == 0)
-        hy_kq_prep(qa, n / 256, 0, prep + hy_q_prep_at(HY_PREP_KQ, n));
-    if ((flags & HY_PREP_Q6K) && n % 256 == 0)
-        hy_kq_prep(qa, n / 256, 1, prep + hy_q_prep_at(HY_PREP_Q6K, n));
 #else
     (void)qa, (void)da, (void)sa, (void)n, (void)rows, (void)flags, (void)prep;
 #endif
@@ -196,23 +186,11 @@ static inline void hy_q_matvec_range(int type, const uint8_t *w, long row_bytes,
                     for (int i = 0; i < 16; i++) out[r * ldo + o + i] += bias[o + i];
         }
     }
-    /* Q4_K / Q5_K / Q6_K: two weight rows per pass share the activations' loads and
-     * arrangement; each row takes the operations of a single row (the same bits), and the
-     * odd row left over takes the one-row path (four rows per pass gain nothing over two). */
-    if (per_pass == 2 && type == HY_Q_Q6_K && rows > 1 && prep != NULL && hy_q_prep_fits(n)) {
-        /* several activation rows: the prepared activations (hy_kq_prep), a chunk of weight rows
-         * (kept in L2) for each group of four activation rows in turn (the same bits as below) */
-        const long pstride = hy_q_prep_bytes(n);
-        const uint8_t *pk = prep + hy_q_prep_at(HY_PREP_Q6K, n);
-#define HY_R6P(R, i, r) hy_dot_q6_k_512_prep(w + (i) * row_bytes, n / 256, R, pk + (r) * pstride, \
-                                             pstride, da + (r) * nb, s16 + 2 * (r) * nb, nb, \
-                                             out + (r) * ldo + (i), ldo)
-        HY_PREP_LOOP(HY_R6P)
-#undef HY_R6P
-    }
+    /* Q4_K / Q5_K / Q6_K: several activation rows take one weight row per pass, unpacked once
+     * for up to four of them; one activation row takes two weight rows per pass, which share
+     * its loads and arrangement (the odd row left over takes the one-row path).  Each pair
+     * takes the operations of a single row (the same bits). */
     if (per_pass == 2 && qa != NULL && type == HY_Q_Q6_K && rows > 1) {
-        /* several activation rows: one weight row per pass, unpacked once for two of them
-         * (each pair the same operations as below: the same bits) */
         for (; o < o1; o++) {
             for (int r = 0; r < rows; r += 4) {
                 const int left = rows - r < 4 ? rows - r : 4;
@@ -225,21 +203,7 @@ static inline void hy_q_matvec_range(int type, const uint8_t *w, long row_bytes,
                 for (int r = 0; r < rows; r++) out[r * ldo + o] += bias[o];
         }
     }
-    if (per_pass == 2 && (type == HY_Q_Q4_K || type == HY_Q_Q5_K) && rows > 1 && prep != NULL
-        && hy_q_prep_fits(n)) {
-        /* the same with hy_kq_prep's activations (the same bits as below) */
-        const long pstride = hy_q_prep_bytes(n);
-        const uint8_t *pk = prep + hy_q_prep_at(HY_PREP_KQ, n);
-        const int pf_l2 = hy_q_kquant_pf_l2(n), five = type == HY_Q_Q5_K;
-#define HY_RKP(R, i, r) \
-        if (five) hy_dot_q45_k_512_prep(w + (i) * row_bytes, n / 256, R, pk + (r) * pstride, pstride, da + (r) * nb, sa + (r) * nb, nb, 1, pf_l2, out + (r) * ldo + (i), ldo); \
-        else hy_dot_q45_k_512_prep(w + (i) * row_bytes, n / 256, R, pk + (r) * pstride, pstride, da + (r) * nb, sa + (r) * nb, nb, 0, pf_l2, out + (r) * ldo + (i), ldo)
-        HY_PREP_LOOP(HY_RKP)
-#undef HY_RKP
-    }
     if (per_pass == 2 && qa != NULL && (type == HY_Q_Q4_K || type == HY_Q_Q5_K) && rows > 1) {
-        /* several activation rows: one weight row per pass, unpacked once for up to four of
-         * them (each pair the same operations as below: the same bits) */
         const int pf_l2 = hy_q_kquant_pf_l2(n), five = type == HY_Q_Q5_K;
         for (; o < o1; o++) {
             for (int r = 0; r < rows; r += 4) {
