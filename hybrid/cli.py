@@ -73,7 +73,8 @@ def _generate(args) -> int:
             spec["draft_model"] = load_model(draft_path, kv_dtype=args.kv_dtype)
         for piece in model.stream(ids, max_new_tokens=args.max_tokens, temperature=args.temperature,
                                   top_k=args.top_k, top_p=args.top_p, seed=args.seed,
-                                  num_speculative_tokens=args.num_speculative_tokens, **spec):
+                                  num_speculative_tokens=args.num_speculative_tokens,
+                                  adapt_drafts=not args.fixed_drafts, **spec):
             sys.stdout.write(piece)
             sys.stdout.flush()
     except ValueError as exc:
@@ -245,7 +246,8 @@ def _serve(args) -> int:
               model_name=args.model_name, ray=args.ray, replicas=args.replicas,
               max_model_len=args.max_model_len, max_body_bytes=args.max_body_bytes,
               max_concurrency=args.max_concurrency, request_timeout=args.request_timeout,
-              speculative=args.speculative, num_speculative_tokens=args.num_speculative_tokens)
+              speculative=args.speculative, num_speculative_tokens=args.num_speculative_tokens,
+              adapt_drafts=not args.fixed_drafts)
     except (ModelLoadError, NoBackendError, ValueError, OSError) as exc:
         print(f"hybrid serve: {exc}", file=sys.stderr)
         return 2
@@ -276,7 +278,10 @@ def main(argv=None) -> int:
                      help="draft tokens by n-gram prompt lookup, or from a draft model sharing "
                           "the tokenizer (the output is the same)")
     gen.add_argument("--num-speculative-tokens", type=int, default=4,
-                     help="draft tokens per step with --speculative")
+                     help="most draft tokens per step with --speculative")
+    gen.add_argument("--fixed-drafts", action="store_true",
+                     help="feed every draft found, up to --num-speculative-tokens (default: "
+                          "only those worth their measured cost)")
     gen.add_argument("--weights", default=None, choices=list(TARGETS),
                      help="convert every matrix to this format at load (default: keep the "
                           "file's encodings, memory-mapped)")
@@ -318,7 +323,10 @@ def main(argv=None) -> int:
                      help="draft tokens by n-gram prompt lookup, or from a draft model sharing "
                           "the tokenizer (the output is the same)")
     srv.add_argument("--num-speculative-tokens", type=int, default=4,
-                     help="draft tokens per step with --speculative")
+                     help="most draft tokens per step with --speculative")
+    srv.add_argument("--fixed-drafts", action="store_true",
+                     help="feed every draft found, up to --num-speculative-tokens (default: "
+                          "only those worth their measured cost)")
     srv.add_argument("--gpu-layers", type=int, default=0)
     srv.add_argument("--api-key", default=None,
                      help="require Authorization: Bearer KEY on every request (visible in ps: "

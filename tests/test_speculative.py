@@ -9,7 +9,9 @@ import pytest
 
 import hybrid
 from hybrid import Engine
-from hybrid.engine.speculative import DraftModelProposer, ngram_drafts, parse_speculative
+from hybrid.engine.speculative import (PRIOR_ROW_SHARE, DraftModelProposer, StepCost,
+                                       drafts_worth, ngram_drafts, parse_speculative, step_cost,
+                                       update_acceptance)
 
 pytest.importorskip("gguf", reason="GGUF loading needs the gguf package (pip install '.[models]')")
 from hybrid.models import ModelLoadError, default_model_path  # noqa: E402
@@ -29,6 +31,31 @@ def test_ngram_drafts():
     assert ngram_drafts([4, 1, 4, 2, 4], 2) == [2, 4]  # the latest earlier occurrence of 4
     assert ngram_drafts([3, 3, 3], 4) == [3]  # 3 3 occurred at 0: what followed it
     assert ngram_drafts([7], 2) == [] and ngram_drafts(seq, 0) == []
+    # 6 7 1 occurred twice: the occurrence whose match runs further back (2 6 7 1) wins over
+    # the latest one (3 6 7 1)
+    assert ngram_drafts([2, 6, 7, 1, 8, 3, 6, 7, 1, 9, 2, 6, 7, 1], 3) == [8, 3, 6]
+
+
+def test_drafts_worth_their_cost():
+    """Draft i is fed while its chance of being kept (accept**i) exceeds a row's cost; the
+    acceptance estimate moves with each draft the sampler reached; the step cost is the line
+    through the mean seconds per row count."""
+    assert drafts_worth(0.9, 0.25, 16) == 13  # 0.9**13 = 0.254, 0.9**14 = 0.229
+    assert drafts_worth(0.5, 0.25, 16) == 1 and drafts_worth(0.2, 0.25, 16) == 0
+    assert drafts_worth(0.99, 0.01, 4) == 4  # at most the request's number
+    assert update_acceptance(0.5, 2, 4) == pytest.approx(0.544)  # kept, kept, rejected
+    assert update_acceptance(0.5, 3, 3) == pytest.approx(1 - 0.5 * 0.8 ** 3)  # all kept
+    assert update_acceptance(0.5, 0, 2) == pytest.approx(0.4)  # the first rejected: one step
+    cost = StepCost()
+    assert cost.seconds(1) is None and cost.row_share(1) == PRIOR_ROW_SHARE
+    cost.observe(1, 0.010)
+    assert cost.seconds(5) == 0.010 and cost.row_share(1) == PRIOR_ROW_SHARE  # one size only
+    cost.observe(3, 0.014)
+    assert cost.seconds(2) == pytest.approx(0.012)
+    assert cost.row_share(1) == pytest.approx(0.2) and cost.row_share(2) == pytest.approx(0.002 * 2 / 0.012)
+    for _ in range(40):  # recent steps weigh more: the mean at 3 rows follows them
+        cost.observe(3, 0.030)
+    assert cost.seconds(3) == pytest.approx(0.030, rel=0.05)
 
 
 @pytest.fixture(scope="module")
@@ -53,18 +80,47 @@ def test_output_equals_decoding_without_drafts(model, sampling):
     want = Engine(model).generate(prompts, 48, stop_tokens=[], **sampling)
     for max_batch in (1, 2, 4):  # alone, and crowds mixing prompt chunks, decodes and drafts
         eng = Engine(model, max_batch=max_batch, max_batched_tokens=64, speculative="ngram",
-                     num_speculative_tokens=5, poison_unused=True)
+                     num_speculative_tokens=5, poison_unused=True, adapt_drafts=False)
         assert eng.generate(prompts, 48, stop_tokens=[], **sampling) == want
         assert eng.draft_tokens > 0 and eng.accepted_tokens > 0
         assert eng.accepted_tokens < eng.draft_tokens  # some were rejected and rolled back
         assert eng.pool.num_used == 0  # nothing leaked
 
 
+def test_adaptive_drafts_follow_the_measured_cost():
+    """With the default adapt_drafts, an engine feeds drafts where a row costs nothing and none
+    where a row costs more than a token is worth; the output is the same either way."""
+    from hybrid.config import DecoderConfig
+    from hybrid.models import Model, ModelWeights
+    from hybrid.testing import random_weights
+
+    rng = np.random.default_rng(7)
+    cfg = DecoderConfig(hidden_size=64, num_heads=2, num_kv_heads=1, head_dim=32,
+                        intermediate_size=96)
+    vocab = 16
+    w = ModelWeights(arch="llama", config=cfg, final_norm=np.ones(64, np.float32),
+                     embed=rng.standard_normal((vocab, 64)).astype(np.float32),
+                     lm_head=rng.standard_normal((vocab, 64)).astype(np.float32),
+                     layers=[random_weights(cfg, rng, std=0.05) for _ in range(2)],
+                     max_position=256)
+    prompt = [1, 2, 3, 4, 5, 1, 2, 3, 4, 5, 1, 2, 3]
+    runs = {}
+    for name, slow in (("free", 1.0), ("dear", 4.0)):
+        model = Model(w, kv_dtype="float32")
+        for _ in range(16):  # what the engine would have measured: a second row costs `slow`
+            step_cost(model).observe(1, 1.0)
+            step_cost(model).observe(2, slow)
+        eng = Engine(model, speculative="ngram")
+        runs[name] = (eng.generate([prompt], 24, stop_tokens=[]), eng.draft_tokens)
+        assert runs[name][0] == Engine(model).generate([prompt], 24, stop_tokens=[])
+    assert runs["free"][1] > 0 and runs["dear"][1] == 0
+
+
 def test_drafts_take_fewer_steps_with_stops_and_logprobs(model):
     prompt = _prompts(model)[0]
     plain = Engine(model)
     want = plain.generate([prompt], 40, stop_tokens=[], logprobs=2)
-    spec = Engine(model, speculative="ngram")
+    spec = Engine(model, speculative="ngram", adapt_drafts=False)
     outs = []
     rid = spec.add_request(prompt, hybrid.GenerationParams(40, stop_tokens=[], logprobs=2))
     while spec.has_unfinished():
@@ -74,7 +130,8 @@ def test_drafts_take_fewer_steps_with_stops_and_logprobs(model):
     assert spec.steps < plain.steps
     # a stop token inside the accepted drafts ends the request there
     stop = want[0][10]
-    got = Engine(model, speculative="ngram").generate([prompt], 40, stop_tokens=[stop])
+    got = Engine(model, speculative="ngram", adapt_drafts=False).generate([prompt], 40,
+                                                                          stop_tokens=[stop])
     assert got == [want[0][:want[0].index(stop) + 1]]
 
 
@@ -91,7 +148,8 @@ def test_draft_model_output_equals_decoding_without_drafts(model, draft, samplin
     want = Engine(model).generate(prompts, 40, stop_tokens=[], **sampling)
     for max_batch in (1, 3):
         eng = Engine(model, max_batch=max_batch, max_batched_tokens=64, speculative="draft",
-                     draft_model=draft, num_speculative_tokens=4, poison_unused=True)
+                     draft_model=draft, num_speculative_tokens=4, poison_unused=True,
+                     adapt_drafts=False)
         assert eng.generate(prompts, 40, stop_tokens=[], **sampling) == want
         assert 0 < eng.accepted_tokens < eng.draft_tokens
         assert eng.pool.num_used == 0 and eng.draft_pool.num_used == 0  # nothing leaked
@@ -121,7 +179,7 @@ def test_drafts_are_the_draft_models_greedy_tokens_whatever_the_history(model, d
 
 def test_a_request_can_turn_drafts_off_or_down(model, draft):
     prompt = _prompts(model)[2]
-    eng = Engine(model, speculative="draft", draft_model=draft)
+    eng = Engine(model, speculative="draft", draft_model=draft, adapt_drafts=False)
     want = Engine(model).generate([prompt], 24, stop_tokens=[])
     assert eng.generate([prompt], 24, stop_tokens=[], num_speculative_tokens=0) == want
     assert eng.draft_tokens == 0
@@ -137,10 +195,10 @@ def test_a_request_picks_its_own_method(model, draft):
     the same as without drafts.  A draft-model request needs an engine with a draft model."""
     prompts = _prompts(model)[:2]
     want = Engine(model).generate(prompts, 24, stop_tokens=[])
-    plain = Engine(model)
+    plain = Engine(model, adapt_drafts=False)
     assert plain.generate(prompts, 24, stop_tokens=[], speculative="ngram") == want
     assert plain.draft_tokens > 0
-    eng = Engine(model, speculative="draft", draft_model=draft)
+    eng = Engine(model, speculative="draft", draft_model=draft, adapt_drafts=False)
     assert eng.generate(prompts, 24, stop_tokens=[], speculative="ngram") == want
     assert eng.draft_tokens > 0 and eng.draft_pool.num_allocated == 0
     with pytest.raises(ValueError, match='speculative="draft" needs an engine with a draft'):
@@ -184,7 +242,8 @@ def test_server_with_drafts_answers_as_without(model, method):
         model = hybrid.load_model(GGUF, kv_dtype="q8_0")
     want = model.generate(model.tokenizer.encode(prompt), 40)
     spec = "draft:" + GGUF if method == "draft" else "ngram"  # the model as its own draft
-    srv = Server("--max-batch", "4", "--speculative", spec, "--num-speculative-tokens", "6", *kv)
+    srv = Server("--max-batch", "4", "--speculative", spec, "--num-speculative-tokens", "6",
+                 "--fixed-drafts", *kv)
     try:
         client = openai.OpenAI(base_url=srv.url + "/v1", api_key="unused", max_retries=0)
         r = client.completions.create(model=NAME, prompt=prompt, max_tokens=40, temperature=0)
@@ -209,7 +268,8 @@ def test_cli_generate_with_drafts_prints_the_same_text():
     plain = subprocess.run(args, capture_output=True, text=True, timeout=300, cwd=here)
     assert plain.returncode == 0 and plain.stdout.strip(), plain.stderr
     for how in ("ngram", "draft:" + GGUF):
-        spec = subprocess.run(args + ["--speculative", how, "--num-speculative-tokens", "4"],
+        spec = subprocess.run(args + ["--speculative", how, "--num-speculative-tokens", "4",
+                                      "--fixed-drafts"],
                               capture_output=True, text=True, timeout=300, cwd=here)
         assert spec.returncode == 0, spec.stderr
         assert spec.stdout == plain.stdout, how
@@ -254,7 +314,7 @@ def test_q8_0_kv_cache_logits_and_drafts(model):
         assert rel.max() < 0.12 and np.mean(a.argmax(1) == b.argmax(1)) >= 0.95
     prompts = _prompts(m8)
     want = Engine(m8).generate(prompts, 32, stop_tokens=[])
-    eng = Engine(m8, max_batch=2, speculative="ngram", poison_unused=True)
+    eng = Engine(m8, max_batch=2, speculative="ngram", poison_unused=True, adapt_drafts=False)
     assert eng.generate(prompts, 32, stop_tokens=[]) == want
     assert eng.accepted_tokens > 0 and eng.pool.num_used == 0
 
@@ -285,7 +345,7 @@ def test_sampled_drafts_keep_the_distribution():
     draft = Model(weights(0.0), kv_dtype="float32")  # another head: its drafts often differ
     prompt = [1, 2, 3]
     eng = Engine(model, max_batch=64, speculative="draft", draft_model=draft,
-                 num_speculative_tokens=3)
+                 num_speculative_tokens=3, adapt_drafts=False)
     outs = eng.generate([prompt] * 3000, 4, stop_tokens=[], temperature=1.0)
     firsts = np.array([o[0] for o in outs])
     x = int(np.bincount(firsts, minlength=vocab).argmax())

@@ -21,6 +21,7 @@ for integer-quantized weights on the CPU; float weights served by BLAS may diffe
 from __future__ import annotations
 
 import itertools
+import time
 from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
@@ -28,7 +29,8 @@ import numpy as np
 from .. import kernel_role
 from ..kvpool import KVBlockPool, default_kv_memory, parse_bytes
 from .kv_manager import KVCacheManager
-from .speculative import METHODS, DraftModelProposer, ngram_drafts
+from .speculative import (METHODS, PRIOR_ACCEPT, PRIOR_ROW_SHARE, DraftModelProposer, step_cost,
+                          drafts_worth, ngram_drafts, update_acceptance)
 from .params import GenerationParams
 from .request import Request, RequestOutput
 from .sampling import token_logprob
@@ -53,12 +55,16 @@ class Engine:
         the output is the same as without.  A request's GenerationParams.speculative overrides
         the method and num_speculative_tokens the number (0: none).  Requests with a constraint
         decode one token per step.
+    adapt_drafts : feed only the drafts worth their cost (the default): each request's
+        acceptance so far against what a row adds to a step (and a draft model's step), both
+        measured as the engine runs, so that drafts that do not pay are not fed; False: every
+        step feeds all the drafts the method finds, up to the number (vLLM's rule).
     """
 
     def __init__(self, model, *, max_batch: int = 16, max_batched_tokens: int = 512,
                  kv_memory=None, num_blocks: "int | None" = None, prefix_cache: bool = True,
                  poison_unused: bool = False, speculative: "str | None" = None,
-                 num_speculative_tokens: int = 4, draft_model=None):
+                 num_speculative_tokens: int = 4, draft_model=None, adapt_drafts: bool = True):
         for name, v in (("max_batch", max_batch), ("max_batched_tokens", max_batched_tokens)):
             if isinstance(v, bool) or not isinstance(v, int) or v < 1:
                 raise ValueError(f"{name} must be an integer >= 1, got {v!r}")
@@ -72,6 +78,7 @@ class Engine:
         if (speculative == "draft") != (draft_model is not None):
             raise ValueError('a draft_model goes with speculative="draft", and only with it')
         self.speculative, self.num_speculative_tokens = speculative, num_speculative_tokens
+        self.adapt_drafts = bool(adapt_drafts)
         if kv_memory is None and num_blocks is None:
             kv_memory = default_kv_memory()
         elif kv_memory is not None:
@@ -216,8 +223,12 @@ class Engine:
         ready = []  # (request, logits row, or rows for one with drafts) ready to sample
         for items, role in ((prompt, kernel_role.PROMPT), (decode, kernel_role.DECODE)):
             if items:
+                t0 = time.perf_counter()
                 ready.extend(self._run(items, role, outputs,
                                        drafts if role == kernel_role.DECODE else {}))
+                if role == kernel_role.DECODE:
+                    step_cost(self.model).observe(sum(n for _, n in items) + sum(map(len, drafts.values())),
+                                            time.perf_counter() - t0)
         if masks is not None:
             try:
                 masks.result()
@@ -234,22 +245,30 @@ class Engine:
     def _drafts(self, decodes: list) -> dict:
         """{request id: draft tokens} for the decoding requests that speculate in this step (by
         their own method, or the engine's), their slots taken (a request whose slots the pool
-        cannot give decodes one token)."""
-        wants = {"ngram": [], "draft": []}  # method -> [(request, most drafts)]
+        cannot give decodes one token).  Each feeds the drafts worth their cost: their chance of
+        being kept (the request's acceptance so far) against what a row adds to the step (and a
+        draft model's step), both measured as the engine runs."""
+        wants = {"ngram": [], "draft": []}  # method -> [(request, drafts to feed)]
+        row_cost = step_cost(self.model).row_share(len(decodes))
         for r in decodes:
+            r.shadow_draft = None
             method = r.params.speculative or self.speculative
-            if method is None:
-                continue
-            if r.draft_pause > 0:  # its drafts were rejected lately: plain decode steps first
-                r.draft_pause -= 1
+            if method is None or r.matcher is not None:
                 continue
             most = r.params.num_speculative_tokens
             most = self.num_speculative_tokens if most is None else most
-            room = min(r.draft_k or most, most,
-                       r.params.max_new_tokens - len(r.generated) - 1,
+            room = min(most, r.params.max_new_tokens - len(r.generated) - 1,
                        self.max_tokens - len(r.prompt) - len(r.generated) - 1)
-            if r.matcher is None and room >= 1:
-                wants[method].append((r, room))
+            if room < 1:
+                continue
+            cost = row_cost + (self._draft_share(len(decodes)) if method == "draft" else 0.0)
+            k = drafts_worth(r.draft_accept, cost, room) if self.adapt_drafts else room
+            if k > 0:
+                wants[method].append((r, k))
+            elif method == "ngram":  # what it would have drafted, checked for free when sampled
+                r.shadow_draft = (ngram_drafts(r.tokens, 1) or [None])[0]
+            else:  # no free check: the estimate drifts back, and drafts are tried again
+                r.draft_accept += 0.05 * (PRIOR_ACCEPT - r.draft_accept)
         found = {r.request_id: ngram_drafts(r.tokens, k) for r, k in wants["ngram"]}
         if wants["draft"]:
             found.update(self._proposer.propose([(r.request_id, r.tokens, k)
@@ -265,6 +284,12 @@ class Engine:
                 continue
             out[r.request_id] = d
         return out
+
+    def _draft_share(self, rows: int) -> float:
+        """One round of the draft model's steps over a step of the target's with `rows` rows."""
+        step = step_cost(self.model).seconds(rows)
+        draft = step_cost(self._proposer.model).seconds(rows)
+        return draft / step if draft is not None and step else PRIOR_ROW_SHARE
 
     def _run(self, items: list, role: str, outputs: list, drafts: dict) -> list:
         """Feed each request its next n tokens (and its drafts) in one ragged step; if the step
@@ -322,18 +347,7 @@ class Engine:
                 break
         self.draft_tokens += len(drafts)
         self.accepted_tokens += kept
-        # k follows the acceptance: one more after a full acceptance, what was kept plus one
-        # otherwise; after rejected drafts, 1, 2, 4 ... up to 32 steps without drafts
-        if kept == len(drafts):
-            r_k, req.draft_misses = min(self.num_speculative_tokens, len(drafts) + 1), 0
-        else:
-            r_k = kept + 1
-            if kept == 0:
-                req.draft_pause = min(32, 1 << req.draft_misses)
-                req.draft_misses += 1
-            else:
-                req.draft_misses = 0
-        req.draft_k = r_k
+        req.draft_accept = update_acceptance(req.draft_accept, kept, len(drafts))
         req.computed += kept
         req.cache.truncate(req.computed)
         return self._emit(req, toks, lps if req.params.logprobs is not None else None, reason)
@@ -355,6 +369,9 @@ class Engine:
         finish reason or None)."""
         m = req.matcher
         tok = req.sampler(logits, req.tokens, None if m is None else m.allowed())
+        if req.shadow_draft is not None:
+            req.draft_accept = update_acceptance(req.draft_accept, int(tok == req.shadow_draft), 1)
+            req.shadow_draft = None
         if m is not None:
             m.accept(tok)
         k = req.params.logprobs

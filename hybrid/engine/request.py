@@ -9,6 +9,7 @@ from dataclasses import dataclass, field
 from .output import TextOutput
 from .params import GenerationParams
 from .sampling import Sampler
+from .speculative import PRIOR_ACCEPT
 
 _ids = itertools.count()
 
@@ -85,9 +86,8 @@ class Request:
     output: "TextOutput | None" = None
     finish_reason: "str | None" = None
     matcher: object = None  # hybrid.structured.TokenMatcher when params.constraint is set
-    draft_k: int = 0  # speculative decoding: drafts to feed next (0: the engine's maximum)
-    draft_pause: int = 0  # decode steps to run without drafts first (after rejections)
-    draft_misses: int = 0  # verify steps in a row that kept no draft
+    draft_accept: float = PRIOR_ACCEPT  # speculative decoding: the chance a draft is kept
+    shadow_draft: "int | None" = None  # the n-gram draft it did not feed, checked when sampled
 
     def __post_init__(self):
         self.sampler = Sampler(self.params)

@@ -10,6 +10,9 @@ p(draft), else a sample of p without it)."""
 
 from __future__ import annotations
 
+import time
+import weakref
+
 import numpy as np
 
 from .. import kernel_role
@@ -17,6 +20,7 @@ from ..kvcache import PagedKVCache
 from ..kvpool import KVBlockPool
 
 METHODS = ("ngram", "draft")
+CATCH_UP_ROWS = 16  # a draft cache behind by more tokens catches up through a prompt step
 
 
 def parse_speculative(spec: "str | None"):
@@ -31,9 +35,11 @@ def parse_speculative(spec: "str | None"):
     raise ValueError(f"--speculative must be 'ngram' or 'draft:PATH', got {spec!r}")
 
 
-def ngram_drafts(tokens, k: int, max_n: int = 3, min_n: int = 1) -> list:
-    """Up to k tokens that followed the latest earlier occurrence of the sequence's last n
-    tokens (the longest n in [min_n, max_n] that occurs before), or [] when none does."""
+def ngram_drafts(tokens, k: int, max_n: int = 3, min_n: int = 1, reach: int = 16) -> list:
+    """Up to k tokens that followed an earlier occurrence of the sequence's last n tokens (the
+    longest n in [min_n, max_n] that occurs before), or [] when none does.  Of several
+    occurrences, the one whose match with the sequence's end runs furthest back (up to `reach`
+    tokens; the latest among equals): the likeliest to continue the same way."""
     if k <= 0 or len(tokens) < min_n + 1:
         return []
     arr = np.asarray(tokens, dtype=np.int64)
@@ -43,9 +49,92 @@ def ngram_drafts(tokens, k: int, max_n: int = 3, min_n: int = 1) -> list:
         windows = np.lib.stride_tricks.sliding_window_view(arr[:length - 1], n)
         hits = np.nonzero((windows == suffix).all(axis=1))[0]
         if hits.size:
-            start = int(hits[-1]) + n
-            return [int(t) for t in arr[start:start + k]]
+            best, longest = -1, -1
+            for h in hits[::-1][:64].tolist():  # the latest 64
+                m = n  # tokens matched, ending just before h + n and at the sequence's end
+                while m < reach and h + n - m > 0 and arr[h + n - m - 1] == arr[length - m - 1]:
+                    m += 1
+                if m > longest:
+                    best, longest = h, m
+            return [int(t) for t in arr[best + n:best + n + k]]
     return []
+
+
+# before anything is measured: a draft's chance of being kept, and what one more row adds to a
+# step over a row's share of it
+PRIOR_ACCEPT = 0.6
+PRIOR_ROW_SHARE = 0.25
+
+
+class StepCost:
+    """Decode-step seconds against rows fed, learnt from the steps the engine runs: the mean of
+    recent steps per number of rows, and the weighted line through those means."""
+
+    def __init__(self, memory: int = 16):
+        self.memory = memory  # a mean follows about this many of its latest steps
+        self._means: dict = {}  # rows fed -> [mean seconds, weight]
+
+    def observe(self, rows: int, seconds: float) -> None:
+        mean = self._means.setdefault(rows, [seconds, 0.0])
+        mean[1] = min(mean[1] + 1.0, float(self.memory))
+        mean[0] += (seconds - mean[0]) / mean[1]
+
+    def _line(self):
+        """(weighted mean rows, mean seconds, seconds per row) of the steps seen, or None."""
+        if not self._means:
+            return None
+        x = np.array(list(self._means), dtype=np.float64)
+        y, w = np.array(list(self._means.values()), dtype=np.float64).T
+        xm, ym = np.average(x, weights=w), np.average(y, weights=w)
+        spread = np.sum(w * (x - xm) ** 2)
+        slope = max(0.0, float(np.sum(w * (x - xm) * (y - ym)) / spread)) if spread > 0 else None
+        return xm, ym, slope
+
+    def seconds(self, rows: int) -> "float | None":
+        """A step's predicted seconds with `rows` rows (None before the first step)."""
+        line = self._line()
+        if line is None:
+            return None
+        xm, ym, slope = line
+        return ym if slope is None else ym + slope * (rows - xm)
+
+    def row_share(self, rows: int) -> float:
+        """The seconds one more row adds to a step of `rows` rows, over one row's share of that
+        step (PRIOR_ROW_SHARE until steps of two sizes have run)."""
+        line = self._line()
+        if line is None or line[2] is None:
+            return PRIOR_ROW_SHARE
+        step = self.seconds(rows)
+        return line[2] * rows / step if step > 0 else PRIOR_ROW_SHARE
+
+
+_costs: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()
+
+
+def step_cost(model) -> StepCost:
+    """The decode-step costs learnt for `model` (kept as long as the model, across engines)."""
+    cost = _costs.get(model)
+    if cost is None:
+        cost = _costs[model] = StepCost()
+    return cost
+
+
+def drafts_worth(accept: float, cost: float, most: int) -> int:
+    """How many drafts to feed: draft i is kept with chance accept**i (only after every draft
+    before it) and costs `cost` tokens' worth of time; feed those whose chance exceeds it."""
+    k, chance = 0, accept
+    while k < most and chance > cost:
+        k += 1
+        chance *= accept
+    return k
+
+
+def update_acceptance(accept: float, kept: int, fed: int, rate: float = 0.2) -> float:
+    """A request's estimated chance that a draft is kept, after a step that kept `kept` of `fed`
+    drafts: each draft the sampler reached (the kept ones, and the first rejected) moves it."""
+    for i in range(min(fed, kept + 1)):
+        accept += rate * ((1.0 if i < kept else 0.0) - accept)
+    return accept
 
 
 class DraftModelProposer:
@@ -53,8 +142,8 @@ class DraftModelProposer:
     a cache of the draft model (over one pool of ``num_blocks`` blocks) that holds the tokens
     the draft model has seen; a step first brings it up to the request's tokens (after the
     longest prefix they share: rejected drafts are cut off), then feeds one draft at a time,
-    all requests together.  Every row is a decode row, so the drafts are the draft model's own
-    greedy tokens after the request's tokens, whatever was fed and cut before.  The drafts only
+    all requests together (a cache far behind, as after the prompt, first catches up in a
+    prompt step).  The drafts are the draft model's own greedy tokens after the request's tokens.  The drafts only
     decide how many tokens a verify step can keep: the target samples every token itself."""
 
     def __init__(self, model, target, num_blocks: "int | None"):
@@ -75,8 +164,10 @@ class DraftModelProposer:
 
     def propose(self, wants: list) -> dict:
         """{request id: k draft tokens} for wants [(request id, tokens, k)]; a request whose
-        cache the pool cannot grow, or that outgrows the draft model, gets none."""
+        cache the pool cannot grow, or that outgrows the draft model, gets none.  Each round's
+        seconds go into the draft model's step_cost."""
         live = []  # (request id, cache, tokens to feed, drafts so far, k)
+        catch_up = []  # (cache, tokens): long runs the draft model has not seen, fed as a prompt
         for rid, tokens, k in wants:
             if len(tokens) + k > self.max_tokens:
                 continue
@@ -91,11 +182,19 @@ class DraftModelProposer:
                 self.forget(rid)
                 continue
             self._held[rid] = (cache, list(tokens))
-            live.append((rid, cache, list(tokens[same:]), [], k))
-        out = {}
+            fed = list(tokens[same:])
+            if len(fed) > CATCH_UP_ROWS:
+                catch_up.append((cache, fed[:-1]))
+                fed = fed[-1:]
+            live.append((rid, cache, fed, [], k))
+        if catch_up:
+            self.model.forward_step(catch_up, role=kernel_role.PROMPT)
+        out, cost = {}, step_cost(self.model)
         while live:
+            t0 = time.perf_counter()
             rows = self.model.forward_step([(c, fed) for _, c, fed, _, _ in live],
                                            role=kernel_role.DECODE)
+            cost.observe(sum(len(fed) for _, _, fed, _, _ in live), time.perf_counter() - t0)
             going = []
             for (rid, cache, _, drafts, k), row in zip(live, rows):
                 drafts.append(int(np.argmax(row)))

@@ -40,7 +40,7 @@ def serve(model_path=None, *, host: str = "127.0.0.1", port: int = 8000, threads
           replicas: int = 1, max_model_len: "int | None" = None,
           max_body_bytes: int = MAX_BODY_BYTES, max_concurrency: "int | None" = None,
           request_timeout: "float | None" = None, speculative: "str | None" = None,
-          num_speculative_tokens: int = 4) -> None:
+          num_speculative_tokens: int = 4, adapt_drafts: bool = True) -> None:
     if max_model_len is not None and (isinstance(max_model_len, bool)
                                       or not isinstance(max_model_len, int) or max_model_len < 2):
         raise ValueError(f"max_model_len must be an integer >= 2, got {max_model_len!r}")
@@ -87,7 +87,8 @@ def serve(model_path=None, *, host: str = "127.0.0.1", port: int = 8000, threads
                     max_batch=max_batch, max_batched_tokens=max_batched_tokens,
                     kv_memory=kv_memory, max_body_bytes=max_body_bytes,
                     max_concurrency=max_concurrency, request_timeout=request_timeout,
-                    speculative=method, num_speculative_tokens=num_speculative_tokens, **draft)
+                    speculative=method, num_speculative_tokens=num_speculative_tokens,
+                    adapt_drafts=adapt_drafts, **draft)
     # On SIGINT/SIGTERM: close the engine first (running streams end with an error event and
     # [DONE]), then uvicorn stops accepting and gives open connections 5 s before dropping them.
     server = uvicorn.Server(uvicorn.Config(app, host=host, port=port, log_level=log_level,
