@@ -151,6 +151,25 @@ def side_by_side(path):
     return hp, hd, weight_bytes, lp, ld
 
 
+@pytest.mark.parametrize("shape", list(SHAPES))
+def test_matvec_float32(benchmark, shape, read_bandwidth):
+    """The float32 decode mat-vec (quant.matvec_f32) on the same shapes, one activation row."""
+    n_out, n_in = SHAPES[shape]
+    rng = np.random.default_rng(0)
+    w = rng.standard_normal((n_out, n_in)).astype(np.float32)
+    copies = max(1, min(64, STREAM_BYTES // w.nbytes))
+    mats = [w] + [w.copy() for _ in range(copies - 1)]
+    x = rng.standard_normal((1, n_in)).astype(np.float32)
+    y = np.empty((1, n_out), np.float32)
+
+    def run():
+        for m in mats:
+            kernels.matvec_f32(m, x, None, y, THREADS)
+    benchmark.pedantic(run, rounds=10, warmup_rounds=2)
+    record(benchmark, "matvec", f"float32 {shape} {n_out}x{n_in}",
+           bytes_moved=w.nbytes * copies, bandwidth=read_bandwidth, note="32 bits/weight", fn=run)
+
+
 @pytest.mark.parametrize("which", [f"{b} {ft}" for b in ("smollm2", "llama1b-shaped")
                                    for ft in FILE_TYPES])
 def test_generate_against_llama_cpp(benchmark, gguf_files, which, read_bandwidth):

@@ -184,7 +184,8 @@ def test_gemm_f32_rows_do_not_depend_on_the_batch_or_threads(rng):
 def test_matvec_f32_against_float64_and_across_threads(rng, rows, fin, fout):
     """The float32 decode mat-vec: within float32 rounding of the float64 product, and the same
     bits on 1, 2, 3 and 5 threads, run after run (its rows are claimed in pieces by the threads,
-    as the quantized formats' are: which thread serves a row changes, its sums never do)."""
+    as the quantized formats' are: which thread serves a row changes, its sums never do), for a
+    row alone and whichever weight rows share a pass."""
     x, w, b, want = _f32_linear_case(rng, rows, fin, fout)
     _qk.matvec_f32(w, x, b, want, 1)
     assert _f32_err(want, x, w, b) < F32_SUM_BOUND
@@ -194,6 +195,10 @@ def test_matvec_f32_against_float64_and_across_threads(rng, rows, fin, fout):
         np.testing.assert_array_equal(got, want)
     _qk.matvec_f32(w, x, None, got, 2)
     assert _f32_err(got, x, w) < F32_SUM_BOUND
+    # a row alone, and weight rows taken in other groups (passes of four, then one by one)
+    one = np.full((1, fout - 1), np.nan, np.float32)
+    _qk.matvec_f32(w[1:], x[rows - 1:], b[1:], one, 2)
+    np.testing.assert_array_equal(one[0], want[rows - 1, 1:])
 
 
 @needs_gemm_f32

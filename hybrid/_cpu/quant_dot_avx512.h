@@ -325,25 +325,28 @@ HY_UNUSED static float hy_dot_q6_k_512(const uint8_t *w, long nsb, const int8_t 
 
 #if defined(HY_AVX2) && defined(__AVX512F__)
 #define HY_HALF512 1
-/* W (1..4) F16 / BF16 weight rows (row i at w + i*row_bytes) times float32 x [n]: out[i].
+/* W (1..4) F16 / BF16 / F32 weight rows (row i at w + i*row_bytes) times float32 x [n]: out[i].
  * 32 values per step in two 512-bit halves, each row with two accumulators, so W = 4 keeps
  * eight FMA chains going and loads x once for four rows; the last partial step reads masked
  * (zeros past n).  A row takes exactly the same operations whatever W is (the same bits).
  * Each row prefetches, into L2, the line at the same place in the row four rows on (the next
- * pass's).  Zen 4, 2 threads, from memory, 4096-wide rows, alternating runs: the 256-bit
- * one-row loop before (two FMA chains, a prefetch 12 KiB ahead into L1 per 32 bytes) 15-25
- * GB/s; this kernel with that prefetch 20-28, with this one 28-31. */
-static inline __attribute__((always_inline)) __m512 hy_half16(const uint16_t *h, __mmask16 m,
-                                                               const int bf16) {
-    const __m256i u = _mm256_maskz_loadu_epi16(m, h);
-    if (bf16) return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(u), 16));
+ * pass's).  (bench_quant's float16 and float32 mat-vec rows measure it.) */
+enum { HY_HALF_F16 = 0, HY_HALF_BF16 = 1, HY_HALF_F32 = 2 };
+
+/* 16 values of a row of `kind` at element i, lanes past mask m zero */
+static inline __attribute__((always_inline)) __m512 hy_float16_at(const uint8_t *row, long i,
+                                                                   __mmask16 m, const int kind) {
+    if (kind == HY_HALF_F32) return _mm512_maskz_loadu_ps(m, (const float *)row + i);
+    const __m256i u = _mm256_maskz_loadu_epi16(m, (const uint16_t *)row + i);
+    if (kind == HY_HALF_BF16) return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(u), 16));
     return _mm512_cvtph_ps(u);
 }
 
 static inline __attribute__((always_inline)) void
-hy_half_rows(const uint8_t *w, long row_bytes, const int W, long n, const float *x, const int bf16,
+hy_half_rows(const uint8_t *w, long row_bytes, const int W, long n, const float *x, const int kind,
              float *out) {
     __m512 a0[4], a1[4];
+    const int esz = kind == HY_HALF_F32 ? 4 : 2;
     for (int r = 0; r < W; r++) a0[r] = a1[r] = _mm512_setzero_ps();
     for (long i = 0; i < n; i += 32) {
         const long left = n - i;
@@ -352,10 +355,12 @@ hy_half_rows(const uint8_t *w, long row_bytes, const int W, long n, const float 
                                         : (left <= 16 ? (__mmask16)0 : (__mmask16)((1u << (left - 16)) - 1u));
         const __m512 x0 = _mm512_maskz_loadu_ps(m0, x + i), x1 = _mm512_maskz_loadu_ps(m1, x + i + 16);
         for (int r = 0; r < W; r++) {
-            const uint16_t *h = (const uint16_t *)(w + r * row_bytes) + i;
-            _mm_prefetch((const char *)h + 4 * row_bytes, _MM_HINT_T1);  /* the next pass's line */
-            a0[r] = _mm512_fmadd_ps(hy_half16(h, m0, bf16), x0, a0[r]);
-            a1[r] = _mm512_fmadd_ps(hy_half16(h + 16, m1, bf16), x1, a1[r]);
+            const uint8_t *row = w + r * row_bytes;
+            /* the next pass's line(s) */
+            _mm_prefetch((const char *)row + i * esz + 4 * row_bytes, _MM_HINT_T1);
+            if (esz == 4) _mm_prefetch((const char *)row + i * esz + 64 + 4 * row_bytes, _MM_HINT_T1);
+            a0[r] = _mm512_fmadd_ps(hy_float16_at(row, i, m0, kind), x0, a0[r]);
+            a1[r] = _mm512_fmadd_ps(hy_float16_at(row, i + 16, m1, kind), x1, a1[r]);
         }
     }
     for (int r = 0; r < W; r++) out[r] = _mm512_reduce_add_ps(_mm512_add_ps(a0[r], a1[r]));
@@ -365,8 +370,14 @@ hy_half_rows(const uint8_t *w, long row_bytes, const int W, long n, const float 
 #if defined(HY_HALF512)
 HY_UNUSED static float hy_dot_half_512(const uint8_t *w, long n, const float *x, int bf16) {
     float out;  /* (bf16 a constant in each call) */
-    if (bf16) hy_half_rows(w, 0, 1, n, x, 1, &out);
-    else hy_half_rows(w, 0, 1, n, x, 0, &out);
+    if (bf16) hy_half_rows(w, 0, 1, n, x, HY_HALF_BF16, &out);
+    else hy_half_rows(w, 0, 1, n, x, HY_HALF_F16, &out);
+    return out;
+}
+
+HY_UNUSED static float hy_dot_f32_512(const uint8_t *w, long n, const float *x) {
+    float out;
+    hy_half_rows(w, 0, 1, n, x, HY_HALF_F32, &out);
     return out;
 }
 #endif

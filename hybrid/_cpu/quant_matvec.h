@@ -238,13 +238,14 @@ static inline void hy_q_matvec_range(int type, const uint8_t *w, long row_bytes,
     }
 #endif
 #if defined(HY_HALF512)
-    /* F16 / BF16: four weight rows per pass share the loads of x (hy_half_rows) */
+    /* F16 / BF16 / F32: four weight rows per pass share the loads of x (hy_half_rows) */
     if (per_pass == 4 && x != NULL) {
         for (; o + 4 <= o1; o += 4)
             for (int r = 0; r < rows; r++) {
                 float v[4];
-                if (type == HY_Q_BF16) hy_half_rows(w + o * row_bytes, row_bytes, 4, n, x + r * n, 1, v);
-                else hy_half_rows(w + o * row_bytes, row_bytes, 4, n, x + r * n, 0, v);
+                if (type == HY_Q_BF16) hy_half_rows(w + o * row_bytes, row_bytes, 4, n, x + r * n, HY_HALF_BF16, v);
+                else if (type == HY_Q_F32) hy_half_rows(w + o * row_bytes, row_bytes, 4, n, x + r * n, HY_HALF_F32, v);
+                else hy_half_rows(w + o * row_bytes, row_bytes, 4, n, x + r * n, HY_HALF_F16, v);
                 for (int i = 0; i < 4; i++) out[r * ldo + o + i] = v[i] + (bias ? bias[o + i] : 0.0f);
             }
     }

@@ -109,7 +109,11 @@ HY_DOT_ROW(q2_k, hy_dot_q2_k(w, n / 256, qa, da, s16))
 HY_DOT_ROW(q3_k, hy_dot_q3_k(w, n / 256, qa, da, s16))
 HY_DOT_ROW(iq4_nl, hy_dot_iq4_nl(w, n / 32, qa, da))
 HY_DOT_ROW(iq4_xs, hy_dot_iq4_xs(w, n / 256, qa, da))
+#if defined(HY_HALF512)
+HY_DOT_ROW(f32, hy_dot_f32_512(w, n, x))
+#else
 HY_DOT_ROW(f32, hy_dot_stream((const float *)w, x, n))
+#endif
 #undef HY_DOT_ROW
 
 /* indexed by the HY_Q_* code; F32 rows serve only the mat-vec's own float32 path */
@@ -124,7 +128,7 @@ static const hy_q_traits hy_q_table[HY_Q_LAST + 1] = {
     [HY_Q_Q4_K] = {"q4_k", 256, 144, 1, hy_decode_row_q4_k, hy_dot_row_q4_k, HY_K_ROWS},
     [HY_Q_Q5_K] = {"q5_k", 256, 176, 1, hy_decode_row_q5_k, hy_dot_row_q5_k, HY_K_ROWS},
     [HY_Q_Q6_K] = {"q6_k", 256, 210, 1, hy_decode_row_q6_k, hy_dot_row_q6_k, HY_K_ROWS},
-    [HY_Q_F32] = {"float32", 0, 0, 0, NULL, hy_dot_row_f32, 1},
+    [HY_Q_F32] = {"float32", 0, 0, 0, NULL, hy_dot_row_f32, HY_HALF_ROWS},
     [HY_Q_Q2_K] = {"q2_k", 256, 84, 1, hy_decode_row_q2_k, hy_dot_row_q2_k, 1},
     [HY_Q_Q3_K] = {"q3_k", 256, 110, 1, hy_decode_row_q3_k, hy_dot_row_q3_k, 1},
     [HY_Q_IQ4_NL] = {"iq4_nl", 32, 18, 1, hy_decode_row_iq4_nl, hy_dot_row_iq4_nl, 1},
