@@ -42,9 +42,9 @@ HY512_AI long hy512_row_bytes(const int kv, int D) {
 HY512_AI __m512 hy512_ld(const void *base, long j, int d, int D, const int kv) {
     if (kv == HY512_Q8) {
         const uint8_t *blk = (const uint8_t *)base + j * hy512_row_bytes(kv, D) + 34 * (d >> 5);
-        uint16_t h;
+        short h;
         memcpy(&h, blk, 2);
-        return _mm512_mul_ps(_mm512_set1_ps(_cvtsh_ss(h)), _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(
+        return _mm512_mul_ps(_mm512_cvtph_ps(_mm256_set1_epi16(h)), _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(
             _mm_loadu_si128((const __m128i *)(blk + 2 + (d & 31))))));
     }
     if (kv) return _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)((const uint16_t *)base + j * D + d)));
@@ -55,9 +55,9 @@ HY512_AI __m512 hy512_ld(const void *base, long j, int d, int D, const int kv) {
  * hy512_ld's, with the factor read once */
 HY512_AI void hy512_ld_q8_block(const void *base, long j, int d, int D, __m512 *lo, __m512 *hi) {
     const uint8_t *blk = (const uint8_t *)base + j * hy512_row_bytes(HY512_Q8, D) + 34 * (d >> 5);
-    uint16_t h;
-    memcpy(&h, blk, 2);
-    const __m512 f = _mm512_set1_ps(_cvtsh_ss(h));
+    short h;
+    memcpy(&h, blk, 2);  /* (the factor broadcast as float16, then widened) */
+    const __m512 f = _mm512_cvtph_ps(_mm256_set1_epi16(h));
     *lo = _mm512_mul_ps(f, _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i *)(blk + 2)))));
     *hi = _mm512_mul_ps(f, _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i *)(blk + 18)))));
 }

@@ -585,7 +585,7 @@ static inline void hy_rescale4(float *acc, const float *alpha, long n) {
         }                                                                                        \
     }
 
-/* The same, two keys per pass (eight independent FMA chains): used for float16 rows. */
+/* The same, two keys per pass (eight independent FMA chains): used for float16 and q8_0 rows. */
 #define HY_DEFINE_QK4_PAIRS(NAME, T, LD, RB, SINGLE)                                                               \
     static inline void NAME(const float *q, const T *k, int c, long n, float *s, int ldp) {     \
         const float *q0 = q, *q1 = q + n, *q2 = q + 2 * n, *q3 = q + 3 * n;                      \
@@ -657,8 +657,8 @@ static inline void hy_rescale4(float *acc, const float *alpha, long n) {
         }                                                                                        \
     }
 
-/* The same, two rows per pass: half the accumulator loads and stores.  Used for float16 rows,
- * where the kernel is bound by those stores rather than by memory. */
+/* The same, two rows per pass: half the accumulator loads and stores.  Used for float16 and
+ * q8_0 rows, where the kernel is bound by those stores rather than by memory. */
 #define HY_DEFINE_PV4_PAIRS(NAME, T, LD, RB, SINGLE)                                                               \
     static inline void NAME(float *acc, const float *alpha, const float *p, int ldp,            \
                             const T *v, int c, long n) {                                         \
@@ -729,15 +729,17 @@ HY_DEFINE_PV1(hy_pv1_f16, uint16_t, HY_LD_F16, HY_RB_N)
 #ifdef HY_F16C
 static inline __m256 hy_ld_q8(const uint8_t *row, long d) {
     const uint8_t *blk = row + 34 * (d >> 5);
-    uint16_t h;
-    memcpy(&h, blk, 2);
-    return _mm256_mul_ps(_mm256_set1_ps(_cvtsh_ss(h)), _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(
+    short h;
+    memcpy(&h, blk, 2);  /* (the factor broadcast as float16, then widened: two instructions) */
+    return _mm256_mul_ps(_mm256_cvtph_ps(_mm_set1_epi16(h)), _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(
         _mm_loadl_epi64((const __m128i *)(blk + 2 + (d & 31))))));
 }
 #define HY_RB_Q8(n) ((n) / 32 * 34)
-HY_DEFINE_QK4(hy_qk4_q8, uint8_t, hy_ld_q8, HY_RB_Q8)
+HY_DEFINE_QK4(hy_qk4_q8_rows, uint8_t, hy_ld_q8, HY_RB_Q8)
+HY_DEFINE_QK4_PAIRS(hy_qk4_q8, uint8_t, hy_ld_q8, HY_RB_Q8, hy_qk4_q8_rows)
 HY_DEFINE_QK1(hy_qk1_q8, uint8_t, hy_ld_q8, HY_RB_Q8)
-HY_DEFINE_PV4(hy_pv4_q8, uint8_t, hy_ld_q8, HY_RB_Q8)
+HY_DEFINE_PV4(hy_pv4_q8_rows, uint8_t, hy_ld_q8, HY_RB_Q8)
+HY_DEFINE_PV4_PAIRS(hy_pv4_q8, uint8_t, hy_ld_q8, HY_RB_Q8, hy_pv4_q8_rows)
 HY_DEFINE_PV1(hy_pv1_q8, uint8_t, hy_ld_q8, HY_RB_Q8)
 #endif
 #endif /* HY_AVX2 */
