@@ -52,7 +52,8 @@ def test_drafts_worth_their_cost():
     assert cost.seconds(5) == 0.010 and cost.row_share(1) == PRIOR_ROW_SHARE  # one size only
     cost.observe(3, 0.014)
     assert cost.seconds(2) == pytest.approx(0.012)
-    assert cost.row_share(1) == pytest.approx(0.2) and cost.row_share(2) == pytest.approx(0.002 * 2 / 0.012)
+    assert cost.row_share(1) == pytest.approx(0.2)
+    assert cost.row_share(2) == pytest.approx(0.002 * 2 / 0.012)
     for _ in range(40):  # recent steps weigh more: the mean at 3 rows follows them
         cost.observe(3, 0.030)
     assert cost.seconds(3) == pytest.approx(0.030, rel=0.05)

@@ -226,9 +226,9 @@ class Engine:
                 t0 = time.perf_counter()
                 ready.extend(self._run(items, role, outputs,
                                        drafts if role == kernel_role.DECODE else {}))
-                if role == kernel_role.DECODE:
-                    step_cost(self.model).observe(sum(n for _, n in items) + sum(map(len, drafts.values())),
-                                            time.perf_counter() - t0)
+                if role == kernel_role.DECODE:  # what a row costs (speculative decoding)
+                    rows = sum(n for _, n in items) + sum(map(len, drafts.values()))
+                    step_cost(self.model).observe(rows, time.perf_counter() - t0)
         if masks is not None:
             try:
                 masks.result()

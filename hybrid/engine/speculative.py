@@ -143,8 +143,8 @@ class DraftModelProposer:
     the draft model has seen; a step first brings it up to the request's tokens (after the
     longest prefix they share: rejected drafts are cut off), then feeds one draft at a time,
     all requests together (a cache far behind, as after the prompt, first catches up in a
-    prompt step).  The drafts are the draft model's own greedy tokens after the request's tokens.  The drafts only
-    decide how many tokens a verify step can keep: the target samples every token itself."""
+    prompt step).  The drafts only decide how many tokens a verify step can keep: the target
+    samples every token itself."""
 
     def __init__(self, model, target, num_blocks: "int | None"):
         if model.vocab_size != target.vocab_size:
