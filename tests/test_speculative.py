@@ -28,7 +28,8 @@ def test_ngram_drafts():
     assert ngram_drafts(seq, 3) == [8, 9, 1]  # after the earlier 5 6 7
     assert ngram_drafts(seq, 1) == [8]
     assert ngram_drafts([1, 2, 3, 4], 3) == []  # the last token never occurred before
-    assert ngram_drafts([4, 1, 4, 2, 4], 2) == [2, 4]  # the latest earlier occurrence of 4
+    assert ngram_drafts([4, 1, 4, 2, 4], 2, min_n=1) == [2, 4]  # the latest earlier 4
+    assert ngram_drafts([4, 1, 4, 2, 4], 2) == []  # by default two tokens must match
     assert ngram_drafts([3, 3, 3], 4) == [3]  # 3 3 occurred at 0: what followed it
     assert ngram_drafts([7], 2) == [] and ngram_drafts(seq, 0) == []
     # 6 7 1 occurred twice: the occurrence whose match runs further back (2 6 7 1) wins over

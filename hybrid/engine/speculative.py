@@ -35,7 +35,7 @@ def parse_speculative(spec: "str | None"):
     raise ValueError(f"--speculative must be 'ngram' or 'draft:PATH', got {spec!r}")
 
 
-def ngram_drafts(tokens, k: int, max_n: int = 3, min_n: int = 1, reach: int = 16) -> list:
+def ngram_drafts(tokens, k: int, max_n: int = 3, min_n: int = 2, reach: int = 16) -> list:
     """Up to k tokens that followed an earlier occurrence of the sequence's last n tokens (the
     longest n in [min_n, max_n] that occurs before), or [] when none does.  Of several
     occurrences, the one whose match with the sequence's end runs furthest back (up to `reach`
