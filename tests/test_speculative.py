@@ -9,7 +9,7 @@ import pytest
 
 import hybrid
 from hybrid import Engine
-from hybrid.engine.speculative import (PRIOR_ROW_SHARE, DraftModelProposer, StepCost,
+from hybrid.engine.speculative import (PRIOR_ROW_SHARE, DraftModelProposer, NgramIndex, StepCost,
                                        drafts_worth, ngram_drafts, parse_speculative, step_cost,
                                        update_acceptance)
 
@@ -27,14 +27,33 @@ def test_ngram_drafts():
     seq = [5, 6, 7, 8, 9, 1, 5, 6, 7]
     assert ngram_drafts(seq, 3) == [8, 9, 1]  # after the earlier 5 6 7
     assert ngram_drafts(seq, 1) == [8]
-    assert ngram_drafts([1, 2, 3, 4], 3) == []  # the last token never occurred before
-    assert ngram_drafts([4, 1, 4, 2, 4], 2, min_n=1) == [2, 4]  # the latest earlier 4
-    assert ngram_drafts([4, 1, 4, 2, 4], 2) == []  # by default two tokens must match
+    assert ngram_drafts([1, 2, 3, 4], 3) == []  # the last tokens never occurred before
+    assert ngram_drafts([4, 1, 4, 2, 4], 2) == []  # two tokens must match, not just 4
     assert ngram_drafts([3, 3, 3], 4) == [3]  # 3 3 occurred at 0: what followed it
     assert ngram_drafts([7], 2) == [] and ngram_drafts(seq, 0) == []
     # 6 7 1 occurred twice: the occurrence whose match runs further back (2 6 7 1) wins over
     # the latest one (3 6 7 1)
     assert ngram_drafts([2, 6, 7, 1, 8, 3, 6, 7, 1, 9, 2, 6, 7, 1], 3) == [8, 3, 6]
+    # the index kept up to date step by step finds what a scan of the whole sequence finds
+    rng = np.random.default_rng(3)
+    seq = [int(t) for t in rng.integers(0, 6, 400)]
+    index = NgramIndex()
+    for n in range(1, len(seq) + 1, 7):
+        index.follow(seq[:min(n, 50)], seq[50:n])
+        assert index.drafts(4) == ngram_drafts(seq[:n], 4) == _scan_drafts(seq[:n], 4)
+
+
+def _scan_drafts(seq, k, reach=16):
+    """The n-gram rule by brute force: of the earlier ends of the last two tokens, the one whose
+    match runs furthest back (up to reach; the latest among equals)."""
+    best, longest = -1, 0
+    for i in range(len(seq) - 2, 0, -1):
+        m = 0
+        while m < reach and i - m >= 0 and seq[i - m] == seq[len(seq) - 1 - m]:
+            m += 1
+        if m >= 2 and m > longest:
+            best, longest = i, m
+    return seq[best + 1:best + 1 + k] if best >= 0 and k > 0 else []
 
 
 def test_drafts_worth_their_cost():

@@ -30,7 +30,7 @@ from .. import kernel_role
 from ..kvpool import KVBlockPool, default_kv_memory, parse_bytes
 from .kv_manager import KVCacheManager
 from .speculative import (METHODS, PRIOR_ACCEPT, PRIOR_ROW_SHARE, DraftModelProposer, step_cost,
-                          drafts_worth, ngram_drafts, update_acceptance)
+                          NgramIndex, drafts_worth, update_acceptance)
 from .params import GenerationParams
 from .request import Request, RequestOutput
 from .sampling import token_logprob
@@ -250,6 +250,7 @@ class Engine:
         draft model's step), both measured as the engine runs."""
         wants = {"ngram": [], "draft": []}  # method -> [(request, drafts to feed)]
         row_cost = step_cost(self.model).row_share(len(decodes))
+        draft_cost = row_cost + (self._draft_share(len(decodes)) if self._proposer else 0.0)
         for r in decodes:
             r.shadow_draft = None
             method = r.params.speculative or self.speculative
@@ -261,15 +262,16 @@ class Engine:
                        self.max_tokens - len(r.prompt) - len(r.generated) - 1)
             if room < 1:
                 continue
-            cost = row_cost + (self._draft_share(len(decodes)) if method == "draft" else 0.0)
+            cost = draft_cost if method == "draft" else row_cost
             k = drafts_worth(r.draft_accept, cost, room) if self.adapt_drafts else room
             if k > 0:
                 wants[method].append((r, k))
-            elif method == "ngram":  # what it would have drafted, checked for free when sampled
-                r.shadow_draft = (ngram_drafts(r.tokens, 1) or [None])[0]
+            elif method == "ngram" and cost < 1.0:  # (at a cost >= 1 no draft pays) what it
+                # would have drafted, checked for free when it samples
+                r.shadow_draft = (self._ngram_drafts(r, 1) or [None])[0]
             else:  # no free check: the estimate drifts back, and drafts are tried again
                 r.draft_accept += 0.05 * (PRIOR_ACCEPT - r.draft_accept)
-        found = {r.request_id: ngram_drafts(r.tokens, k) for r, k in wants["ngram"]}
+        found = {r.request_id: self._ngram_drafts(r, k) for r, k in wants["ngram"]}
         if wants["draft"]:
             found.update(self._proposer.propose([(r.request_id, r.tokens, k)
                                                  for r, k in wants["draft"]]))
@@ -284,6 +286,13 @@ class Engine:
                 continue
             out[r.request_id] = d
         return out
+
+    @staticmethod
+    def _ngram_drafts(req: Request, k: int) -> list:
+        if req.ngrams is None:
+            req.ngrams = NgramIndex()
+        req.ngrams.follow(req.prompt, req.generated)
+        return req.ngrams.drafts(k)
 
     def _draft_share(self, rows: int) -> float:
         """One round of the draft model's steps over a step of the target's with `rows` rows."""

@@ -35,29 +35,47 @@ def parse_speculative(spec: "str | None"):
     raise ValueError(f"--speculative must be 'ngram' or 'draft:PATH', got {spec!r}")
 
 
-def ngram_drafts(tokens, k: int, max_n: int = 3, min_n: int = 2, reach: int = 16) -> list:
-    """Up to k tokens that followed an earlier occurrence of the sequence's last n tokens (the
-    longest n in [min_n, max_n] that occurs before), or [] when none does.  Of several
-    occurrences, the one whose match with the sequence's end runs furthest back (up to `reach`
-    tokens; the latest among equals): the likeliest to continue the same way."""
-    if k <= 0 or len(tokens) < min_n + 1:
-        return []
-    arr = np.asarray(tokens, dtype=np.int64)
-    length = arr.shape[0]
-    for n in range(min(max_n, length - 1), min_n - 1, -1):
-        suffix = arr[length - n:]
-        windows = np.lib.stride_tricks.sliding_window_view(arr[:length - 1], n)
-        hits = np.nonzero((windows == suffix).all(axis=1))[0]
-        if hits.size:
-            best, longest = -1, -1
-            for h in hits[::-1][:64].tolist():  # the latest 64
-                m = n  # tokens matched, ending just before h + n and at the sequence's end
-                while m < reach and h + n - m > 0 and arr[h + n - m - 1] == arr[length - m - 1]:
-                    m += 1
-                if m > longest:
-                    best, longest = h, m
-            return [int(t) for t in arr[best + n:best + n + k]]
-    return []
+class NgramIndex:
+    """Where each pair of consecutive tokens of a growing sequence ends, kept up to date as the
+    sequence grows, so that an n-gram draft (prompt lookup) is found without scanning the whole
+    sequence each step."""
+
+    def __init__(self):
+        self.tokens: list = []
+        self._ends: dict = {}  # (a, b) -> the positions i where tokens[i-1:i+1] == [a, b]
+
+    def follow(self, prompt: list, generated: list) -> None:
+        """Bring the index up to prompt + generated (the sequence it follows, grown since)."""
+        n, t = len(self.tokens), self.tokens
+        t.extend(prompt[n:])
+        t.extend(generated[max(0, n - len(prompt)):])
+        for i in range(max(1, n), len(t)):
+            self._ends.setdefault((t[i - 1], t[i]), []).append(i)
+
+    def drafts(self, k: int, reach: int = 16, latest: int = 64) -> list:
+        """Up to k tokens that followed an earlier occurrence of the sequence's last two tokens,
+        or [] when they never occurred before.  Of several occurrences (the latest `latest`),
+        the one whose match with the sequence's end runs furthest back (up to `reach` tokens;
+        the latest among equals): the likeliest to continue the same way."""
+        t, length = self.tokens, len(self.tokens)
+        ends = self._ends.get(tuple(t[-2:])) if k > 0 and length >= 3 else None
+        best, longest = -1, 0
+        for i in reversed((ends or [])[-latest - 1:]):
+            if i == length - 1:  # the sequence's own end
+                continue
+            m = 2  # tokens matched, ending at i and at the sequence's end
+            while m < reach and i - m >= 0 and t[i - m] == t[length - 1 - m]:
+                m += 1
+            if m > longest:
+                best, longest = i, m
+        return t[best + 1:best + 1 + k] if best >= 0 else []
+
+
+def ngram_drafts(tokens, k: int) -> list:
+    """NgramIndex's drafts for a whole sequence at once."""
+    index = NgramIndex()
+    index.follow([int(x) for x in tokens], [])
+    return index.drafts(k)
 
 
 # before anything is measured: a draft's chance of being kept, and what one more row adds to a
