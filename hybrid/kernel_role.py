@@ -13,9 +13,9 @@ projection of the step receives that role as an argument:
 
 so a request's tokens are the same alone or in any batch, however its prompt is chunked (batch
 invariance).  Attention already reduces each row in a fixed order.  Float32 weights: decode rows
-take our mat-vec and prompt rows our AVX-512 GEMM, each summing in a fixed order; on builds
-without AVX-512 prompt rows go to BLAS, which may block rows differently by batch size, so there
-float32 prompts are not covered.
+take our mat-vec and prompt rows our GEMM, each summing in a fixed order; on builds without
+AVX-512 prompt rows of matrices over 1 MiB go to BLAS, which may block rows differently by batch
+size, so there float32 prompts are not covered.
 """
 
 from __future__ import annotations

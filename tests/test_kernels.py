@@ -125,8 +125,8 @@ def test_ops_convert_without_touching_inputs(rng):
 # ------------------------------------------------------------------ float32 prefill GEMM
 from hybrid._cpu import quant as _qk  # noqa: E402
 
-needs_gemm_f32 = pytest.mark.skipif(not _qk.GEMM_F32, reason="this build has no AVX-512 float32 "
-                                                          "GEMM (BLAS serves float32 prompts)")
+needs_gemm_f32 = pytest.mark.skipif(not _qk.GEMM_F32, reason="this build has no float32 GEMM "
+                                                          "(BLAS serves float32 prompts)")
 
 
 def _f32_linear_case(rng, rows, fin, fout):

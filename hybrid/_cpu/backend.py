@@ -60,17 +60,25 @@ def add(a, b, out):
 def linear(x, weight, bias, out, role=kernel_role.AUTO):
     """x [rows, in] @ W.T (+ bias) for float32 W [out, in]: decode rows (the role says so, or
     few rows under "auto") through our mat-vec (each weight row streamed once, prefetched; the same sums for a row
-    whatever the batch), prompt rows through our AVX-512 GEMM where the build has it (also the
-    same sums whatever the batch), else BLAS sgemm."""
+    whatever the batch), prompt rows through our GEMM where the build has it (also the same sums
+    whatever the batch; _gemm_f32 says which), else BLAS sgemm."""
     if _matvec_rows(x.shape[0], role) and weight.flags.c_contiguous:
         quant.matvec_f32(weight, x, bias, out, get_num_threads())
         return
     _gemm_f32(x, weight, bias, out)
 
 
+# On AVX2 builds BLAS's own AVX2 GEMM is faster on large matrices; small ones (a
+# mixture-of-experts router between integer GEMMs) take ours, where handing the work to BLAS's
+# threads costs more than it gains (bench_moe measures it).
+SMALL_F32_GEMM = 1 << 20
+
+
 def _gemm_f32(x, weight, bias, out):
-    """out [rows, out] (rows contiguous) = x @ W.T (+ bias) for float32 W."""
-    if quant.GEMM_F32 and weight.flags.c_contiguous:
+    """out [rows, out] (rows contiguous) = x @ W.T (+ bias) for float32 W: our GEMM on AVX-512
+    builds, and on AVX2 builds for matrices up to SMALL_F32_GEMM bytes; else BLAS sgemm."""
+    if quant.GEMM_F32 and weight.flags.c_contiguous \
+            and (quant.GEMM_F32_LANES >= 16 or weight.nbytes <= SMALL_F32_GEMM):
         quant.gemm_f32(weight, x, bias, out, get_num_threads())
         return
     np.matmul(x, weight.T, out=out)

@@ -46,7 +46,7 @@ cdef extern from "omp_compat.h" nogil:
     long hy_claim(long *counter, long n)
 
 cdef extern from "gemm_f32.h" nogil:
-    int hy_gemm_f32_available()
+    int hy_gemm_f32_lanes()
     void hy_gemm_f32_range(const float *x, long rows, const float *w, long n, long o0, long o1,
                            const float *bias, float *out, long ldo)
 
@@ -92,7 +92,8 @@ def kernel_traits():
 INTEGER_FORMATS = frozenset(c for c, t in kernel_traits().items() if t["integer"])
 
 # Whether this build has its own float32 GEMM (AVX-512); without it BLAS multiplies float32 rows.
-GEMM_F32 = bool(hy_gemm_f32_available())
+GEMM_F32_LANES = hy_gemm_f32_lanes()  # 16: AVX-512, 8: AVX2, 0: none (BLAS)
+GEMM_F32 = GEMM_F32_LANES > 0
 
 
 cdef long check_weight(int qtype, const uint8_t[:, ::1] w, Py_ssize_t n_in) except -1:
@@ -695,12 +696,12 @@ def gemm_f32(const float[:, ::1] w,   # IN  [out, in] float32 weight rows
              bias,                    # IN  [out] float32 or None
              float[:, :] out,         # OUT [rows, out], rows contiguous (a column slice is fine)
              int num_threads):
-    """out = x @ W.T (+ bias) for many rows (prefill) with the AVX-512 tile of gemm_f32.h, threads
+    """out = x @ W.T (+ bias) for many rows (prefill) with the tile of gemm_f32.h, threads
     over chunks of weight rows.  Each output's sums run in a fixed order that depends on neither
     the number of rows nor the thread count.  Only where GEMM_F32 is true."""
     cdef Py_ssize_t n = x.shape[1], rows = x.shape[0], n_out = w.shape[0], c
     if not GEMM_F32:
-        raise RuntimeError("gemm_f32: this build has no AVX-512 float32 GEMM (use BLAS)")
+        raise RuntimeError("gemm_f32: this build has no float32 GEMM (use BLAS)")
     cdef const float *bp = _f32_args(w, x, bias, out, "gemm_f32")
     if rows == 0 or n_out == 0 or n == 0:
         return

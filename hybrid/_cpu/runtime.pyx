@@ -45,7 +45,9 @@ def kernel_paths():
     return {"attention": attention,
             "elementwise (rmsnorm, swiglu, exp)": elementwise,
             "quantized weights": f"{quant.simd()} ({_rows_per_pass(quant.kernel_traits())})",
-            "float32 weights, prompt rows": "avx512 GEMM" if quant.GEMM_F32 else "BLAS sgemm"}
+            "float32 weights, prompt rows": {16: "avx512 GEMM",
+                                             8: "avx2 GEMM up to 1 MiB matrices, else BLAS sgemm",
+                                             0: "BLAS sgemm"}[quant.GEMM_F32_LANES]}
 
 
 def omp_max_threads():
