@@ -48,6 +48,24 @@ def _weights(name, n_out, n_in, rng):
 STREAM_BYTES = 320 * 2**20  # cycle copies until this much is streamed per round: 10x the LLC
 
 
+def _stream_matvec(benchmark, label, data, n_in, matvec, bandwidth, note, rng):
+    """Time matvec(matrix, x, y) for one activation row over copies of the weight array data
+    (cycled, so the weights come from memory) and record the bytes per second; returns
+    (seconds per pass over the copies, copies)."""
+    copies = max(1, min(64, STREAM_BYTES // data.nbytes))
+    mats = [data] + [data.copy() for _ in range(copies - 1)]
+    x = rng.standard_normal((1, n_in)).astype(np.float32)
+    y = np.empty((1, data.shape[0]), np.float32)
+
+    def run():
+        for m in mats:
+            matvec(m, x, y)
+    benchmark.pedantic(run, rounds=10, warmup_rounds=2)
+    t = record(benchmark, "matvec", label, bytes_moved=data.nbytes * copies, bandwidth=bandwidth,
+               note=note, fn=run)
+    return t, copies
+
+
 @pytest.mark.parametrize("shape", list(SHAPES))
 @pytest.mark.parametrize("name", FORMATS)
 def test_matvec(benchmark, name, shape, read_bandwidth):
@@ -58,18 +76,10 @@ def test_matvec(benchmark, name, shape, read_bandwidth):
                     f"(llama.cpp falls back to another type there)")
     rng = np.random.default_rng(0)
     w = _weights(name, n_out, n_in, rng)
-    copies = max(1, min(64, STREAM_BYTES // w.nbytes))
-    mats = [w.data] + [w.data.copy() for _ in range(copies - 1)]
-    x = rng.standard_normal((1, n_in)).astype(np.float32)
-    y = np.empty((1, n_out), np.float32)
-
-    def run():
-        for m in mats:
-            kernels.matvec(fmt.kernel_code, m, x, None, y, THREADS)
-    benchmark.pedantic(run, rounds=10, warmup_rounds=2)
-    t = record(benchmark, "matvec", f"{name} {shape} {n_out}x{n_in}",
-               bytes_moved=w.nbytes * copies, bandwidth=read_bandwidth,
-               note=f"{fmt.bits_per_weight:.2f} bits/weight", fn=run)
+    t, copies = _stream_matvec(
+        benchmark, f"{name} {shape} {n_out}x{n_in}", w.data, n_in,
+        lambda m, x, y: kernels.matvec(fmt.kernel_code, m, x, None, y, THREADS),
+        read_bandwidth, f"{fmt.bits_per_weight:.2f} bits/weight", rng)
     benchmark.extra_info["weights_per_s"] = n_out * n_in * copies / t
     if n_in >= 4096 or n_out >= 4096:  # the target's matrices: the probe run alongside as well
         info = benchmark.extra_info  # the paired rounds record() ran (not measured twice)
@@ -157,17 +167,9 @@ def test_matvec_float32(benchmark, shape, read_bandwidth):
     n_out, n_in = SHAPES[shape]
     rng = np.random.default_rng(0)
     w = rng.standard_normal((n_out, n_in)).astype(np.float32)
-    copies = max(1, min(64, STREAM_BYTES // w.nbytes))
-    mats = [w] + [w.copy() for _ in range(copies - 1)]
-    x = rng.standard_normal((1, n_in)).astype(np.float32)
-    y = np.empty((1, n_out), np.float32)
-
-    def run():
-        for m in mats:
-            kernels.matvec_f32(m, x, None, y, THREADS)
-    benchmark.pedantic(run, rounds=10, warmup_rounds=2)
-    record(benchmark, "matvec", f"float32 {shape} {n_out}x{n_in}",
-           bytes_moved=w.nbytes * copies, bandwidth=read_bandwidth, note="32 bits/weight", fn=run)
+    _stream_matvec(benchmark, f"float32 {shape} {n_out}x{n_in}", w, n_in,
+                   lambda m, x, y: kernels.matvec_f32(m, x, None, y, THREADS), read_bandwidth,
+                   "32 bits/weight", rng)
 
 
 @pytest.mark.parametrize("which", [f"{b} {ft}" for b in ("smollm2", "llama1b-shaped")

@@ -72,20 +72,19 @@ def _prompts(model):
 
 
 def _alternating(model, prompts, spec: dict) -> dict:
-    """{"drafts": best tok/s with the generate arguments spec, "plain": best without,
+    """{"drafts": best tok/s with the Engine arguments spec, "plain": best without,
     "acceptance": drafts kept / fed over the rounds with drafts}, four rounds alternating which
-    goes first."""
-    best = {"plain": 0.0, "drafts": 0.0}
-    fed = kept = 0
-    for i in range(4):
-        for with_drafts in ((False, True) if i % 2 == 0 else (True, False)):
-            key = "drafts" if with_drafts else "plain"
-            tps, engines = _hybrid(model, prompts, spec if with_drafts else {})
-            best[key] = max(best[key], tps)
-            fed += sum(e.draft_tokens for e in engines)
-            kept += sum(e.accepted_tokens for e in engines)
-    best["acceptance"] = kept / max(1, fed)
-    return best
+    goes first (gguf_models.alternating)."""
+    engines = []
+
+    def run(kw):
+        tps, used = _hybrid(model, prompts, kw)
+        engines.extend(used)
+        return (tps,)
+    (plain,), (drafts,) = gguf_models.alternating([lambda: run({}), lambda: run(spec)], 4)
+    fed = sum(e.draft_tokens for e in engines)
+    return {"plain": plain, "drafts": drafts,
+            "acceptance": sum(e.accepted_tokens for e in engines) / max(1, fed)}
 
 
 def _hybrid(model, prompts, kw: dict):

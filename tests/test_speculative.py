@@ -137,6 +137,23 @@ def test_adaptive_drafts_follow_the_measured_cost():
     assert runs["free"][1] > 0 and runs["dear"][1] == 0
 
 
+def test_a_request_not_drafting_still_learns_its_acceptance():
+    """Where a row costs more than the prior acceptance pays for, a request feeds no drafts but
+    checks each sampled token against its n-gram guess, so its acceptance estimate moves."""
+    from hybrid.engine.speculative import PRIOR_ACCEPT
+
+    model = hybrid.load_model(GGUF)  # its own step costs
+    for _ in range(16):  # a second row costs 0.8 of a one-row step: drafts need a > 0.8
+        step_cost(model).observe(1, 1.0)
+        step_cost(model).observe(2, 1.8)
+    eng = Engine(model, speculative="ngram")
+    req = eng.prepare_request(_prompts(model)[0], hybrid.GenerationParams(8, stop_tokens=[]))
+    eng.admit_request(req)
+    while eng.has_unfinished():
+        eng.step()
+    assert req.draft_accept != PRIOR_ACCEPT
+
+
 def test_drafts_take_fewer_steps_with_stops_and_logprobs(model):
     prompt = _prompts(model)[0]
     plain = Engine(model)
@@ -195,6 +212,17 @@ def test_drafts_are_the_draft_models_greedy_tokens_whatever_the_history(model, d
         keep = step % 3
         toks = toks + d[:keep] + [(d[keep] + 1) % model.vocab_size]
     prop.forget("r")
+    assert prop.pool.num_used == 0
+    # a long prompt catches up in one prompt step, then drafts from its last token
+    long = list(_prompts(model)[0])
+    cache = draft.new_cache()
+    draft.forward(long[:-1], cache, role="prompt")
+    logits, want = draft.forward(long[-1:], cache, role="decode"), []
+    for _ in range(3):
+        want.append(int(np.argmax(logits)))
+        logits = draft.forward(want[-1:], cache, role="decode")
+    assert prop.propose([("long", long, 3)])["long"] == want
+    prop.forget("long")
     assert prop.pool.num_used == 0
 
 

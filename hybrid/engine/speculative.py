@@ -98,15 +98,18 @@ class StepCost:
         mean[0] += (seconds - mean[0]) / mean[1]
 
     def _line(self):
-        """(weighted mean rows, mean seconds, seconds per row) of the steps seen, or None."""
+        """(weighted mean rows, mean seconds, seconds per row or None while every step had the
+        same rows) of the steps seen, or None before the first; a few points, plain Python."""
         if not self._means:
             return None
-        x = np.array(list(self._means), dtype=np.float64)
-        y, w = np.array(list(self._means.values()), dtype=np.float64).T
-        xm, ym = np.average(x, weights=w), np.average(y, weights=w)
-        spread = np.sum(w * (x - xm) ** 2)
-        slope = max(0.0, float(np.sum(w * (x - xm) * (y - ym)) / spread)) if spread > 0 else None
-        return xm, ym, slope
+        total = sum(w for _, w in self._means.values())
+        xm = sum(x * w for x, (_, w) in self._means.items()) / total
+        ym = sum(y * w for y, w in self._means.values()) / total
+        spread = sum(w * (x - xm) ** 2 for x, (_, w) in self._means.items())
+        if spread <= 0:
+            return xm, ym, None
+        cov = sum(w * (x - xm) * (y - ym) for x, (y, w) in self._means.items())
+        return xm, ym, max(0.0, cov / spread)
 
     def seconds(self, rows: int) -> "float | None":
         """A step's predicted seconds with `rows` rows (None before the first step)."""
@@ -122,8 +125,9 @@ class StepCost:
         line = self._line()
         if line is None or line[2] is None:
             return PRIOR_ROW_SHARE
-        step = self.seconds(rows)
-        return line[2] * rows / step if step > 0 else PRIOR_ROW_SHARE
+        xm, ym, slope = line
+        step = ym + slope * (rows - xm)
+        return slope * rows / step if step > 0 else PRIOR_ROW_SHARE
 
 
 _costs: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()
