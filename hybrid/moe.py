@@ -81,10 +81,10 @@ def route(scores: np.ndarray, experts: ExpertWeights):
     p = np.exp(s - s.max(axis=1, keepdims=True))
     p /= p.sum(axis=1, keepdims=True)
     ids = np.argsort(-s, axis=1, kind="stable")[:, :experts.top_k]
-    w = np.take_along_axis(p, ids, axis=1)
+    w = p[np.arange(len(p))[:, None], ids]
     if experts.normalize:
-        w = w / w.sum(axis=1, keepdims=True)
-    return ids.astype(np.int64), w.astype(np.float32)
+        w /= w.sum(axis=1, keepdims=True)
+    return ids, w.astype(np.float32)
 
 
 def moe_forward(h: np.ndarray, experts: ExpertWeights, linear_sets, swiglu, role: str,
@@ -99,6 +99,8 @@ def moe_forward(h: np.ndarray, experts: ExpertWeights, linear_sets, swiglu, role
     scores = np.empty((n, experts.num_experts), dtype=np.float32)
     linear_sets([(h, [(experts.router, scores)])], role)  # each row's own mat-vec at decode
     ids, weights = route(scores, experts)
+    if n == 1:  # one row: its experts in its own ranking's order, nothing to group
+        return _one_row(h, ids[0], weights[0], experts, linear_sets, swiglu, role, counts)
     # the (row, rank) pairs sorted by expert, rows ascending within an expert
     order = np.argsort(ids.ravel(), kind="stable")
     by_expert = ids.ravel()[order]
@@ -114,11 +116,36 @@ def moe_forward(h: np.ndarray, experts: ExpertWeights, linear_sets, swiglu, role
                  for e, a, b in spans], role)
     act = swiglu(gate, up)
     linear_sets([(act[a:b], [(experts.down[e], down[a:b])]) for e, a, b in spans], role)
+    down *= weights.ravel()[order][:, None]  # each (row, rank) output times its weight
     parts = np.empty((k, n, hidden), dtype=np.float32)  # [rank, row, hidden]
     parts[rank, rows] = down
     if counts is not None:
-        np.add.at(counts, chosen, np.diff(starts))
-    out = parts[0] * weights[:, 0:1]
-    for j in range(1, k):  # each row in its own ranking's order
-        out += parts[j] * weights[:, j:j + 1]
+        counts[chosen] += np.diff(starts)  # (chosen holds each expert once)
+    return _sum_ranks(parts)
+
+
+def _sum_ranks(parts: np.ndarray) -> np.ndarray:
+    """[n, hidden]: the weighted outputs parts [k, n, hidden] added in rank order."""
+    out = parts[0]
+    for j in range(1, len(parts)):
+        out += parts[j]
     return out
+
+
+def _one_row(h, ids, weights, experts: ExpertWeights, linear_sets, swiglu, role, counts):
+    """moe_forward for one row (decode): the same kernels, products and sums as for a row of
+    many, without the grouping by expert."""
+    k, inter = len(ids), experts.intermediate_size
+    gate = np.empty((k, inter), dtype=np.float32)
+    up = np.empty_like(gate)
+    down = np.empty((k, h.shape[1]), dtype=np.float32)
+    experts_ = ids.tolist()
+    linear_sets([(h, [(experts.gate[e], gate[j:j + 1]), (experts.up[e], up[j:j + 1])])
+                 for j, e in enumerate(experts_)], role)
+    act = swiglu(gate, up)
+    linear_sets([(act[j:j + 1], [(experts.down[e], down[j:j + 1])])
+                 for j, e in enumerate(experts_)], role)
+    down *= weights[:, None]
+    if counts is not None:
+        counts[ids] += 1
+    return _sum_ranks(down[:, None, :])

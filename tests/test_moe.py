@@ -8,7 +8,8 @@ import pytest
 
 from hybrid import Engine
 from hybrid.models import Model, load_model, read_weights
-from hybrid.moe import ExpertWeights, route
+from hybrid import ops
+from hybrid.moe import ExpertWeights, moe_forward, route
 from hybrid.quant import QuantizedTensor
 from conftest import rel_err
 
@@ -168,6 +169,27 @@ def test_batch_equals_each_row_alone(moe, rng):
     alone = [model.generate(p, 10, stop_tokens=[]) for p in prompts]
     batch = Engine(model, max_batch=6, kv_memory="32MiB").generate(prompts, 10, stop_tokens=[])
     assert batch == alone
+
+
+@pytest.mark.parametrize("weights", [None, "q8_0"])
+def test_a_row_alone_equals_its_row_in_a_batch(moe, rng, weights):
+    """moe_forward of one row (decode's own path) gives the bits of that row among others, and
+    counts the same experts."""
+    kind, hf, folder = moe
+    model = load_model(folder, weights=weights, kv_dtype="float32")
+    layer = model.layers[1]
+    ex = layer._experts
+    hidden = ex.router.shape[1]
+    h = rng.standard_normal((5, hidden), dtype=np.float32)
+
+    def run(x, counts):
+        return moe_forward(x, ex, layer._linear_sets, lambda g, u: ops.swiglu(g, u, out=g),
+                           "decode", counts)
+    counts_batch, counts_alone = np.zeros(len(ex.gate), np.int64), np.zeros(len(ex.gate), np.int64)
+    batch = run(h, counts_batch)
+    alone = np.concatenate([run(h[i:i + 1], counts_alone) for i in range(len(h))])
+    assert np.array_equal(alone, batch)
+    assert np.array_equal(counts_alone, counts_batch) and counts_batch.sum() == 5 * ex.top_k
 
 
 def test_a_decode_row_reads_only_its_experts(moe, rng):
