@@ -101,7 +101,17 @@ def _rss() -> int:
         return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
 
 
-def test_moe_against_llama_cpp(benchmark, moe_file):
+def _decode_bytes(path) -> int:
+    """Bytes a decode token reads from the file: every tensor but the experts' and the token
+    embedding (one row of it), and top_k of every layer's EXPERTS experts."""
+    reader = gguf.GGUFReader(path)
+    dense = sum(int(t.n_bytes) for t in reader.tensors
+                if "exps" not in t.name and t.name != "token_embd.weight")
+    experts = sum(int(t.n_bytes) for t in reader.tensors if "exps" in t.name)
+    return dense + experts * TOP_K // EXPERTS
+
+
+def test_moe_against_llama_cpp(benchmark, moe_file, read_bandwidth):
     path, how = moe_file
     base = _rss()  # the process before the model (the file was written in this process)
     model = hybrid.load_model(path)
@@ -122,6 +132,11 @@ def test_moe_against_llama_cpp(benchmark, moe_file):
     benchmark.pedantic(lambda: None, rounds=1)
     RESULTS.append(("moe", f"hybrid decode ({how})", best["hybrid"][1], "tok/s", "best of 4"))
     RESULTS.append(("moe", "hybrid prefill 128", best["hybrid"][0], "tok/s", "best of 4"))
+    per_token = _decode_bytes(path)
+    for side in best:  # a decode token streams per_token bytes: the share of the read bandwidth
+        RESULTS.append(("moe", f"{side} decode, share of read bw",
+                        best[side][1] * per_token / read_bandwidth, "x",
+                        f"{per_token / 1e6:.0f} MB per token"))
     RESULTS.append(("moe", "resident memory over the file size", (rss - size) / 2**20, "MiB",
                     f"file {size / 2**20:.0f} MiB, the model's resident growth "
                     f"{rss / 2**20:.0f} MiB (target <= +64)"))
