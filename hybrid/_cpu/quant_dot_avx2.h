@@ -43,8 +43,8 @@ static inline __m256i hy_bit4_from_bits(uint32_t bits) {
 #define HY_PREFETCH_AHEAD 12288
 #define HY_PREFETCH(p) _mm_prefetch((const char *)(p) + HY_PREFETCH_AHEAD, _MM_HINT_T0)
 /* the same into L2 only, for kernels whose working set leaves L1 too little room for the
- * prefetched lines (the 512-bit Q6_K and K-quant kernels; Q8_0's single-row kernel is slower
- * so) */
+ * prefetched lines (the K formats' kernels, 256- and 512-bit; Q8_0's single-row kernel is
+ * slower so) */
 #define HY_PREFETCH_L2(p) _mm_prefetch((const char *)(p) + HY_PREFETCH_AHEAD, _MM_HINT_T1)
 #define HY_LOADA(i) _mm256_loadu_si256((const __m256i *)(qa + 32 * (i)))
 
@@ -189,9 +189,9 @@ hy_dot_q45_k_avx2_rows(const uint8_t *w, long nsb, const int R, const int8_t *qa
         const uint8_t *blk = w + bb * s;
         const uint8_t *qh = blk + 16, *q = five ? blk + 48 : blk + 16;
         const long a0 = 8 * s;
-        HY_PREFETCH(blk);
-        HY_PREFETCH(blk + 64);
-        HY_PREFETCH(blk + 128);
+        HY_PREFETCH_L2(blk);
+        HY_PREFETCH_L2(blk + 64);
+        HY_PREFETCH_L2(blk + 128);
         __m256 mnf;
         const __m256i sc = _mm256_broadcastsi128_si256(hy_k4_unpack(blk, &mnf));
         const float d = hy_f16(blk);
@@ -255,10 +255,10 @@ hy_dot_q6_k_avx2_rows(const uint8_t *w, long nsb, const int R, const int8_t *qa,
     for (long s = 0; s < nsb; s++) {
         const uint8_t *blk = w + 210 * s;
         const int8_t *sc = (const int8_t *)(blk + 192);
-        HY_PREFETCH(blk);
-        HY_PREFETCH(blk + 64);
-        HY_PREFETCH(blk + 128);
-        HY_PREFETCH(blk + 192);
+        HY_PREFETCH_L2(blk);
+        HY_PREFETCH_L2(blk + 64);
+        HY_PREFETCH_L2(blk + 128);
+        HY_PREFETCH_L2(blk + 192);
         const float d = hy_f16(blk + 208);
         __m256i is[4];
         {   /* the offsets first: -32 * d * scale (exact) times the sums per 16 */
