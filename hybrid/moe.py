@@ -99,15 +99,18 @@ def moe_forward(h: np.ndarray, experts: ExpertWeights, linear_sets, swiglu, role
     scores = np.empty((n, experts.num_experts), dtype=np.float32)
     linear_sets([(h, [(experts.router, scores)])], role)  # each row's own mat-vec at decode
     ids, weights = route(scores, experts)
-    if n == 1:  # one row: its experts in its own ranking's order, nothing to group
-        return _one_row(h, ids[0], weights[0], experts, linear_sets, swiglu, role, counts)
-    # the (row, rank) pairs sorted by expert, rows ascending within an expert
-    order = np.argsort(ids.ravel(), kind="stable")
-    by_expert = ids.ravel()[order]
-    starts = np.concatenate(([0], np.flatnonzero(np.diff(by_expert)) + 1, [n * k]))
-    chosen = by_expert[starts[:-1]]
-    spans = list(zip(chosen.tolist(), starts[:-1].tolist(), starts[1:].tolist()))
-    rows, rank = order // k, order % k
+    if n == 1:  # one row: its experts already distinct, taken in its ranking's order
+        order = rank = np.arange(k)
+        rows = np.zeros(k, dtype=np.int64)
+        chosen, sizes = ids[0], np.ones(k, dtype=np.int64)
+        spans = [(e, j, j + 1) for j, e in enumerate(chosen.tolist())]
+    else:  # the (row, rank) pairs sorted by expert, rows ascending within an expert
+        order = np.argsort(ids.ravel(), kind="stable")
+        by_expert = ids.ravel()[order]
+        starts = np.concatenate(([0], np.flatnonzero(np.diff(by_expert)) + 1, [n * k]))
+        chosen, sizes = by_expert[starts[:-1]], np.diff(starts)
+        spans = list(zip(chosen.tolist(), starts[:-1].tolist(), starts[1:].tolist()))
+        rows, rank = order // k, order % k
     x = h[rows]  # [n*k, hidden]: each expert's rows together
     gate = np.empty((n * k, experts.intermediate_size), dtype=np.float32)
     up = np.empty_like(gate)
@@ -120,32 +123,9 @@ def moe_forward(h: np.ndarray, experts: ExpertWeights, linear_sets, swiglu, role
     parts = np.empty((k, n, hidden), dtype=np.float32)  # [rank, row, hidden]
     parts[rank, rows] = down
     if counts is not None:
-        counts[chosen] += np.diff(starts)  # (chosen holds each expert once)
-    return _sum_ranks(parts)
-
-
-def _sum_ranks(parts: np.ndarray) -> np.ndarray:
-    """[n, hidden]: the weighted outputs parts [k, n, hidden] added in rank order."""
+        counts[chosen] += sizes  # (chosen holds each expert once)
     out = parts[0]
-    for j in range(1, len(parts)):
+    for j in range(1, k):  # each row's weighted outputs added in its own ranking's order
         out += parts[j]
     return out
 
-
-def _one_row(h, ids, weights, experts: ExpertWeights, linear_sets, swiglu, role, counts):
-    """moe_forward for one row (decode): the same kernels, products and sums as for a row of
-    many, without the grouping by expert."""
-    k, inter = len(ids), experts.intermediate_size
-    gate = np.empty((k, inter), dtype=np.float32)
-    up = np.empty_like(gate)
-    down = np.empty((k, h.shape[1]), dtype=np.float32)
-    experts_ = ids.tolist()
-    linear_sets([(h, [(experts.gate[e], gate[j:j + 1]), (experts.up[e], up[j:j + 1])])
-                 for j, e in enumerate(experts_)], role)
-    act = swiglu(gate, up)
-    linear_sets([(act[j:j + 1], [(experts.down[e], down[j:j + 1])])
-                 for j, e in enumerate(experts_)], role)
-    down *= weights[:, None]
-    if counts is not None:
-        counts[ids] += 1
-    return _sum_ranks(down[:, None, :])
