@@ -221,7 +221,17 @@ def test_drafts_are_the_draft_models_greedy_tokens_whatever_the_history(model, d
     for _ in range(3):
         want.append(int(np.argmax(logits)))
         logits = draft.forward(want[-1:], cache, role="decode")
-    assert prop.propose([("long", long, 3)])["long"] == want
+    roles, step = [], prop.model.forward_step
+
+    def spy(batch, role):
+        roles.append((role, [len(fed) for _, fed in batch]))
+        return step(batch, role=role)
+    prop.model.forward_step = spy
+    try:
+        assert prop.propose([("long", long, 3)])["long"] == want
+    finally:
+        del prop.model.forward_step
+    assert roles == [("prompt", [len(long) - 1])] + [("decode", [1])] * 3  # one prompt step
     prop.forget("long")
     assert prop.pool.num_used == 0
 

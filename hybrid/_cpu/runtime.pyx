@@ -42,11 +42,13 @@ def kernel_paths():
         attention += ("; stream prefetched into L1 (L1D >= 48 KiB)" if hy_attn_pf_into_l1()
                       else "; stream prefetched into L2 (L1D < 48 KiB)")
     elementwise = {3: "avx512", 2: "avx2+fma", 1: "avx2+fma", 0: "portable C"}[level]
+    from .backend import SMALL_F32_GEMM  # (the backend's rule for AVX2 builds)
     return {"attention": attention,
             "elementwise (rmsnorm, swiglu, exp)": elementwise,
             "quantized weights": f"{quant.simd()} ({_rows_per_pass(quant.kernel_traits())})",
             "float32 weights, prompt rows": {16: "avx512 GEMM",
-                                             8: "avx2 GEMM up to 1 MiB matrices, else BLAS sgemm",
+                                             8: f"avx2 GEMM up to {SMALL_F32_GEMM >> 20} MiB "
+                                                "matrices, else BLAS sgemm",
                                              0: "BLAS sgemm"}[quant.GEMM_F32_LANES]}
 
 
