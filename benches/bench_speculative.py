@@ -87,6 +87,29 @@ def _alternating(model, prompts, spec: dict) -> dict:
             "acceptance": sum(e.accepted_tokens for e in engines) / max(1, fed)}
 
 
+def _draft_bound(model, draft, prompts, kw: dict) -> dict:
+    """What any engine could gain from this draft model: one pass feeding k = K drafts every
+    step gives the chance that a draft is kept (solved from the share kept, drafts being kept
+    in order until the first miss) and the engine's learnt step times give a draft step's
+    cost c in target steps.  With verify rows free, k drafts give (1 - a^(k+1)) / (1 - a)
+    tokens for 1 + k*c steps' time; "best" is the largest over k = 1..K."""
+    from hybrid.engine.speculative import step_cost
+
+    _, engines = _hybrid(model, prompts, {**kw, "adapt_drafts": False})
+    share = sum(e.accepted_tokens for e in engines) / max(1, sum(e.draft_tokens for e in engines))
+
+    def kept_share(a):  # expected share of K fed drafts kept
+        return a * (1 - a ** K) / ((1 - a) * K) if a < 1 else 1.0
+    lo, hi = 0.0, 1.0
+    for _ in range(60):
+        mid = (lo + hi) / 2
+        lo, hi = (mid, hi) if kept_share(mid) < share else (lo, mid)
+    a = lo
+    cost = step_cost(draft).seconds(1) / step_cost(model).seconds(1)
+    best = max((1 - a ** (k + 1)) / (1 - a) / (1 + k * cost) for k in range(1, K + 1))
+    return {"accept": a, "cost": cost, "best": best}
+
+
 def _hybrid(model, prompts, kw: dict):
     """(decode tokens/s summed over the prompts, prefill not counted, each answer to its end of
     turn; the engines that ran them) with Engine arguments kw."""
@@ -172,7 +195,12 @@ def test_draft_model_speculation(benchmark, files, target):
     same = hybrid.Engine(model, **kw).generate(prompts, NEW) == \
         hybrid.Engine(model).generate(prompts, NEW)
     best = _alternating(model, prompts, kw)
+    bound = _draft_bound(model, draft, prompts, kw)
     benchmark.pedantic(lambda: None, rounds=1)
+    RESULTS.append(("speculative", f"{target} Q4_0 draft: the most drafting could give",
+                    bound["best"], "x", f"with verify rows free: a draft kept with chance "
+                    f"{bound['accept']:.2f} (k = {K} fed every step), a draft step "
+                    f"{bound['cost']:.2f} of a target step"))
     RESULTS.append(("speculative", f"{target} decode, Q4_0 draft model (k <= {K})",
                     best["drafts"], "tok/s", f"acceptance {best['acceptance']:.0%}; output equal "
                                              f"to without: {same}"))
