@@ -2,7 +2,6 @@
 and the mapping advised for transparent huge pages unless the caller says no."""
 
 import mmap
-import os
 import re
 import sys
 
@@ -28,7 +27,7 @@ needs_thp = pytest.mark.skipif(not _huge_page_advice_works(),
 
 def _vm_flags(address: int) -> set:
     """The VmFlags of the mapping in /proc/self/smaps that holds ``address``."""
-    span, flags = None, {}
+    span = None
     with open("/proc/self/smaps") as f:
         for line in f:
             m = re.match(r"([0-9a-f]+)-([0-9a-f]+) ", line)
@@ -52,9 +51,8 @@ def test_the_bytes_asked_for_read_only(tmp_path, rng):
         got = map_file(str(path), offset, size)
         want = raw[offset:] if size is None else raw[offset:offset + size]
         assert got.dtype == np.uint8 and np.array_equal(got, want), (offset, size)
-        if got.size:
-            with pytest.raises(ValueError):
-                got[0] = 1
+        with pytest.raises(ValueError):
+            got[:1] = 1
     with pytest.raises(ValueError, match="outside its"):
         map_file(str(path), len(raw) - 2, 3)
 
@@ -77,4 +75,4 @@ def test_a_loaded_gguf_is_advised_for_huge_pages():
         mw = read_weights(path, huge_pages=huge)
         flags = _vm_flags(_address(mw.embed.data))
         assert ("hg" in flags) == huge, (huge, flags)
-        assert "wr" not in flags and os.path.getsize(path) > 0
+        assert "wr" not in flags

@@ -268,8 +268,9 @@ def _progress(total: int, desc: str):
 
 
 def _open(path, huge_pages: bool = False):
-    """(header, tensors) of ``path`` after the header walk and the tensor checks; the file
-    mapped as hybrid.models.mapping.map_file maps it."""
+    """(header, tensors) of ``path`` after the header walk and the tensor checks, over the file
+    mapped by hybrid.models.mapping.map_file (without the huge-page advice unless asked: a
+    metadata read touches only the header)."""
     if not os.path.isfile(path):
         raise ModelLoadError(path, "no such file")
     with open(path, "rb") as f:

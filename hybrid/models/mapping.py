@@ -28,8 +28,10 @@ def map_file(path: str, offset: int = 0, size: "int | None" = None, *,
         if offset < 0 or size < 0 or offset + size > length:
             raise ValueError(f"{path}: bytes {offset}..{offset + size} lie outside its "
                              f"{length} bytes")
-        if size == 0:
-            return np.zeros(0, dtype=np.uint8)
+        if size == 0:  # mmap refuses an empty mapping
+            empty = np.zeros(0, dtype=np.uint8)
+            empty.flags.writeable = False
+            return empty
         start = offset - offset % mmap.ALLOCATIONGRANULARITY
         m = mmap.mmap(f.fileno(), offset + size - start, access=mmap.ACCESS_READ, offset=start)
     if huge_pages and hasattr(mmap, "MADV_HUGEPAGE"):
