@@ -46,8 +46,8 @@ def _generate(args) -> int:
         set_num_threads(args.threads)
     try:
         model = load_model(args.model, weights=args.weights, gpu_layers=args.gpu_layers,
-                           kv_dtype=args.kv_dtype,
-                           kv_on_cpu=args.kv_on_cpu)
+                           kv_dtype=args.kv_dtype, kv_on_cpu=args.kv_on_cpu,
+                           huge_pages=args.huge_pages)
     except ModelLoadError as exc:
         print(f"hybrid: cannot load the model: {exc}", file=sys.stderr)
         return 2
@@ -70,7 +70,8 @@ def _generate(args) -> int:
         method, draft_path = parse_speculative(args.speculative)
         spec = {} if method is None else {"speculative": method}
         if draft_path is not None:
-            spec["draft_model"] = load_model(draft_path, kv_dtype=args.kv_dtype)
+            spec["draft_model"] = load_model(draft_path, kv_dtype=args.kv_dtype,
+                                             huge_pages=args.huge_pages)
         for piece in model.stream(ids, max_new_tokens=args.max_tokens, temperature=args.temperature,
                                   top_k=args.top_k, top_p=args.top_p, seed=args.seed,
                                   num_speculative_tokens=args.num_speculative_tokens,
@@ -247,7 +248,7 @@ def _serve(args) -> int:
               max_model_len=args.max_model_len, max_body_bytes=args.max_body_bytes,
               max_concurrency=args.max_concurrency, request_timeout=args.request_timeout,
               speculative=args.speculative, num_speculative_tokens=args.num_speculative_tokens,
-              adapt_drafts=not args.fixed_drafts)
+              adapt_drafts=not args.fixed_drafts, huge_pages=args.huge_pages)
     except (ModelLoadError, NoBackendError, ValueError, OSError) as exc:
         print(f"hybrid serve: {exc}", file=sys.stderr)
         return 2
@@ -285,6 +286,9 @@ def main(argv=None) -> int:
     gen.add_argument("--weights", default=None, choices=list(TARGETS),
                      help="convert every matrix to this format at load (default: keep the "
                           "file's encodings, memory-mapped)")
+    gen.add_argument("--no-huge-pages", dest="huge_pages", action="store_false",
+                     help="map the model file in 4 KiB pages (default: 2 MiB pages where the "
+                          "kernel reads it from disk)")
     chat = gen.add_mutually_exclusive_group()
     chat.add_argument("--chat", dest="chat", action="store_true", default=None,
                       help="wrap PROMPT in the model's chat template (the default when it has one)")
@@ -328,6 +332,9 @@ def main(argv=None) -> int:
                      help="feed every draft found, up to --num-speculative-tokens (default: "
                           "only those worth their measured cost)")
     srv.add_argument("--gpu-layers", type=int, default=0)
+    srv.add_argument("--no-huge-pages", dest="huge_pages", action="store_false",
+                     help="map the model file in 4 KiB pages (default: 2 MiB pages where the "
+                          "kernel reads it from disk)")
     srv.add_argument("--api-key", default=None,
                      help="require Authorization: Bearer KEY on every request (visible in ps: "
                           "prefer --api-key-file or the HYBRID_API_KEY variable)")

@@ -76,3 +76,22 @@ def test_a_loaded_gguf_is_advised_for_huge_pages():
         flags = _vm_flags(_address(mw.embed.data))
         assert ("hg" in flags) == huge, (huge, flags)
         assert "wr" not in flags
+
+
+@pytest.mark.parametrize("command", [["generate", "Hi", "--max-tokens", "1"], ["serve"]])
+@pytest.mark.parametrize("flag", [[], ["--no-huge-pages"]])
+def test_the_cli_passes_its_huge_page_choice_to_the_loader(monkeypatch, command, flag):
+    import hybrid.models
+    from hybrid.cli import main
+
+    if command[0] == "serve":
+        pytest.importorskip("uvicorn")
+        pytest.importorskip("fastapi")
+    asked = []
+
+    def load_model(path=None, **kw):  # records the choice, then stops the command
+        asked.append(kw.get("huge_pages", True))
+        raise ModelLoadError("model.gguf", "stopped by the test")
+    monkeypatch.setattr(hybrid.models, "load_model", load_model)
+    assert main(command + ["--model", "model.gguf"] + flag) == 2
+    assert asked == [not flag]

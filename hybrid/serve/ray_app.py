@@ -28,32 +28,35 @@ def _replica_name() -> str:
     return str(getattr(ctx, "replica_tag", "replica"))
 
 
-def _build_on_replica(model_path, model_name, api_key, max_queue, threads, kv_dtype,
-                      max_model_len, engine_kw):
-    """Runs on each replica when it starts: load the model, build the app."""
+def _build_on_replica(model_path, model_name, api_key, max_queue, threads, load_kw, engine_kw):
+    """Runs on each replica when it starts: load the model (load_model's load_kw), build the
+    app."""
     from .. import set_num_threads
     from ..models import load_model
     from .app import build_app
 
     if threads:
         set_num_threads(threads)
-    model = load_model(model_path, kv_dtype=kv_dtype, max_tokens=max_model_len)
+    model = load_model(model_path, **load_kw)
     return build_app(model, model_name=model_name, api_key=api_key, max_queue=max_queue,
                      replica=_replica_name(), **engine_kw)
 
 
 def application(model_path=None, *, replicas: int = 1, threads: int = 1,
                 model_name: "str | None" = None, api_key=None, max_queue: int = 256,
-                kv_dtype: str = "float16", max_model_len: "int | None" = None, **engine_kw):
+                kv_dtype: str = "float16", max_model_len: "int | None" = None,
+                huge_pages: bool = True, **engine_kw):
     """A Ray Serve application of ``replicas`` copies of the server (for ``serve.run``)."""
     from ray import serve
 
     if isinstance(replicas, bool) or not isinstance(replicas, int) or replicas < 1:
         raise ValueError(f"replicas must be an integer >= 1, got {replicas!r}")
     name = model_name or _default_name(model_path)
+    load_kw = {"kv_dtype": kv_dtype, "max_tokens": max_model_len, "huge_pages": huge_pages}
+
     def builder():  # a plain function: Ray calls it on each replica to get the ASGI app
-        return _build_on_replica(model_path, name, api_key, max_queue, threads, kv_dtype,
-                                 max_model_len, engine_kw)
+        return _build_on_replica(model_path, name, api_key, max_queue, threads, load_kw,
+                                 engine_kw)
     deployment = serve.deployment(serve.ingress(builder)(), name="hybrid",
                                   num_replicas=replicas,
                                   ray_actor_options={"num_cpus": max(1, threads)})

@@ -40,7 +40,8 @@ def serve(model_path=None, *, host: str = "127.0.0.1", port: int = 8000, threads
           replicas: int = 1, max_model_len: "int | None" = None,
           max_body_bytes: int = MAX_BODY_BYTES, max_concurrency: "int | None" = None,
           request_timeout: "float | None" = None, speculative: "str | None" = None,
-          num_speculative_tokens: int = 4, adapt_drafts: bool = True) -> None:
+          num_speculative_tokens: int = 4, adapt_drafts: bool = True,
+          huge_pages: bool = True) -> None:
     if max_model_len is not None and (isinstance(max_model_len, bool)
                                       or not isinstance(max_model_len, int) or max_model_len < 2):
         raise ValueError(f"max_model_len must be an integer >= 2, got {max_model_len!r}")
@@ -65,7 +66,7 @@ def serve(model_path=None, *, host: str = "127.0.0.1", port: int = 8000, threads
                      model_name=model_name, api_key=api_key, max_queue=max_queue,
                      kv_dtype=kv_dtype, max_batch=max_batch,
                      max_batched_tokens=max_batched_tokens, kv_memory=kv_memory,
-                     max_model_len=max_model_len)
+                     max_model_len=max_model_len, huge_pages=huge_pages)
         return
     import uvicorn
 
@@ -78,9 +79,10 @@ def serve(model_path=None, *, host: str = "127.0.0.1", port: int = 8000, threads
         set_num_threads(threads)
     method, draft_path = parse_speculative(speculative)
     model = load_model(model_path, gpu_layers=gpu_layers, kv_dtype=kv_dtype,
-                       max_tokens=max_model_len)
+                       max_tokens=max_model_len, huge_pages=huge_pages)
     draft = {} if draft_path is None else \
-        {"draft_model": load_model(draft_path, kv_dtype=kv_dtype, max_tokens=max_model_len)}
+        {"draft_model": load_model(draft_path, kv_dtype=kv_dtype, max_tokens=max_model_len,
+                                   huge_pages=huge_pages)}
     name = model_name or (os.path.basename(str(model_path)).rsplit(".gguf", 1)[0]
                           if model_path else "smollm2-135m-instruct")
     app = build_app(model, model_name=name, api_key=api_key, max_queue=max_queue,
