@@ -40,7 +40,7 @@ cdef extern from "quant.h" nogil:
     void hy_q_gemm_panel(int type, long rows, long n, const int8_t *qa, const float *da,
                          const float *sa, const int32_t *a16, const uint8_t *w, long row_bytes,
                          int np, uint8_t *tmp, uint8_t *vi, float *cT, float *mT, float *out,
-                         long ldo)
+                         long ldo, const uint8_t *next, long next_bytes)
 
 cdef extern from "omp_compat.h" nogil:
     long hy_claim(long *counter, long n)
@@ -277,8 +277,10 @@ def gemm_sets(list sets,   # [(x [rows_i, in_i] float32, [(code, w, bias or None
     cdef float[:, ::1] o
     cdef Py_ssize_t rows, n_in, nb, n16, total_panels = 0, per_thread, p, r, j, q
     cdef Py_ssize_t nt = max(1, num_threads), k = 0, off = 0
-    cdef long o0
+    cdef long o0, on, next_bytes
     cdef int np_, tid
+    cdef const uint8_t *next_w
+    cdef GemmMat *gn
     cdef uint8_t *tmp
     cdef uint8_t *vi
     cdef float *ct
@@ -346,9 +348,18 @@ def gemm_sets(list sets,   # [(x [rows_i, in_i] float32, [(code, w, bias or None
                 ct = <float *> (vi + GEMM_PANEL * g.n_in)
                 o0 = (p - g.first_panel) * GEMM_PANEL
                 np_ = <int> min(GEMM_PANEL, g.n_out - o0)
+                # this thread's likely next panel: the threads take panels about in turn
+                next_w = NULL
+                next_bytes = 0
+                if p + num_threads < total_panels:
+                    gn = &ms[_matrix_of_panel(ms, nm, p + num_threads)]
+                    on = (p + num_threads - gn.first_panel) * GEMM_PANEL
+                    next_w = gn.w + on * gn.row_bytes
+                    next_bytes = min(GEMM_PANEL, gn.n_out - on) * gn.row_bytes
                 hy_q_gemm_panel(g.code, g.rows, g.n_in, g.qa, g.da, g.sa, g.a16,
                                 g.w + o0 * g.row_bytes, g.row_bytes, np_, tmp, vi, ct,
-                                ct + GEMM_PANEL * (g.n_in // 16), g.out + o0, g.n_out)
+                                ct + GEMM_PANEL * (g.n_in // 16), g.out + o0, g.n_out,
+                                next_w, next_bytes)
                 if g.bias != NULL:
                     for r in range(g.rows):
                         for j in range(np_):

@@ -672,13 +672,17 @@ static inline __attribute__((always_inline)) void hy_q_gemm_rows(const int RB, i
 /* Every activation row against one panel of np (<= P) encoded weight rows w (row_bytes apart):
  * out[r*ldo + i].  qa, da, sa: the 8-bit activations, their scales and scaled block sums; a16:
  * their integer sums per 16 values.  tmp, vi, cT, mT: scratch (32*P bytes, P*n bytes and P*n/16
- * floats twice). */
+ * floats twice).  next, next_bytes: the encoded rows of the panel this thread is likely to take
+ * next, prefetched into L2 once this panel is built, so that reading them from memory overlaps
+ * this panel's multiplications (NULL: none). */
 static inline void hy_q_gemm_panel(int type, long rows, long n, const int8_t *qa, const float *da,
                                    const float *sa, const int32_t *a16, const uint8_t *w,
                                    long row_bytes, int np, uint8_t *tmp, uint8_t *vi, float *cT,
-                                   float *mT, float *out, long ldo) {
+                                   float *mT, float *out, long ldo, const uint8_t *next,
+                                   long next_bytes) {
     const long nb = n / 32;
     hy_q_panel_build(type, w, row_bytes, n, np, tmp, vi, cT, mT);
+    for (long at = 0; next != NULL && at < next_bytes; at += 64) __builtin_prefetch(next + at, 0, 2);
     long r = 0;
 #define HY_ROWS(RB) hy_q_gemm_rows(RB, type, nb, qa + r * n, da + r * nb, sa + r * nb, \
                                    a16 + r * 2 * nb, vi, cT, mT, out + r * ldo, ldo, np)
