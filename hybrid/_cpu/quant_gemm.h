@@ -181,13 +181,25 @@ static inline int hy_q_gemm_group(int type) {
 /* weight rows per GEMM panel (the lanes of one vector) */
 static inline int hy_q_gemm_panel_rows(void) { return HY_GEMM_P; }
 
+/* Part i of parts of the bytes [p, p + bytes) prefetched into L2 (p NULL: nothing): a panel
+ * build prefetches the next panel's rows a part per block, so that the requests spread over the
+ * build instead of filling the miss buffers at once. */
+static inline __attribute__((always_inline)) void hy_prefetch_part(const uint8_t *p, long bytes,
+                                                                   long i, long parts) {
+    if (p == NULL)
+        return;
+    const long end = i + 1 == parts ? bytes + 63 : bytes * (i + 1) / parts;
+    for (long at = bytes * i / parts / 64 * 64; at < end; at += 64) __builtin_prefetch(p + at, 0, 2);
+}
+
 /* The values part of hy_q_panel_build: each block of the np rows decoded into tmp, then
  * interleaved into vi. */
 static inline __attribute__((always_inline)) void
 hy_q_panel_interleave(const int type, const uint8_t *w, long row_bytes, long n, int np,
-                      uint8_t *tmp, uint8_t *vi) {
+                      uint8_t *tmp, uint8_t *vi, const uint8_t *next, long next_bytes) {
     const int P = HY_GEMM_P;
     for (long b = 0; b < n / 32; b++) {
+        hy_prefetch_part(next, next_bytes, b, n / 32);
         for (int i = 0; i < np; i++) hy_q_panel_block(type, w + i * row_bytes, b, tmp + 32 * i);
         uint8_t *vb = vi + 32 * P * b;
 #if defined(HY_Q512)
@@ -352,12 +364,14 @@ static inline void hy_q_panel_kquant_scales(int type, const uint8_t *w, long row
 
 /* the values of P = HY_GEMM_P whole rows of a Q4_K, Q5_K or Q6_K matrix into vi */
 static inline void hy_q_panel_kquant(int type, const uint8_t *w, long row_bytes, long n,
-                                     uint8_t *vi) {
+                                     uint8_t *vi, const uint8_t *next, long next_bytes) {
     const int P = HY_GEMM_P, bb = hy_q_block_bytes(type);
     const hy_pv lo4 = HY_PV_SET1(0x0F), hi2 = HY_PV_SET1(0x30);
 #define HY_OUT(b, g, c) (vi + 32 * P * (b) + 4 * P * (c) + 4 * HY_PV_ROWS * (g))
     for (long s = 0; s < n / 256; s++)
         for (int g = 0; g < P / HY_PV_ROWS; g++) {
+            if (g == 0)
+                hy_prefetch_part(next, next_bytes, s, n / 256);
             const uint8_t *blk = w + bb * s + HY_PV_ROWS * g * row_bytes;
             hy_pv qhT[8] = {0}, qT[8], q2T[8];
             if (type == HY_Q_Q6_K) {
@@ -407,12 +421,13 @@ static inline void hy_q_panel_kquant(int type, const uint8_t *w, long row_bytes,
  * mT[P*h + i] its offset (one per half for Q2_K, else one per block: mT[P*b + i]).  Each block
  * of the P rows is decoded into tmp (32*P bytes, in L1) and interleaved from there. */
 static inline void hy_q_panel_build(int type, const uint8_t *w, long row_bytes, long n, int np,
-                                    uint8_t *tmp, uint8_t *vi, float *cT, float *mT) {
+                                    uint8_t *tmp, uint8_t *vi, float *cT, float *mT,
+                                    const uint8_t *next, long next_bytes) {
     const int P = HY_GEMM_P;
     const long n16 = n / 16;
 #if defined(HY_Q512) || (defined(HY_AVX2) && defined(__F16C__))
     if (np == P && (type == HY_Q_Q4_K || type == HY_Q_Q5_K || type == HY_Q_Q6_K)) {
-        hy_q_panel_kquant(type, w, row_bytes, n, vi);  /* whole panels: from the rows at once */
+        hy_q_panel_kquant(type, w, row_bytes, n, vi, next, next_bytes);  /* whole panels at once */
         hy_q_panel_kquant_scales(type, w, row_bytes, n, cT, mT);
         return;
     }
@@ -425,11 +440,11 @@ static inline void hy_q_panel_build(int type, const uint8_t *w, long row_bytes, 
     for (int i = 0; i < np; i++)  /* factors and offsets straight into their columns */
         hy_q_panel_scales(type, w + i * row_bytes, n, cT + i, mT + i);
     switch (type) {  /* the format a constant in each loop */
-#define HY_CASE(T) case T: hy_q_panel_interleave(T, w, row_bytes, n, np, tmp, vi); break;
+#define HY_CASE(T) case T: hy_q_panel_interleave(T, w, row_bytes, n, np, tmp, vi, next, next_bytes); break;
     HY_CASE(HY_Q_Q8_0) HY_CASE(HY_Q_Q4_0) HY_CASE(HY_Q_Q4_1) HY_CASE(HY_Q_Q5_0) HY_CASE(HY_Q_Q5_1)
     HY_CASE(HY_Q_Q4_K) HY_CASE(HY_Q_Q5_K) HY_CASE(HY_Q_Q6_K)
 #undef HY_CASE
-    default: hy_q_panel_interleave(type, w, row_bytes, n, np, tmp, vi);
+    default: hy_q_panel_interleave(type, w, row_bytes, n, np, tmp, vi, next, next_bytes);
     }
 }
 
@@ -673,16 +688,15 @@ static inline __attribute__((always_inline)) void hy_q_gemm_rows(const int RB, i
  * out[r*ldo + i].  qa, da, sa: the 8-bit activations, their scales and scaled block sums; a16:
  * their integer sums per 16 values.  tmp, vi, cT, mT: scratch (32*P bytes, P*n bytes and P*n/16
  * floats twice).  next, next_bytes: the encoded rows of the panel this thread is likely to take
- * next, prefetched into L2 once this panel is built, so that reading them from memory overlaps
- * this panel's multiplications (NULL: none). */
+ * next, prefetched into L2 while this panel is built, so that reading them from memory overlaps
+ * this panel's work (NULL: none). */
 static inline void hy_q_gemm_panel(int type, long rows, long n, const int8_t *qa, const float *da,
                                    const float *sa, const int32_t *a16, const uint8_t *w,
                                    long row_bytes, int np, uint8_t *tmp, uint8_t *vi, float *cT,
                                    float *mT, float *out, long ldo, const uint8_t *next,
                                    long next_bytes) {
     const long nb = n / 32;
-    hy_q_panel_build(type, w, row_bytes, n, np, tmp, vi, cT, mT);
-    for (long at = 0; next != NULL && at < next_bytes; at += 64) __builtin_prefetch(next + at, 0, 2);
+    hy_q_panel_build(type, w, row_bytes, n, np, tmp, vi, cT, mT, next, next_bytes);
     long r = 0;
 #define HY_ROWS(RB) hy_q_gemm_rows(RB, type, nb, qa + r * n, da + r * nb, sa + r * nb, \
                                    a16 + r * 2 * nb, vi, cT, mT, out + r * ldo, ldo, np)
