@@ -105,7 +105,10 @@ def _draft_bound(model, draft, prompts, kw: dict) -> dict:
         mid = (lo + hi) / 2
         lo, hi = (mid, hi) if kept_share(mid) < share else (lo, mid)
     a = lo
-    cost = step_cost(draft).seconds(1) / step_cost(model).seconds(1)
+    draft_s, target_s = step_cost(draft).seconds(1), step_cost(model).seconds(1)
+    if not (draft_s and target_s):
+        return {"accept": a, "cost": float("nan"), "best": float("nan")}
+    cost = draft_s / target_s
     best = max((1 - a ** (k + 1)) / (1 - a) / (1 + k * cost) for k in range(1, K + 1))
     return {"accept": a, "cost": cost, "best": best}
 
