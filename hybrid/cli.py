@@ -255,6 +255,10 @@ def _serve(args) -> int:
     return 0
 
 
+NO_HUGE_PAGES_HELP = ("map the model file in 4 KiB pages (default: 2 MiB pages where the kernel "
+                      "reads it from disk)")
+
+
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(prog="hybrid", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -287,8 +291,7 @@ def main(argv=None) -> int:
                      help="convert every matrix to this format at load (default: keep the "
                           "file's encodings, memory-mapped)")
     gen.add_argument("--no-huge-pages", dest="huge_pages", action="store_false",
-                     help="map the model file in 4 KiB pages (default: 2 MiB pages where the "
-                          "kernel reads it from disk)")
+                     help=NO_HUGE_PAGES_HELP)
     chat = gen.add_mutually_exclusive_group()
     chat.add_argument("--chat", dest="chat", action="store_true", default=None,
                       help="wrap PROMPT in the model's chat template (the default when it has one)")
@@ -333,8 +336,7 @@ def main(argv=None) -> int:
                           "only those worth their measured cost)")
     srv.add_argument("--gpu-layers", type=int, default=0)
     srv.add_argument("--no-huge-pages", dest="huge_pages", action="store_false",
-                     help="map the model file in 4 KiB pages (default: 2 MiB pages where the "
-                          "kernel reads it from disk)")
+                     help=NO_HUGE_PAGES_HELP)
     srv.add_argument("--api-key", default=None,
                      help="require Authorization: Bearer KEY on every request (visible in ps: "
                           "prefer --api-key-file or the HYBRID_API_KEY variable)")

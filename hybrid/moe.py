@@ -111,12 +111,16 @@ def moe_forward(h: np.ndarray, experts: ExpertWeights, linear_sets, swiglu, role
         chosen, sizes = by_expert[starts[:-1]], np.diff(starts)
         spans = list(zip(chosen.tolist(), starts[:-1].tolist(), starts[1:].tolist()))
         rows, rank = order // k, order % k
-    x = h[rows]  # [n*k, hidden]: each expert's rows together
     gate = np.empty((n * k, experts.intermediate_size), dtype=np.float32)
     up = np.empty_like(gate)
     down = np.empty((n * k, hidden), dtype=np.float32)
-    linear_sets([(x[a:b], [(experts.gate[e], gate[a:b]), (experts.up[e], up[a:b])])
-                 for e, a, b in spans], role)
+    if n == 1:  # every chosen expert reads the one row: one set, the row quantized once
+        linear_sets([(h, [m for e, a, b in spans for m in ((experts.gate[e], gate[a:b]),
+                                                           (experts.up[e], up[a:b]))])], role)
+    else:
+        x = h[rows]  # [n*k, hidden]: each expert's rows together
+        linear_sets([(x[a:b], [(experts.gate[e], gate[a:b]), (experts.up[e], up[a:b])])
+                     for e, a, b in spans], role)
     act = swiglu(gate, up)
     linear_sets([(act[a:b], [(experts.down[e], down[a:b])]) for e, a, b in spans], role)
     down *= weights.ravel()[order][:, None]  # each (row, rank) output times its weight
