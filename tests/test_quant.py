@@ -314,7 +314,7 @@ def test_each_row_is_independent_of_the_batch(rng, name):
         for kernel in (kernels.matvec, kernels.gemm):
             full = np.empty((29, 37), np.float32)
             kernel(code, w.data, x, None, full, 2)
-            # 1-4 rows and more take different kernels where the build has the stream kernel
+            # 1-8 rows and more take different kernels where the build has the stream kernel
             for rows in (slice(0, 1), slice(3, 4), slice(12, 14), slice(14, 17), slice(17, 21),
                          slice(5, 12), slice(20, 29)):
                 part = np.empty((rows.stop - rows.start, 37), np.float32)

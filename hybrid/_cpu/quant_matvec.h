@@ -97,6 +97,44 @@ static inline void hy_q_prep_acts(const int8_t *qa, const float *da, const float
                 for (long i_ = o; i_ < oe_; i_++) out[r_ * ldo + i_] += bias[i_];              \
     }
 
+#if defined(HY_Q45_STREAM)
+/* Weight rows [o, o1) of a stream-kernel format for R activation rows: four weight rows per
+ * pass, one from each quarter of the range, so each quarter is one forward stream through
+ * consecutive rows (prefetches running past a row's end fetch the next row read); then the rows
+ * past the quarters.  One function per R, kept out of line: inlined into the dispatcher the
+ * kernel's loop lost its registers to the dispatcher's other paths. */
+#define HY_Q45_STREAM_RANGE(R)                                                                  \
+    static __attribute__((noinline)) void hy_q45_stream_range_##R(                             \
+        const hy_q45_plan *pl, const uint8_t *w, long row_bytes, long o, long o1, long nb,     \
+        const uint8_t *prep, long pstride, float *out, long ldo) {                            \
+        const long q = (o1 - o) / 4;                                                           \
+        for (long k = 0; k < q; k++)                                                           \
+            hy_q45_matvec_stream(pl, w + (o + k) * row_bytes, q * row_bytes, 4, nb, R, prep,   \
+                                 pstride, out + o + k, q, ldo);                                \
+        for (long i = o + 4 * q; i < o1; i++)                                                  \
+            hy_q45_matvec_stream(pl, w + i * row_bytes, 0, 1, nb, R, prep, pstride, out + i,   \
+                                 0, ldo);                                                      \
+    }
+HY_R_CASES(HY_Q45_STREAM_RANGE)
+#undef HY_Q45_STREAM_RANGE
+#endif
+
+#if defined(HY_Q512)
+/* Weight rows [o, o + 16*groups) 16 at a time (hy_q8_matvec16, hy_q45_matvec16) for R activation
+ * rows, one function per R kept out of line as the stream kernel's */
+#define HY_ROWS16(R)                                                                            \
+    static __attribute__((noinline)) void hy_rows16_##R(                                       \
+        int type, const uint8_t *w, long row_bytes, long groups, long nb, const int8_t *qa,    \
+        const float *da, const float *sa, int five, int with_min, float *out, long ldo) {      \
+        for (long g = 0; g < groups; g++, w += 16 * row_bytes, out += 16) {                    \
+            if (type == HY_Q_Q8_0) hy_q8_matvec16(w, row_bytes, nb, R, qa, da, sa, out, ldo);  \
+            else hy_q45_matvec16(w, row_bytes, nb, R, qa, da, sa, five, with_min, out, ldo);   \
+        }                                                                                      \
+    }
+HY_R_CASES(HY_ROWS16)
+#undef HY_ROWS16
+#endif
+
 /* out[r*ldo + o] = row o of w . activation row r (+ bias[o]) for o in [o0, o1), r < rows.
  * Each weight row is read from memory once and used for every activation row. */
 static inline void hy_q_matvec_range(int type, const uint8_t *w, long row_bytes, long n, long o0,
@@ -123,21 +161,12 @@ static inline void hy_q_matvec_range(int type, const uint8_t *w, long row_bytes,
         hy_q45_plan pl;
         hy_q45_plan_init(&pl, five, type == HY_Q_Q4_1 || type == HY_Q_Q5_1);
         const long pstride = hy_q_prep_bytes(n);
-        if (rows <= 4) {
-            /* four weight rows per pass, one from each quarter of the range: each quarter is one
-             * forward stream through consecutive rows (prefetches running past a row's end fetch
-             * the next row read); then the rows past the quarters.  Up to four activation rows
-             * this kernel is the faster one; with more, the 16-row kernel. */
-            const long q = (o1 - o) / 4;
-            for (long k = 0; k < q + (o1 - o - 4 * q); k++) {
-                const int W = k < q ? 4 : 1;
-                const long i = k < q ? o + k : o + 3 * q + k;  /* its first weight row */
-                const long wstep = k < q ? q * row_bytes : 0, ostep = k < q ? q : 0;
-#define HY_RS(R) case R: \
-                if (W == 4) hy_q45_matvec_stream(&pl, w + i * row_bytes, wstep, 4, nb, R, prep, pstride, out + i, ostep, ldo); \
-                else hy_q45_matvec_stream(&pl, w + i * row_bytes, 0, 1, nb, R, prep, pstride, out + i, 0, ldo); \
-                break;
-                switch (rows) { HY_RS(1) HY_RS(2) HY_RS(3) HY_RS(4) }
+        if (rows <= HY_MR) {
+            /* up to HY_MR activation rows this kernel reads the weights from memory faster than
+             * the 16-row kernel; with more, that one reads them once for 16 rows */
+            switch (rows) {
+#define HY_RS(R) case R: hy_q45_stream_range_##R(&pl, w, row_bytes, o, o1, nb, prep, pstride, out, ldo); break;
+            HY_R_CASES(HY_RS)
 #undef HY_RS
             }
             if (bias)
@@ -163,28 +192,27 @@ static inline void hy_q_matvec_range(int type, const uint8_t *w, long row_bytes,
 #endif
     if (rows16 && qa != NULL) {  /* 16 weight rows per pass */
         const int mn = type == HY_Q_Q4_1 || type == HY_Q_Q5_1;
-        for (; o + 16 <= o1; o += 16) {
-            int r = 0;
-            /* activation rows HY_MR at a time, then the rest in one pass (R a constant in each
-             * case, so the sums stay in registers) */
-            while (r < rows) {
+        const long groups = (o1 - o) / 16;
+        /* up to HY_MR activation rows: one call over every group of 16 weight rows; more:
+         * each group for HY_MR activation rows at a time, then the rest (while the group's
+         * weights are in L1).  R is a constant in each function, so the sums stay in registers */
+        const int one_pass = rows <= HY_MR;
+        for (long g = 0; g < (one_pass ? 1 : groups); g++) {
+            const long og = o + 16 * g;
+            for (int r = 0; r < rows; r += HY_MR) {
                 const int left = rows - r < HY_MR ? rows - r : HY_MR;
-                const uint8_t *wo = w + o * row_bytes;
                 const int8_t *q = qa + r * n;
                 const float *d = da + r * nb, *sb = sa + r * nb;
-                float *y = out + r * ldo + o;
-#define HY_R16(R) case R: \
-                    if (type == HY_Q_Q8_0) hy_q8_matvec16(wo, row_bytes, nb, R, q, d, sb, y, ldo); \
-                    else hy_q45_matvec16(wo, row_bytes, nb, R, q, d, sb, five, mn, y, ldo); \
-                    break;
+                float *y = out + r * ldo + og;
+#define HY_R16(R) case R: hy_rows16_##R(type, w + og * row_bytes, row_bytes, one_pass ? groups : 1, nb, q, d, sb, five, mn, y, ldo); break;
                 switch (left) { HY_R_CASES(HY_R16) }
 #undef HY_R16
-                r += left;
             }
-            if (bias)
-                for (r = 0; r < rows; r++)
-                    for (int i = 0; i < 16; i++) out[r * ldo + o + i] += bias[o + i];
         }
+        if (bias)
+            for (int r = 0; r < rows; r++)
+                for (long i = o; i < o + 16 * groups; i++) out[r * ldo + i] += bias[i];
+        o += 16 * groups;
     }
     /* Q4_K / Q5_K / Q6_K: several activation rows take one weight row per pass, unpacked once
      * for up to four of them; one activation row takes two weight rows per pass, which share

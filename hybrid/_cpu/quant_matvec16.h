@@ -229,14 +229,15 @@ hy_q8_matvec16(const uint8_t *w, long row_bytes, long nb, const int R, const int
 
 #if defined(HY_Q512) && defined(__AVX512VBMI__)
 #define HY_Q45_STREAM 1
-/* Q4_0 / Q4_1 / Q5_0 / Q5_1 for one activation row (decode), streaming: weight rows are read
- * front to back, four blocks (128 values) per step.  Two overlapping 64-byte loads cover a row's
- * four blocks (bytes [0, 64) and [4*bb - 64, 4*bb)); one vpermt2b (AVX512_VBMI) picks their 64
- * nibble bytes, one their scales (and mins), and for Q5 one their high-bit words.  Four weight
- * rows, one from each quarter of a thread's rows, share a pass, so each quarter is one forward
- * stream.  hy_q45_matvec16 above transposes 16 rows instead, which reads the activations once per
- * 16 rows (the better trade for several activation rows) but interleaves 16 streams, which
- * memory serves slower than this kernel's one.  Both give the same bits (see
+/* Q4_0 / Q4_1 / Q5_0 / Q5_1 for up to HY_MR activation rows (decode), streaming: weight rows
+ * are read front to back, four blocks (128 values) per step.  Two overlapping 64-byte loads cover
+ * a row's four blocks (bytes [0, 64) and [4*bb - 64, 4*bb)); one vpermt2b (AVX512_VBMI) picks
+ * their 64 nibble bytes, and for Q5 one their high-bit words; the scales (and mins) of four rows
+ * come from two vpermt2w where they lie in the first load (Q4_0, Q4_1), else one vpermt2b per
+ * row.  Four weight rows, one from each quarter of a thread's rows, share a pass, so each
+ * quarter is one forward stream.  hy_q45_matvec16 above transposes 16 rows instead, which reads
+ * the activations once per 16 rows (less work per activation row) but interleaves 16 streams,
+ * which memory serves slower than this kernel's one.  Both give the same bits (see
  * hy_q45_matvec_stream).
  * HY_Q45_PF: the software prefetch distance in bytes. */
 #ifndef HY_Q45_PF
@@ -244,8 +245,10 @@ hy_q8_matvec16(const uint8_t *w, long row_bytes, long nb, const int R, const int
 #endif
 typedef struct {
     __m512i nib, hdr, qh;  /* vpermt2b indices: nibble bytes; [d x16 | m x16] words; qh per qword */
+    __m512i hdr2;  /* vpermt2w indices: two rows' [d x16 | m x16] words from their first loads */
     __m512i sel_lo, sel_hi;  /* vpshufbitqmb selectors: bits j (values j) and 16 + j */
     int bb, five, with_min;  /* block bytes, Q5, Q4_1 / Q5_1 */
+    int hdr_first;  /* the four blocks' headers lie in a row's first 64 bytes (Q4_0, Q4_1) */
 } hy_q45_plan;
 
 /* byte j of the result: the mask's bytes get j + add, or j where bit `bit` of j is clear */
@@ -283,6 +286,14 @@ static inline void hy_q45_plan_init(hy_q45_plan *pl, int five, int with_min) {
     /* byte j of qword 2k is value j (bit j), of qword 2k+1 value 8 + j; the high nibbles +16 */
     pl->sel_lo = _mm512_and_si512(j, _mm512_set1_epi8(15));
     pl->sel_hi = _mm512_add_epi8(pl->sel_lo, _mm512_set1_epi8(16));
+    /* word lane w of two rows' first loads (the second row's words at 32 + ...): d of block
+     * (w % 16) / 4 (m for w >= 16) of row w % 4, the even rows from the first load, the odd
+     * rows from the second; a blend then takes rows 2 and 3 from a second such permute */
+    uint16_t words[32];
+    for (int w = 0; w < 32; w++)
+        words[w] = (uint16_t)((bb * ((w % 16) / 4)) / 2 + (w >= 16) + ((w & 1) ? 32 : 0));
+    pl->hdr2 = _mm512_loadu_si512(words);
+    pl->hdr_first = 3 * bb + hoff <= 64;
     pl->bb = bb, pl->five = five, pl->with_min = with_min;
 }
 
@@ -338,7 +349,7 @@ hy_q45_matvec_stream(const hy_q45_plan *pl, const uint8_t *w, long wstep, const 
         const long t = nb - g < 4 ? nb - g : 4;
         const __mmask64 mw0 = t == 4 ? ~0ULL : (t * bb >= 64 ? ~0ULL : (1ULL << (t * bb)) - 1);
         const __mmask64 mw1 = t == 4 ? ~0ULL : (t * bb <= s ? 0ULL : (1ULL << (t * bb - s)) - 1);
-        __m512i lo[4], hi[4], hdr = _mm512_setzero_si512();
+        __m512i lo[4], hi[4], first[4], hdr = _mm512_setzero_si512();
         for (int i = 0; i < W; i++) {
             const uint8_t *blk = w + i * wstep + bb * g;
             /* the hardware prefetchers here do not keep a stream ahead: prefetch the lines of
@@ -358,9 +369,13 @@ hy_q45_matvec_stream(const hy_q45_plan *pl, const uint8_t *w, long wstep, const 
             }
 #endif
             /* words 4k+i: d of block k, 16+4k+i: m of block k */
-            hdr = _mm512_mask_blend_epi16(0x11111111u << i, hdr, _mm512_permutex2var_epi8(x0, pl->hdr, x1));
+            if (pl->hdr_first) first[i] = x0;
+            else hdr = _mm512_mask_blend_epi16(0x11111111u << i, hdr, _mm512_permutex2var_epi8(x0, pl->hdr, x1));
         }
-        for (int i = W; i < 4; i++) lo[i] = hi[i] = _mm512_setzero_si512();
+        for (int i = W; i < 4; i++) lo[i] = hi[i] = first[i] = _mm512_setzero_si512();
+        if (pl->hdr_first)  /* two permutes and a blend instead of four and four */
+            hdr = _mm512_mask_blend_epi16(0xCCCCCCCCu, _mm512_permutex2var_epi16(first[0], pl->hdr2, first[1]),
+                                          _mm512_permutex2var_epi16(first[2], pl->hdr2, first[3]));
         const __m512 d = _mm512_cvtph_ps(_mm512_castsi512_si256(hdr));
         const __m512 mn = with_min ? _mm512_cvtph_ps(_mm512_extracti64x4_epi64(hdr, 1)) : d;
         for (int r = 0; r < R; r++) {
