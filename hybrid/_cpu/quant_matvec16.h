@@ -369,8 +369,8 @@ hy_q45_matvec_stream(const hy_q45_plan *pl, const uint8_t *w, long wstep, const 
             }
 #endif
             /* words 4k+i: d of block k, 16+4k+i: m of block k */
-            if (pl->hdr_first) first[i] = x0;
-            else hdr = _mm512_mask_blend_epi16(0x11111111u << i, hdr, _mm512_permutex2var_epi8(x0, pl->hdr, x1));
+            first[i] = x0;
+            if (!pl->hdr_first) hdr = _mm512_mask_blend_epi16(0x11111111u << i, hdr, _mm512_permutex2var_epi8(x0, pl->hdr, x1));
         }
         for (int i = W; i < 4; i++) lo[i] = hi[i] = first[i] = _mm512_setzero_si512();
         if (pl->hdr_first)  /* two permutes and a blend instead of four and four */
