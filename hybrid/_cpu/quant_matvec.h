@@ -135,6 +135,25 @@ HY_R_CASES(HY_ROWS16)
 #undef HY_ROWS16
 #endif
 
+#if defined(HY_AVX2) && !defined(HY_Q512)
+/* Weight rows [o, o1) 8 at a time (hy_q45_matvec8) for R activation rows, one function per R kept
+ * out of line as the AVX-512 stream kernel's */
+#define HY_ROWS8(R)                                                                             \
+    static __attribute__((noinline)) void hy_rows8_##R(                                        \
+        const uint8_t *w, long row_bytes, long o, long o1, long nb, const int8_t *qa,          \
+        const float *da, const float *sa, int five, int with_min, float *out, long ldo) {      \
+        for (; o < o1; o += 8) {                                                               \
+            const int W = o1 - o < 8 ? (int)(o1 - o) : 8;                                      \
+            if (five) hy_q45_matvec8(w + o * row_bytes, row_bytes, W, nb, R, qa, da, sa, 1,    \
+                                     with_min, out + o, ldo);                                  \
+            else hy_q45_matvec8(w + o * row_bytes, row_bytes, W, nb, R, qa, da, sa, 0,         \
+                                with_min, out + o, ldo);                                       \
+        }                                                                                      \
+    }
+HY_R_CASES(HY_ROWS8)
+#undef HY_ROWS8
+#endif
+
 /* out[r*ldo + o] = row o of w . activation row r (+ bias[o]) for o in [o0, o1), r < rows.
  * Each weight row is read from memory once and used for every activation row. */
 static inline void hy_q_matvec_range(int type, const uint8_t *w, long row_bytes, long n, long o0,
@@ -303,23 +322,19 @@ static inline void hy_q_matvec_range(int type, const uint8_t *w, long row_bytes,
     if (per_pass == 8 && qa != NULL) {
         const int mn = type == HY_Q_Q4_1 || type == HY_Q_Q5_1;
         const int five = type == HY_Q_Q5_0 || type == HY_Q_Q5_1;
-        for (; o < o1; o += 8) {
-            const int W = o1 - o < 8 ? (int)(o1 - o) : 8;
+        const int one_pass = rows <= HY_MR;
+        for (long og = o; og < o1; og += one_pass ? o1 - o : 8) {
+            const long oe = one_pass ? o1 : (o1 - og < 8 ? o1 : og + 8);
             for (int r = 0; r < rows; r += HY_MR) {
                 const int left = rows - r < HY_MR ? rows - r : HY_MR;
-#define HY_R8(R) case R:  /* (five a constant in each call) */ \
-                    if (five) hy_q45_matvec8(w + o * row_bytes, row_bytes, W, nb, R, qa + r * n, \
-                                             da + r * nb, sa + r * nb, 1, mn, out + r * ldo + o, ldo); \
-                    else hy_q45_matvec8(w + o * row_bytes, row_bytes, W, nb, R, qa + r * n, \
-                                        da + r * nb, sa + r * nb, 0, mn, out + r * ldo + o, ldo); \
-                    break;
+#define HY_R8(R) case R: hy_rows8_##R(w, row_bytes, og, oe, nb, qa + r * n, da + r * nb, sa + r * nb, five, mn, out + r * ldo, ldo); break;
                 switch (left) { HY_R_CASES(HY_R8) }
 #undef HY_R8
             }
-            if (bias)
-                for (int r = 0; r < rows; r++)
-                    for (int i = 0; i < W; i++) out[r * ldo + o + i] += bias[o + i];
         }
+        if (bias)
+            for (int r = 0; r < rows; r++)
+                for (long i = o; i < o1; i++) out[r * ldo + i] += bias[i];
         return;
     }
 #endif
