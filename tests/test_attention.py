@@ -121,6 +121,34 @@ def test_a_row_does_not_depend_on_its_neighbours(rng, dtype, group, head_dim):
     np.testing.assert_array_equal(alone, together)
 
 
+@pytest.mark.parametrize("dtype", Q8)
+def test_a_sequences_few_verify_rows_spread_over_the_threads(rng, dtype):
+    """A few rows of one sequence at short context (a speculative verify step) would be one
+    task over every KV head, leaving the other threads idle: each task then takes fewer heads,
+    and every row keeps the bits it gets alone as a decode step."""
+    from hybrid._cpu import attention
+
+    kvh, group, d, past, n = 3, 3, 64, 197, 3
+    tasks, threads = attention.plan(n, past, num_kv_heads=kvh, group=group, block_size=BS,
+                                    num_threads=2)
+    assert threads == 2 and len(tasks) >= 2
+    assert sorted(map(tuple, tasks[:, 3:5].tolist())) == [(0, 1), (1, 2), (2, 3)]
+    hybrid.set_num_threads(2)
+    try:
+        cache, q, together, expect = _after_history(rng, dtype, kvh, group, d, past, n)
+        k, v = cache.dense(0)
+        alone = np.empty_like(together)
+        for i in range(n):
+            single = _cache(kvh, d, BS, dtype)
+            single.append(0, k[:past + i + 1].astype(np.float32), v[:past + i + 1].astype(np.float32))
+            single.commit(past + i)
+            alone[i] = ops.paged_attention(q[i:i + 1], single, 0)[0]
+    finally:
+        hybrid.set_num_threads(None)
+    np.testing.assert_array_equal(alone, together)
+    assert rel_err(together, expect) < TOL[dtype]
+
+
 @pytest.mark.parametrize("dtype", ["float32", "float16"])
 @pytest.mark.parametrize("head_dim,group", [(4, 1), (36, 4), (100, 3), (2, 8)])
 def test_head_dims_off_the_simd_path(rng, dtype, head_dim, group):

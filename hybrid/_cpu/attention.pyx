@@ -170,16 +170,14 @@ cdef object _plan(const int64_t[::1] row_pos, const int64_t[::1] seg_rows,
     if max_rows < tile:
         tile = <int> max(1, max_rows)
     cdef int heads = _heads_per_task(num_kv_heads, tile, group)
-    cdef int head_groups = (num_kv_heads + heads - 1) // heads
-    cdef long n_tiles = 0, work = 0
+    cdef long work = 0
     for s in range(nseg):
-        n_tiles += (seg_rows[s + 1] - seg_rows[s] + tile - 1) // tile
         work += (seg_rows[s + 1] - seg_rows[s]) * (row_pos[seg_rows[s + 1] - 1] + 1)
     if _one_thread(work, num_kv_heads * group):
         nthreads = 1
 
-    # pass 1: splits per tile and the sizes of the tables
-    cdef long n_tasks = 0, n_merges = 0, n_partial = 0
+    # pass 1: key ranges per tile, and the sizes of the tables
+    cdef long ranges = 0, split_tiles = 0
     cdef long r0, r1, keys, chunk, kb
     cdef int nsplit, g0, g1
     for s in range(nseg):
@@ -187,10 +185,15 @@ cdef object _plan(const int64_t[::1] row_pos, const int64_t[::1] seg_rows,
         while r0 < seg_rows[s + 1]:
             r1 = min(r0 + tile, seg_rows[s + 1])
             nsplit = _splits(row_pos[r1 - 1] + 1, block_size, &chunk)
-            n_tasks += nsplit * head_groups
-            if nsplit > 1:
-                n_merges += head_groups
+            ranges += nsplit
+            split_tiles += nsplit > 1
             r0 = r1
+    if ranges * ((num_kv_heads + heads - 1) // heads) < nthreads:
+        # too few tasks for the threads (a sequence's few verify rows): fewer KV heads a task
+        # (each head's sums are the same whichever task holds it)
+        heads = <int> max(1, num_kv_heads * ranges // nthreads)
+    cdef int head_groups = (num_kv_heads + heads - 1) // heads
+    cdef long n_tasks = ranges * head_groups, n_merges = split_tiles * head_groups, n_partial = 0
     tasks = np.empty((n_tasks, NCOL), dtype=np.int64)
     merges = np.empty((n_merges, MCOL), dtype=np.int64)
     cdef int64_t[:, ::1] tv = tasks
