@@ -99,6 +99,20 @@ def test_head_dims_on_the_avx2_path(rng, dtype, head_dim, group):
         assert rel_err(got, expect) < TOL[dtype]
 
 
+def _each_row_alone(cache, q, past, dtype):
+    """The attention of each of q's rows (positions past, past+1, ...) as a decode step alone:
+    a fresh cache holding the same stored keys and values up to the row (float16 and q8_0
+    round-trip exactly)."""
+    k, v = cache.dense(0)
+    alone = np.empty((q.shape[0], q.shape[1]), np.float32)
+    for i in range(q.shape[0]):
+        single = _cache(cache.num_kv_heads, cache.head_dim, BS, dtype)
+        single.append(0, k[:past + i + 1].astype(np.float32), v[:past + i + 1].astype(np.float32))
+        single.commit(past + i)
+        alone[i] = ops.paged_attention(q[i:i + 1], single, 0)[0]
+    return alone
+
+
 @pytest.mark.parametrize("dtype", Q8)
 @pytest.mark.parametrize("group,head_dim", [(1, 64), (3, 64), (4, 128), (6, 80)])
 def test_a_row_does_not_depend_on_its_neighbours(rng, dtype, group, head_dim):
@@ -109,13 +123,7 @@ def test_a_row_does_not_depend_on_its_neighbours(rng, dtype, group, head_dim):
     hybrid.set_num_threads(1)  # no split of the key range: one reduction order per row
     try:
         cache, q, together, _ = _after_history(rng, dtype, kvh, group, head_dim, past, n)
-        k, v = cache.dense(0)  # the stored values (float16 round-trips exactly)
-        alone = np.empty_like(together)
-        for i in range(n):  # the same keys, one row at a time as a decode step
-            single = _cache(kvh, head_dim, BS, dtype)
-            single.append(0, k[:past + i + 1].astype(np.float32), v[:past + i + 1].astype(np.float32))
-            single.commit(past + i)
-            alone[i] = ops.paged_attention(q[i:i + 1], single, 0)[0]
+        alone = _each_row_alone(cache, q, past, dtype)
     finally:
         hybrid.set_num_threads(None)
     np.testing.assert_array_equal(alone, together)
@@ -136,13 +144,7 @@ def test_a_sequences_few_verify_rows_spread_over_the_threads(rng, dtype):
     hybrid.set_num_threads(2)
     try:
         cache, q, together, expect = _after_history(rng, dtype, kvh, group, d, past, n)
-        k, v = cache.dense(0)
-        alone = np.empty_like(together)
-        for i in range(n):
-            single = _cache(kvh, d, BS, dtype)
-            single.append(0, k[:past + i + 1].astype(np.float32), v[:past + i + 1].astype(np.float32))
-            single.commit(past + i)
-            alone[i] = ops.paged_attention(q[i:i + 1], single, 0)[0]
+        alone = _each_row_alone(cache, q, past, dtype)
     finally:
         hybrid.set_num_threads(None)
     np.testing.assert_array_equal(alone, together)
