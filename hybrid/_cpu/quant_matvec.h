@@ -120,15 +120,17 @@ HY_R_CASES(HY_Q45_STREAM_RANGE)
 #endif
 
 #if defined(HY_Q512)
-/* Weight rows [o, o + 16*groups) 16 at a time (hy_q8_matvec16, hy_q45_matvec16) for R activation
- * rows, one function per R kept out of line as the stream kernel's */
+/* Weight rows [o, o1) (a multiple of 16) 16 at a time (hy_q8_matvec16, hy_q45_matvec16) for R
+ * activation rows, one function per R kept out of line as the stream kernel's */
 #define HY_ROWS16(R)                                                                            \
     static __attribute__((noinline)) void hy_rows16_##R(                                       \
-        int type, const uint8_t *w, long row_bytes, long groups, long nb, const int8_t *qa,    \
+        int type, const uint8_t *w, long row_bytes, long o, long o1, long nb, const int8_t *qa, \
         const float *da, const float *sa, int five, int with_min, float *out, long ldo) {      \
-        for (long g = 0; g < groups; g++, w += 16 * row_bytes, out += 16) {                    \
-            if (type == HY_Q_Q8_0) hy_q8_matvec16(w, row_bytes, nb, R, qa, da, sa, out, ldo);  \
-            else hy_q45_matvec16(w, row_bytes, nb, R, qa, da, sa, five, with_min, out, ldo);   \
+        for (; o < o1; o += 16) {                                                              \
+            if (type == HY_Q_Q8_0)                                                             \
+                hy_q8_matvec16(w + o * row_bytes, row_bytes, nb, R, qa, da, sa, out + o, ldo); \
+            else hy_q45_matvec16(w + o * row_bytes, row_bytes, nb, R, qa, da, sa, five,        \
+                                 with_min, out + o, ldo);                                      \
         }                                                                                      \
     }
 HY_R_CASES(HY_ROWS16)
@@ -211,27 +213,21 @@ static inline void hy_q_matvec_range(int type, const uint8_t *w, long row_bytes,
 #endif
     if (rows16 && qa != NULL) {  /* 16 weight rows per pass */
         const int mn = type == HY_Q_Q4_1 || type == HY_Q_Q5_1;
-        const long groups = (o1 - o) / 16;
-        /* up to HY_MR activation rows: one call over every group of 16 weight rows; more:
-         * each group for HY_MR activation rows at a time, then the rest (while the group's
-         * weights are in L1).  R is a constant in each function, so the sums stay in registers */
-        const int one_pass = rows <= HY_MR;
-        for (long g = 0; g < (one_pass ? 1 : groups); g++) {
-            const long og = o + 16 * g;
+        const long end = o + (o1 - o) / 16 * 16;
+        /* up to HY_MR activation rows: one call over every group of 16 weight rows; more: each
+         * group for HY_MR activation rows at a time, then the rest (while its weights are in L1) */
+        const long span = rows <= HY_MR ? end - o : 16;
+        for (long og = o; og < end; og += span)
             for (int r = 0; r < rows; r += HY_MR) {
                 const int left = rows - r < HY_MR ? rows - r : HY_MR;
-                const int8_t *q = qa + r * n;
-                const float *d = da + r * nb, *sb = sa + r * nb;
-                float *y = out + r * ldo + og;
-#define HY_R16(R) case R: hy_rows16_##R(type, w + og * row_bytes, row_bytes, one_pass ? groups : 1, nb, q, d, sb, five, mn, y, ldo); break;
+#define HY_R16(R) case R: hy_rows16_##R(type, w, row_bytes, og, og + span, nb, qa + r * n, da + r * nb, sa + r * nb, five, mn, out + r * ldo, ldo); break;
                 switch (left) { HY_R_CASES(HY_R16) }
 #undef HY_R16
             }
-        }
         if (bias)
             for (int r = 0; r < rows; r++)
-                for (long i = o; i < o + 16 * groups; i++) out[r * ldo + i] += bias[i];
-        o += 16 * groups;
+                for (long i = o; i < end; i++) out[r * ldo + i] += bias[i];
+        o = end;
     }
     /* Q4_K / Q5_K / Q6_K: several activation rows take one weight row per pass, unpacked once
      * for up to four of them; one activation row takes two weight rows per pass, which share
@@ -322,16 +318,16 @@ static inline void hy_q_matvec_range(int type, const uint8_t *w, long row_bytes,
     if (per_pass == 8 && qa != NULL) {
         const int mn = type == HY_Q_Q4_1 || type == HY_Q_Q5_1;
         const int five = type == HY_Q_Q5_0 || type == HY_Q_Q5_1;
-        const int one_pass = rows <= HY_MR;
-        for (long og = o; og < o1; og += one_pass ? o1 - o : 8) {
-            const long oe = one_pass ? o1 : (o1 - og < 8 ? o1 : og + 8);
+        /* up to HY_MR activation rows: one call over every weight row; more: each group of 8
+         * weight rows for HY_MR activation rows at a time, then the rest */
+        const long span = rows <= HY_MR ? o1 - o : 8;
+        for (long og = o; og < o1; og += span)
             for (int r = 0; r < rows; r += HY_MR) {
                 const int left = rows - r < HY_MR ? rows - r : HY_MR;
-#define HY_R8(R) case R: hy_rows8_##R(w, row_bytes, og, oe, nb, qa + r * n, da + r * nb, sa + r * nb, five, mn, out + r * ldo, ldo); break;
+#define HY_R8(R) case R: hy_rows8_##R(w, row_bytes, og, og + span < o1 ? og + span : o1, nb, qa + r * n, da + r * nb, sa + r * nb, five, mn, out + r * ldo, ldo); break;
                 switch (left) { HY_R_CASES(HY_R8) }
 #undef HY_R8
             }
-        }
         if (bias)
             for (int r = 0; r < rows; r++)
                 for (long i = o; i < o1; i++) out[r * ldo + i] += bias[i];
