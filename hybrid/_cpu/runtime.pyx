@@ -9,7 +9,7 @@ cdef extern from "omp_compat.h" nogil:
 
 cdef extern from "simd.h" nogil:
     int hy_simd_level()
-    int hy_attn_pf_into_l1()
+    int hy_attn_pf_mode()
     float hy_dot(const float *a, const float *b, long n)
     float hy_stream_sum(const float *x, long n)
 
@@ -38,9 +38,10 @@ def kernel_paths():
         attention = "avx2+fma (float32 KV, head_dim % 8 == 0), else portable C"
     else:
         attention = "portable C"
-    if level > 0:  # the SIMD paths' software prefetch, chosen by the core's L1D size
-        attention += ("; stream prefetched into L1 (L1D >= 48 KiB)" if hy_attn_pf_into_l1()
-                      else "; stream prefetched into L2 (L1D < 48 KiB)")
+    if level > 0:  # the SIMD paths' software prefetch, chosen by the core (simd.h)
+        attention += {0: "; stream prefetched into L2 (AMD, L1D < 48 KiB)",
+                      1: "; stream prefetched into L1, non-temporal (AMD, L1D >= 48 KiB)",
+                      2: "; stream prefetched into L1 (Intel)"}[hy_attn_pf_mode()]
     elementwise = {3: "avx512", 2: "avx2+fma", 1: "avx2+fma", 0: "portable C"}[level]
     from .backend import SMALL_F32_GEMM  # (the backend's rule for AVX2 builds)
     return {"attention": attention,

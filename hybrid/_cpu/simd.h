@@ -64,9 +64,29 @@ static inline long hy_l1d_bytes(void) {
     return hy_l1d_bytes_;
 }
 
-/* 1 where the core's L1D holds at least 48 KiB: attention then prefetches its stream into L1,
- * else into L2 (see HY_ATTN_PREFETCH) */
-static inline int hy_attn_pf_into_l1(void) { return hy_l1d_bytes() >= 48 * 1024; }
+/* 1 on an Intel core (CPUID vendor GenuineIntel), read once */
+static int hy_cpu_intel_ = -1;
+static inline int hy_cpu_is_intel(void) {
+    if (hy_cpu_intel_ < 0) {
+        int intel = 0;
+#if defined(__x86_64__) || defined(__i386__)
+        unsigned int a, b, c, d;
+        __asm__ volatile("cpuid" : "=a"(a), "=b"(b), "=c"(c), "=d"(d) : "a"(0), "c"(0));
+        intel = b == 0x756e6547u && d == 0x49656e69u && c == 0x6c65746eu; /* "Genu" "ineI" "ntel" */
+#endif
+        hy_cpu_intel_ = intel;
+    }
+    return hy_cpu_intel_;
+}
+
+/* Where attention's software prefetch puts the lines of its stream (see HY_ATTN_PREFETCH) */
+#define HY_ATTN_PF_L2 0      /* into L2, 12 KiB ahead */
+#define HY_ATTN_PF_L1_NTA 1  /* into L1, non-temporal, 6 KiB ahead */
+#define HY_ATTN_PF_L1 2      /* into L1 (T0), 2 KiB ahead */
+static inline int hy_attn_pf_mode(void) {
+    if (hy_cpu_is_intel()) return HY_ATTN_PF_L1;
+    return hy_l1d_bytes() >= 48 * 1024 ? HY_ATTN_PF_L1_NTA : HY_ATTN_PF_L2;
+}
 
 /* n bytes (at least one) on a 64-byte boundary, released with free(); NULL when out of memory.
  * Kernel scratch that vector loads read over and over (attention's scaled queries and
@@ -532,21 +552,29 @@ static inline int hy_attn_simd_ok(long n, int f16) {
  * stream.  Each pass over rows prefetches the bytes it reads itself, a fixed distance further
  * on: the scoring passes ahead of their K rows, the value passes ahead of their V rows, so every
  * line of the stream is prefetched once and the prefetches are spread evenly over the work.
- * Where the prefetched lines go depends on the core's L1D, read once at run time
- * (hy_attn_pf_into_l1):
- *   - 48 KiB or more: 6 KiB ahead into L1, non-temporal.  On a Zen 5-class core (48 KiB L1D),
- *     from memory, 2 threads, 32q/8kv heads, head_dim 128, context 16k, ns per key and KV head
- *     per core: float16 26-28, float32 55-60; 3 to 20 KiB ahead alike, into L2 slower.
- *   - smaller: 12 KiB ahead into L2.  On a Zen 4 core (32 KiB L1D) lines prefetched into L1
- *     were partly evicted before their use: the same measure, alternating runs, non-temporal
- *     6 KiB ahead float16 47-82, float32 72-91 (into L1 with T0 alike); into L2 12 KiB ahead
- *     float16 32-35, float32 63-69 (8 to 32 KiB alike; cache-resident runs unchanged). */
+ * Where the prefetched lines go depends on the core, read once at run time (hy_attn_pf_mode).
+ * Measured from memory, 2 threads, 32q/8kv heads, head_dim 128, context 16k, ns per key and KV
+ * head per core:
+ *   - AMD, L1D of 48 KiB or more: 6 KiB ahead into L1, non-temporal.  On a Zen 5-class core:
+ *     float16 26-28, float32 55-60; 3 to 20 KiB ahead alike, into L2 slower.
+ *   - AMD, smaller L1D: 12 KiB ahead into L2.  On a Zen 4 core (32 KiB L1D) lines prefetched
+ *     into L1 were partly evicted before their use: non-temporal 6 KiB ahead float16 47-82,
+ *     float32 72-91 (into L1 with T0 alike); into L2 12 KiB ahead float16 32-35, float32 63-69
+ *     (8 to 32 KiB alike; cache-resident runs unchanged).
+ *   - Intel: 2 KiB ahead into L1 (T0).  On a Xeon with AMX (48 KiB L1D) non-temporal prefetches
+ *     held the core to about half the memory's rate whatever their distance: float16 98-105;
+ *     T0 2 KiB ahead 56-58, at the memory's rate; into L2 12 KiB ahead 63-65. */
+#define HY_ATTN_PF_L1_T0_AHEAD 2048
 #define HY_ATTN_PF_L1_AHEAD 6144
 #define HY_ATTN_PF_L2_AHEAD 12288
 #define HY_ATTN_PREFETCH(p, bytes)                                                               \
     do {                                                                                         \
         const char *p_ = (const char *)(p);                                                      \
-        if (hy_attn_pf_into_l1())                                                                \
+        const int pf_ = hy_attn_pf_mode();                                                       \
+        if (pf_ == HY_ATTN_PF_L1)                                                                \
+            for (long o_ = 0; o_ < (bytes); o_ += 64)                                            \
+                _mm_prefetch(p_ + HY_ATTN_PF_L1_T0_AHEAD + o_, _MM_HINT_T0);                     \
+        else if (pf_ == HY_ATTN_PF_L1_NTA)                                                       \
             for (long o_ = 0; o_ < (bytes); o_ += 64)                                            \
                 _mm_prefetch(p_ + HY_ATTN_PF_L1_AHEAD + o_, _MM_HINT_NTA);                       \
         else                                                                                     \
