@@ -83,9 +83,12 @@ static inline int hy_cpu_is_intel(void) {
 #define HY_ATTN_PF_L2 0      /* into L2, 12 KiB ahead */
 #define HY_ATTN_PF_L1_NTA 1  /* into L1, non-temporal, 6 KiB ahead */
 #define HY_ATTN_PF_L1 2      /* into L1 (T0), 2 KiB ahead */
+static int hy_attn_pf_ = -1;  /* (set on first use; every thread computes the same value) */
 static inline int hy_attn_pf_mode(void) {
-    if (hy_cpu_is_intel()) return HY_ATTN_PF_L1;
-    return hy_l1d_bytes() >= 48 * 1024 ? HY_ATTN_PF_L1_NTA : HY_ATTN_PF_L2;
+    if (hy_attn_pf_ < 0)
+        hy_attn_pf_ = hy_cpu_is_intel() ? HY_ATTN_PF_L1
+                      : hy_l1d_bytes() >= 48 * 1024 ? HY_ATTN_PF_L1_NTA : HY_ATTN_PF_L2;
+    return hy_attn_pf_;
 }
 
 /* n bytes (at least one) on a 64-byte boundary, released with free(); NULL when out of memory.
