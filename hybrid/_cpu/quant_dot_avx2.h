@@ -174,61 +174,74 @@ static inline __m256i hy_bcast16(__m256i v, int j) {
     return _mm256_shuffle_epi8(v, _mm256_set1_epi16((short)(((2 * j + 1) << 8) | (2 * j))));
 }
 
-/* Q4_K / Q5_K for R (<= 4) activation rows (row r at qa + r*lda, da/sa + r*ldd): the weights
- * unpacked once for all of them, each row the same operations as alone (the same bits):
- * out[r*ldo].  Per row one integer and one float accumulator (the mins term goes into the same
- * float lanes), so four rows fit the 16 vector registers. */
+/* Q4_K / Q5_K, W weight rows (row i at w + i*wstep) times R activation rows (row r at qa + r*lda,
+ * da/sa + r*ldd), W * R <= 4: the weights unpacked once for the R activation rows, the
+ * activations loaded once for the W weight rows, and each pair takes exactly the operations of
+ * one weight row and one activation row (the same bits): out[r*ldo + i].  Per pair one integer
+ * and one float accumulator (the mins term goes into the same float lanes), so four pairs fit
+ * the 16 vector registers. */
 static inline __attribute__((always_inline)) void
-hy_dot_q45_k_avx2_rows(const uint8_t *w, long nsb, const int R, const int8_t *qa, long lda,
-                       const float *da, const float *sa, long ldd, int five, float *out, long ldo) {
+hy_dot_q45_k_avx2_rows(const uint8_t *w, long wstep, const int W, long nsb, const int R,
+                       const int8_t *qa, long lda, const float *da, const float *sa, long ldd,
+                       int five, float *out, long ldo) {
     const int bb = five ? 176 : 144;
     __m256 acc[4];
-    for (int r = 0; r < R; r++) acc[r] = _mm256_setzero_ps();
+    for (int k = 0; k < W * R; k++) acc[k] = _mm256_setzero_ps();
     const __m256i low4 = _mm256_set1_epi8(0x0F), one = _mm256_set1_epi8(1);
     for (long s = 0; s < nsb; s++) {
-        const uint8_t *blk = w + bb * s;
-        const uint8_t *qh = blk + 16, *q = five ? blk + 48 : blk + 16;
         const long a0 = 8 * s;
-        HY_PREFETCH_L2(blk);
-        HY_PREFETCH_L2(blk + 64);
-        HY_PREFETCH_L2(blk + 128);
-        __m256 mnf;
-        const __m256i sc = _mm256_broadcastsi128_si256(hy_k4_unpack(blk, &mnf));
-        const float d = hy_f16(blk);
-        mnf = _mm256_mul_ps(mnf, _mm256_set1_ps(-hy_f16(blk + 2)));  /* -dmin * min_j, exact */
-        __m256i is[4];
-        for (int r = 0; r < R; r++) is[r] = _mm256_setzero_si256();
-        const __m256i hbits = five ? _mm256_loadu_si256((const __m256i *)qh) : _mm256_setzero_si256();
-        for (int g = 0; g < 4; g++) {
-            const __m256i raw = _mm256_loadu_si256((const __m256i *)(q + 32 * g));
-            __m256i lo = _mm256_and_si256(raw, low4);
-            __m256i hi = _mm256_and_si256(_mm256_srli_epi16(raw, 4), low4);
-            if (five) {
-                lo = _mm256_or_si256(lo, _mm256_slli_epi16(
-                    _mm256_and_si256(_mm256_srli_epi16(hbits, 2 * g), one), 4));
-                hi = _mm256_or_si256(hi, _mm256_slli_epi16(
-                    _mm256_and_si256(_mm256_srli_epi16(hbits, 2 * g + 1), one), 4));
+        __m256i sc[2], hbits[2], is[4];
+        __m256 mnf[2];
+        float d[2];
+        for (int i = 0; i < W; i++) {
+            const uint8_t *blk = w + i * wstep + bb * s;
+            /* the W rows' bytes are one span: prefetch it front to back, W blocks per step */
+            const uint8_t *pf = w + bb * (W * s + i);
+            HY_PREFETCH_L2(pf);
+            HY_PREFETCH_L2(pf + 64);
+            HY_PREFETCH_L2(pf + 128);
+            sc[i] = _mm256_broadcastsi128_si256(hy_k4_unpack(blk, &mnf[i]));
+            d[i] = hy_f16(blk);
+            mnf[i] = _mm256_mul_ps(mnf[i], _mm256_set1_ps(-hy_f16(blk + 2)));  /* -dmin * min_j, exact */
+            hbits[i] = five ? _mm256_loadu_si256((const __m256i *)(blk + 16)) : _mm256_setzero_si256();
+        }
+        for (int k = 0; k < W * R; k++) is[k] = _mm256_setzero_si256();
+        for (int g = 0; g < 4; g++)
+            for (int i = 0; i < W; i++) {
+                const uint8_t *q = w + i * wstep + bb * s + (five ? 48 : 16);
+                const __m256i raw = _mm256_loadu_si256((const __m256i *)(q + 32 * g));
+                __m256i lo = _mm256_and_si256(raw, low4);
+                __m256i hi = _mm256_and_si256(_mm256_srli_epi16(raw, 4), low4);
+                if (five) {
+                    lo = _mm256_or_si256(lo, _mm256_slli_epi16(
+                        _mm256_and_si256(_mm256_srli_epi16(hbits[i], 2 * g), one), 4));
+                    hi = _mm256_or_si256(hi, _mm256_slli_epi16(
+                        _mm256_and_si256(_mm256_srli_epi16(hbits[i], 2 * g + 1), one), 4));
+                }
+                const __m256i s0 = hy_bcast16(sc[i], 2 * g), s1 = hy_bcast16(sc[i], 2 * g + 1);
+                for (int r = 0; r < R; r++) {
+                    const int8_t *ar = qa + r * lda + 32 * (a0 + 2 * g);
+                    const int k = i * R + r;
+                    is[k] = hy_madd_acc(is[k], _mm256_maddubs_epi16(lo, _mm256_loadu_si256((const __m256i *)ar)), s0);
+                    is[k] = hy_madd_acc(is[k], _mm256_maddubs_epi16(hi, _mm256_loadu_si256((const __m256i *)(ar + 32))), s1);
+                }
             }
-            const __m256i s0 = hy_bcast16(sc, 2 * g), s1 = hy_bcast16(sc, 2 * g + 1);
+        for (int i = 0; i < W; i++)
             for (int r = 0; r < R; r++) {
-                const int8_t *ar = qa + r * lda + 32 * (a0 + 2 * g);
-                is[r] = hy_madd_acc(is[r], _mm256_maddubs_epi16(lo, _mm256_loadu_si256((const __m256i *)ar)), s0);
-                is[r] = hy_madd_acc(is[r], _mm256_maddubs_epi16(hi, _mm256_loadu_si256((const __m256i *)(ar + 32))), s1);
+                const int k = i * R + r;
+                acc[k] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(is[k]), _mm256_set1_ps(d[i] * da[r * ldd + a0]), acc[k]);
+                acc[k] = _mm256_fmadd_ps(mnf[i], _mm256_loadu_ps(sa + r * ldd + a0), acc[k]);
             }
-        }
-        for (int r = 0; r < R; r++) {
-            acc[r] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(is[r]), _mm256_set1_ps(d * da[r * ldd + a0]), acc[r]);
-            acc[r] = _mm256_fmadd_ps(mnf, _mm256_loadu_ps(sa + r * ldd + a0), acc[r]);
-        }
     }
-    for (int r = 0; r < R; r++) out[r * ldo] = hy_hsum256(acc[r]);
+    for (int i = 0; i < W; i++)
+        for (int r = 0; r < R; r++) out[r * ldo + i] = hy_hsum256(acc[i * R + r]);
 }
 
 /* Q4_K / Q5_K, one activation row */
 HY_UNUSED static float hy_dot_q45_k_avx2(const uint8_t *w, long nsb, const int8_t *qa,
                                          const float *da, const float *sa, int five) {
     float out;
-    hy_dot_q45_k_avx2_rows(w, nsb, 1, qa, 0, da, sa, 0, five, &out, 0);
+    hy_dot_q45_k_avx2_rows(w, 0, 1, nsb, 1, qa, 0, da, sa, 0, five, &out, 0);
     return out;
 }
 
@@ -240,76 +253,88 @@ static inline __m256i hy_scale_pair_ctrl(int j) {
                             _mm_set1_epi16((short)(((4 * j + 1) << 8) | (4 * j))));
 }
 
-/* Q6_K for R (<= 4) activation rows (row r at qa + r*lda, da + r*ldd, s16 + 2*r*ldd; s16 as
- * hy_q_act gives it, with one scale per super-block): unsigned values n (0..63) in maddubs,
- * their 8-bit scales through madd into int32, one conversion and FMA with d * da per
- * super-block, and the -32 offsets as -32 * d * scale * s16 (two FMAs per super-block) into the
- * same float lanes.  The weights unpacked once for all rows, each row the same operations as
- * alone (the same bits): out[r*ldo] */
+/* Q6_K, W weight rows (row i at w + i*wstep) times R activation rows (row r at qa + r*lda,
+ * da + r*ldd, s16 + 2*r*ldd; s16 as hy_q_act gives it, with one scale per super-block),
+ * W * R <= 4: unsigned values n (0..63) in maddubs, their 8-bit scales through madd into int32,
+ * one conversion and FMA with d * da per super-block, and the -32 offsets as
+ * -32 * d * scale * s16 (two FMAs per super-block) into the same float lanes.  The weights
+ * unpacked once for the R activation rows, the activations loaded once for the W weight rows,
+ * each pair the same operations as alone (the same bits): out[r*ldo + i] */
 static inline __attribute__((always_inline)) void
-hy_dot_q6_k_avx2_rows(const uint8_t *w, long nsb, const int R, const int8_t *qa, long lda,
-                      const float *da, const float *s16, long ldd, float *out, long ldo) {
+hy_dot_q6_k_avx2_rows(const uint8_t *w, long wstep, const int W, long nsb, const int R,
+                      const int8_t *qa, long lda, const float *da, const float *s16, long ldd,
+                      float *out, long ldo) {
     __m256 acc[4];
-    for (int r = 0; r < R; r++) acc[r] = _mm256_setzero_ps();
+    for (int k = 0; k < W * R; k++) acc[k] = _mm256_setzero_ps();
     const __m256i low4 = _mm256_set1_epi8(0x0F);
     for (long s = 0; s < nsb; s++) {
-        const uint8_t *blk = w + 210 * s;
-        const int8_t *sc = (const int8_t *)(blk + 192);
-        HY_PREFETCH_L2(blk);
-        HY_PREFETCH_L2(blk + 64);
-        HY_PREFETCH_L2(blk + 128);
-        HY_PREFETCH_L2(blk + 192);
-        const float d = hy_f16(blk + 208);
         __m256i is[4];
-        {   /* the offsets first: -32 * d * scale (exact) times the sums per 16 */
+        float d[2];
+        for (int i = 0; i < W; i++) {
+            const uint8_t *blk = w + i * wstep + 210 * s;
+            const int8_t *sc = (const int8_t *)(blk + 192);
+            /* the W rows' bytes are one span: prefetch it front to back, W blocks per step */
+            const uint8_t *pf = w + 210 * (W * s + i);
+            HY_PREFETCH_L2(pf);
+            HY_PREFETCH_L2(pf + 64);
+            HY_PREFETCH_L2(pf + 128);
+            HY_PREFETCH_L2(pf + 192);
+            d[i] = hy_f16(blk + 208);
+            /* the offsets first: -32 * d * scale (exact) times the sums per 16 */
             const __m128i sc8 = _mm_loadu_si128((const __m128i *)sc);
-            const __m256 dv = _mm256_set1_ps(-32.0f * d);
+            const __m256 dv = _mm256_set1_ps(-32.0f * d[i]);
             const __m256 dsc0 = _mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(sc8)), dv);
             const __m256 dsc1 = _mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_srli_si128(sc8, 8))), dv);
             for (int r = 0; r < R; r++) {
                 const float *s16r = s16 + 2 * r * ldd + 16 * s;
-                acc[r] = _mm256_fmadd_ps(dsc0, _mm256_loadu_ps(s16r), acc[r]);
-                acc[r] = _mm256_fmadd_ps(dsc1, _mm256_loadu_ps(s16r + 8), acc[r]);
-                is[r] = _mm256_setzero_si256();
+                const int k = i * R + r;
+                acc[k] = _mm256_fmadd_ps(dsc0, _mm256_loadu_ps(s16r), acc[k]);
+                acc[k] = _mm256_fmadd_ps(dsc1, _mm256_loadu_ps(s16r + 8), acc[k]);
+                is[k] = _mm256_setzero_si256();
             }
         }
-        for (int n = 0; n < 2; n++) {
-            const uint8_t *ql = blk + 64 * n, *qh = blk + 128 + 32 * n;
-            const long a0 = 8 * s + 4 * n;
-            const __m256i l0 = _mm256_loadu_si256((const __m256i *)ql);
-            const __m256i l1 = _mm256_loadu_si256((const __m256i *)(ql + 32));
-            const __m256i h = _mm256_loadu_si256((const __m256i *)qh);
-            const __m256i s16x = _mm256_broadcastsi128_si256(_mm_cvtepi8_epi16(_mm_loadl_epi64((const __m128i *)(sc + 8 * n))));
-            __m256i v[4];
-            v[0] = _mm256_or_si256(_mm256_and_si256(l0, low4),
-                                   _mm256_slli_epi16(_mm256_and_si256(h, _mm256_set1_epi8(0x03)), 4));
-            v[1] = _mm256_or_si256(_mm256_and_si256(l1, low4),
-                                   _mm256_slli_epi16(_mm256_and_si256(h, _mm256_set1_epi8(0x0C)), 2));
-            v[2] = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(l0, 4), low4),
-                                   _mm256_and_si256(h, _mm256_set1_epi8(0x30)));
-            v[3] = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(l1, 4), low4),
-                                   _mm256_srli_epi16(_mm256_and_si256(h, _mm256_set1_epi8((char)0xC0)), 2));
-            for (int k = 0; k < 4; k++) {
-                /* int16 scale 2k of 8 in the low lane, 2k+1 in the high lane */
-                const __m256i sck = _mm256_shuffle_epi8(s16x, hy_scale_pair_ctrl(k));
-                for (int r = 0; r < R; r++) {
-                    const __m256i p16 = _mm256_maddubs_epi16(
-                        v[k], _mm256_loadu_si256((const __m256i *)(qa + r * lda + 32 * (a0 + k))));
-                    is[r] = hy_madd_acc(is[r], p16, sck);
+        for (int n = 0; n < 2; n++)
+            for (int i = 0; i < W; i++) {
+                const uint8_t *blk = w + i * wstep + 210 * s;
+                const uint8_t *ql = blk + 64 * n, *qh = blk + 128 + 32 * n;
+                const long a0 = 8 * s + 4 * n;
+                const __m256i l0 = _mm256_loadu_si256((const __m256i *)ql);
+                const __m256i l1 = _mm256_loadu_si256((const __m256i *)(ql + 32));
+                const __m256i h = _mm256_loadu_si256((const __m256i *)qh);
+                const __m256i s16x = _mm256_broadcastsi128_si256(_mm_cvtepi8_epi16(_mm_loadl_epi64((const __m128i *)(blk + 192 + 8 * n))));
+                __m256i v[4];
+                v[0] = _mm256_or_si256(_mm256_and_si256(l0, low4),
+                                       _mm256_slli_epi16(_mm256_and_si256(h, _mm256_set1_epi8(0x03)), 4));
+                v[1] = _mm256_or_si256(_mm256_and_si256(l1, low4),
+                                       _mm256_slli_epi16(_mm256_and_si256(h, _mm256_set1_epi8(0x0C)), 2));
+                v[2] = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(l0, 4), low4),
+                                       _mm256_and_si256(h, _mm256_set1_epi8(0x30)));
+                v[3] = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(l1, 4), low4),
+                                       _mm256_srli_epi16(_mm256_and_si256(h, _mm256_set1_epi8((char)0xC0)), 2));
+                for (int k = 0; k < 4; k++) {
+                    /* int16 scale 2k of 8 in the low lane, 2k+1 in the high lane */
+                    const __m256i sck = _mm256_shuffle_epi8(s16x, hy_scale_pair_ctrl(k));
+                    for (int r = 0; r < R; r++) {
+                        const __m256i p16 = _mm256_maddubs_epi16(
+                            v[k], _mm256_loadu_si256((const __m256i *)(qa + r * lda + 32 * (a0 + k))));
+                        is[i * R + r] = hy_madd_acc(is[i * R + r], p16, sck);
+                    }
                 }
             }
-        }
-        for (int r = 0; r < R; r++)
-            acc[r] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(is[r]), _mm256_set1_ps(d * da[r * ldd + 8 * s]), acc[r]);
+        for (int i = 0; i < W; i++)
+            for (int r = 0; r < R; r++)
+                acc[i * R + r] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(is[i * R + r]),
+                                                 _mm256_set1_ps(d[i] * da[r * ldd + 8 * s]), acc[i * R + r]);
     }
-    for (int r = 0; r < R; r++) out[r * ldo] = hy_hsum256(acc[r]);
+    for (int i = 0; i < W; i++)
+        for (int r = 0; r < R; r++) out[r * ldo + i] = hy_hsum256(acc[i * R + r]);
 }
 
 /* Q6_K, one activation row */
 HY_UNUSED static float hy_dot_q6_k_avx2(const uint8_t *w, long nsb, const int8_t *qa,
                                         const float *da, const float *s16) {
     float out;
-    hy_dot_q6_k_avx2_rows(w, nsb, 1, qa, 0, da, s16, 0, &out, 0);
+    hy_dot_q6_k_avx2_rows(w, 0, 1, nsb, 1, qa, 0, da, s16, 0, &out, 0);
     return out;
 }
 

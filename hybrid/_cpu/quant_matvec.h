@@ -295,16 +295,28 @@ static inline void hy_q_matvec_range(int type, const uint8_t *w, long row_bytes,
 #endif
 #if defined(HY_AVX2) && !defined(HY_Q512)
     /* Q4_K / Q5_K and Q6_K for several activation rows: each weight row unpacked once for up to
-     * four of them (each row the same operations as alone: the same bits) */
+     * four of them; one activation row takes two weight rows per pass, which share its loads
+     * (the odd row left over takes the one-row path).  Each pair of a weight row and an
+     * activation row takes the operations of a single row (the same bits). */
+    if ((type == HY_Q_Q4_K || type == HY_Q_Q5_K || type == HY_Q_Q6_K) && rows == 1 && qa != NULL) {
+        for (; o + 2 <= o1; o += 2) {
+            float v[2];
+            const uint8_t *wr = w + o * row_bytes;
+            if (type == HY_Q_Q6_K) hy_dot_q6_k_avx2_rows(wr, row_bytes, 2, n / 256, 1, qa, 0, da, s16, 0, v, 1);
+            else if (type == HY_Q_Q5_K) hy_dot_q45_k_avx2_rows(wr, row_bytes, 2, n / 256, 1, qa, 0, da, sa, 0, 1, v, 1);
+            else hy_dot_q45_k_avx2_rows(wr, row_bytes, 2, n / 256, 1, qa, 0, da, sa, 0, 0, v, 1);
+            for (int i = 0; i < 2; i++) out[o + i] = v[i] + (bias ? bias[o + i] : 0.0f);
+        }
+    }
     if ((type == HY_Q_Q4_K || type == HY_Q_Q5_K || type == HY_Q_Q6_K) && rows > 1 && qa != NULL) {
         for (; o < o1; o++) {
             const uint8_t *wr = w + o * row_bytes;
             for (int r = 0; r < rows; r += 4) {
                 const int left = rows - r < 4 ? rows - r : 4;
 #define HY_RK2(R) case R: \
-                if (type == HY_Q_Q6_K) hy_dot_q6_k_avx2_rows(wr, n / 256, R, qa + r * n, n, da + r * nb, s16 + 2 * r * nb, nb, out + r * ldo + o, ldo); \
-                else if (type == HY_Q_Q5_K) hy_dot_q45_k_avx2_rows(wr, n / 256, R, qa + r * n, n, da + r * nb, sa + r * nb, nb, 1, out + r * ldo + o, ldo); \
-                else hy_dot_q45_k_avx2_rows(wr, n / 256, R, qa + r * n, n, da + r * nb, sa + r * nb, nb, 0, out + r * ldo + o, ldo); \
+                if (type == HY_Q_Q6_K) hy_dot_q6_k_avx2_rows(wr, 0, 1, n / 256, R, qa + r * n, n, da + r * nb, s16 + 2 * r * nb, nb, out + r * ldo + o, ldo); \
+                else if (type == HY_Q_Q5_K) hy_dot_q45_k_avx2_rows(wr, 0, 1, n / 256, R, qa + r * n, n, da + r * nb, sa + r * nb, nb, 1, out + r * ldo + o, ldo); \
+                else hy_dot_q45_k_avx2_rows(wr, 0, 1, n / 256, R, qa + r * n, n, da + r * nb, sa + r * nb, nb, 0, out + r * ldo + o, ldo); \
                 break;
                 switch (left) { HY_RK2(1) HY_RK2(2) HY_RK2(3) HY_RK2(4) }
 #undef HY_RK2

@@ -23,7 +23,7 @@
 #define HY_Q4_ROWS 8
 #define HY_Q5_ROWS 8
 #define HY_Q8_ROWS 1
-#define HY_K_ROWS 1
+#define HY_K_ROWS 2
 #else
 #define HY_Q4_ROWS 1
 #define HY_Q5_ROWS 1
