@@ -175,7 +175,7 @@ static inline __m256i hy_bcast16(__m256i v, int j) {
 }
 
 /* Q4_K / Q5_K, W weight rows (row i at w + i*wstep) times R activation rows (row r at qa + r*lda,
- * da/sa + r*ldd), W * R <= 4: the weights unpacked once for the R activation rows, the
+ * da/sa + r*ldd), W <= 2, W * R <= 4: the weights unpacked once for the R activation rows, the
  * activations loaded once for the W weight rows, and each pair takes exactly the operations of
  * one weight row and one activation row (the same bits): out[r*ldo + i].  Per pair one integer
  * and one float accumulator (the mins term goes into the same float lanes), so four pairs fit
@@ -255,8 +255,8 @@ static inline __m256i hy_scale_pair_ctrl(int j) {
 
 /* Q6_K, W weight rows (row i at w + i*wstep) times R activation rows (row r at qa + r*lda,
  * da + r*ldd, s16 + 2*r*ldd; s16 as hy_q_act gives it, with one scale per super-block),
- * W * R <= 4: unsigned values n (0..63) in maddubs, their 8-bit scales through madd into int32,
- * one conversion and FMA with d * da per super-block, and the -32 offsets as
+ * W <= 2, W * R <= 4: unsigned values n (0..63) in maddubs, their 8-bit scales through madd
+ * into int32, one conversion and FMA with d * da per super-block, and the -32 offsets as
  * -32 * d * scale * s16 (two FMAs per super-block) into the same float lanes.  The weights
  * unpacked once for the R activation rows, the activations loaded once for the W weight rows,
  * each pair the same operations as alone (the same bits): out[r*ldo + i] */

@@ -147,10 +147,10 @@ static inline __m512i hy_idx16_pair(int j0, int j1) {
  * integer work is vpmaddubsw (values times activations, pairs into int16) and vpdpwssd (times
  * the sub-block's 6-bit scale, into int32); per super-block one conversion and one FMA with
  * d * da, and the mins term dmin * min * sa as one 256-bit FMA.  W weight rows (row i at
- * w + i*wstep) times R activation rows (row r at qa + r*lda, da/sa + r*ldd), W * R <= 4: the
- * activations are loaded and arranged once for the W weight rows, the weights unpacked once for
- * the R activation rows, and each pair takes exactly the operations of one weight row and one
- * activation row (the same bits): out[r*ldo + i]. */
+ * w + i*wstep) times R activation rows (row r at qa + r*lda, da/sa + r*ldd), W <= 2,
+ * W * R <= 4: the activations are loaded and arranged once for the W weight rows, the weights
+ * unpacked once for the R activation rows, and each pair takes exactly the operations of one
+ * weight row and one activation row (the same bits): out[r*ldo + i]. */
 static inline __attribute__((always_inline)) void
 hy_dot_q45_k_512_rows(const uint8_t *w, long wstep, const int W, long nsb, const int R,
                       const int8_t *qa, long lda, const float *da, const float *sa, long ldd,
@@ -261,8 +261,8 @@ static inline __m512i hy_q6_k_idx16(int k) {
  * (times the group's scale, into int32); per super-block one conversion and one FMA with d * da.
  * The -32 offsets: sum = d * sum_g sc_g * (sum n*qa*da - 32 * s16_g), where s16_g = da * (sum of
  * qa over the 16 values of g), one vector FMA per super-block.
- * W weight rows times R activation rows, W * R <= 4, share a pass as in hy_dot_q45_k_512_rows
- * (each pair the same operations, the same bits): out[r*ldo + i]. */
+ * W weight rows times R activation rows, W <= 2, W * R <= 4, share a pass as in
+ * hy_dot_q45_k_512_rows (each pair the same operations, the same bits): out[r*ldo + i]. */
 static inline __attribute__((always_inline)) void
 hy_dot_q6_k_512_rows(const uint8_t *w, long wstep, const int W, long nsb, const int R,
                      const int8_t *qa, long lda, const float *da, const float *s16, long ldd,
