@@ -64,19 +64,15 @@ static inline long hy_l1d_bytes(void) {
     return hy_l1d_bytes_;
 }
 
-/* 1 on an Intel core (CPUID vendor GenuineIntel), read once */
-static int hy_cpu_intel_ = -1;
+/* 1 on an Intel core (CPUID vendor GenuineIntel) */
 static inline int hy_cpu_is_intel(void) {
-    if (hy_cpu_intel_ < 0) {
-        int intel = 0;
 #if defined(__x86_64__) || defined(__i386__)
-        unsigned int a, b, c, d;
-        __asm__ volatile("cpuid" : "=a"(a), "=b"(b), "=c"(c), "=d"(d) : "a"(0), "c"(0));
-        intel = b == 0x756e6547u && d == 0x49656e69u && c == 0x6c65746eu; /* "Genu" "ineI" "ntel" */
+    unsigned int a, b, c, d;
+    __asm__ volatile("cpuid" : "=a"(a), "=b"(b), "=c"(c), "=d"(d) : "a"(0), "c"(0));
+    return b == 0x756e6547u && d == 0x49656e69u && c == 0x6c65746eu; /* "Genu" "ineI" "ntel" */
+#else
+    return 0;
 #endif
-        hy_cpu_intel_ = intel;
-    }
-    return hy_cpu_intel_;
 }
 
 /* Where attention's software prefetch puts the lines of its stream (see HY_ATTN_PREFETCH) */
