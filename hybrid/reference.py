@@ -67,18 +67,27 @@ def linear(x, weight, bias=None) -> np.ndarray:
 
 
 def attention(q, k, v, q_positions, num_heads: int, num_kv_heads: int, head_dim: int,
-              scale: "float | None" = None, window: int = 0, softcap: float = 0.0) -> np.ndarray:
+              scale: "float | None" = None, window: int = 0, softcap: float = 0.0,
+              kv_dtype: str = "float32") -> np.ndarray:
     """Causal GQA attention over dense keys.
 
     q [n, H*D]; k, v [kv_len, KVH*D]; query row i sees key positions 0 .. q_positions[i] (with a
     sliding ``window`` > 0, the last ``window`` of them).  Query head h reads KV head h // G.
+    kv_dtype "q8_0": the keys came from a q8_0 cache, which is scored with 8-bit queries (as
+    llama.cpp scores a q8_0 K cache): each float32 scaled query head quantized exactly as
+    quantize_activations quantizes an activation row, then dequantized.
     Returns [n, H*D].
     """
+    scale = 1.0 / np.sqrt(head_dim) if scale is None else scale
+    if kv_dtype == "q8_0":
+        qs = np.asarray(q, np.float32).reshape(-1, head_dim) * np.float32(scale)
+        qa, qd, _ = quantize_activations(qs)
+        q = qa.reshape(-1, head_dim // 32, 32) * _f64(qd)[..., None]
+        scale = 1.0
     q = _f64(q).reshape(-1, num_heads, head_dim)
     k = _f64(k).reshape(-1, num_kv_heads, head_dim)
     v = _f64(v).reshape(-1, num_kv_heads, head_dim)
     g = num_heads // num_kv_heads
-    scale = 1.0 / np.sqrt(head_dim) if scale is None else scale
     out = np.zeros_like(q)
     for i, p in enumerate(np.asarray(q_positions)):
         lo = max(0, p + 1 - window) if window > 0 else 0
@@ -107,7 +116,7 @@ def gather_blocks(blocks, kv_len: int) -> np.ndarray:
 
 def paged_attention(q, k_blocks, v_blocks, start_pos: int, num_heads: int, num_kv_heads: int,
                     head_dim: int, scale: "float | None" = None, window: int = 0,
-                    softcap: float = 0.0) -> np.ndarray:
+                    softcap: float = 0.0, kv_dtype: str = "float32") -> np.ndarray:
     """Causal attention of q [n, H*D] whose row i sits at position start_pos + i, over the keys and
     values found by walking the block lists (only positions < start_pos + n are read)."""
     n = np.asarray(q).shape[0]
@@ -115,18 +124,19 @@ def paged_attention(q, k_blocks, v_blocks, start_pos: int, num_heads: int, num_k
     k = gather_blocks(k_blocks, kv_len)
     v = gather_blocks(v_blocks, kv_len)
     return attention(q, k, v, np.arange(start_pos, kv_len), num_heads, num_kv_heads, head_dim, scale,
-                     window, softcap)
+                     window, softcap, kv_dtype)
 
 
 def paged_attention_batch(q, k_blocks_per_seq, v_blocks_per_seq, kv_lens, num_heads: int,
-                          num_kv_heads: int, head_dim: int, scale: "float | None" = None):
+                          num_kv_heads: int, head_dim: int, scale: "float | None" = None,
+                          kv_dtype: str = "float32"):
     """Decode attention: row b of q [B, H*D] sees positions 0 .. kv_lens[b]-1 of sequence b."""
     rows = []
     for b, kv_len in enumerate(kv_lens):
         k = gather_blocks(k_blocks_per_seq[b], kv_len)
         v = gather_blocks(v_blocks_per_seq[b], kv_len)
         rows.append(attention(np.asarray(q)[b:b + 1], k, v, [kv_len - 1], num_heads,
-                              num_kv_heads, head_dim, scale))
+                              num_kv_heads, head_dim, scale, kv_dtype=kv_dtype))
     return np.concatenate(rows)
 
 

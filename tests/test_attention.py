@@ -45,7 +45,7 @@ def _after_history(rng, dtype, kvh, group, d, past, n, q_scale=1.0):
     q = rng.standard_normal((n, kvh * group * d), dtype=np.float32) * q_scale
     kb, vb = cache.blocks(0)
     return (cache, q, ops.paged_attention(q, cache, 0),
-            ref.paged_attention(q, kb, vb, past, kvh * group, kvh, d))
+            ref.paged_attention(q, kb, vb, past, kvh * group, kvh, d, kv_dtype=dtype))
 
 
 @pytest.mark.parametrize("dtype", ["float32", "float16"])
@@ -60,7 +60,7 @@ def test_prefill_from_empty(rng, dtype, head_dim, group, n):
     q = rng.standard_normal((n, h * head_dim), dtype=np.float32)
     got = ops.paged_attention(q, cache, 0)
     kb, vb = cache.blocks(0)
-    assert rel_err(got, ref.paged_attention(q, kb, vb, 0, h, kvh, head_dim)) < TOL[dtype]
+    assert rel_err(got, ref.paged_attention(q, kb, vb, 0, h, kvh, head_dim, kv_dtype=dtype)) < TOL[dtype]
 
 
 @pytest.mark.parametrize("dtype", Q8)
@@ -259,7 +259,7 @@ def test_batched_decode(rng, dtype, group):
     got = _decode_step(caches, q, k, v)
     blocks = [c.blocks(0) for c in caches]
     expect = ref.paged_attention_batch(q, [b[0] for b in blocks], [b[1] for b in blocks],
-                                       lengths, h, kvh, d)
+                                       lengths, h, kvh, d, kv_dtype=dtype)
     assert rel_err(got, expect) < TOL[dtype]
     for b, c in enumerate(caches):  # the single-sequence kernel on the same cache
         c.truncate(lengths[b] - 1)
@@ -408,7 +408,7 @@ def test_sliding_window(rng, dtype, head_dim, group, window):
         _fill(cache, rng, n)
         q = rng.standard_normal((n, h * head_dim), dtype=np.float32) * 2
         kb, vb = cache.blocks(0)
-        want = ref.paged_attention(q, kb, vb, past, h, kvh, head_dim, window=window)
+        want = ref.paged_attention(q, kb, vb, past, h, kvh, head_dim, window=window, kv_dtype=dtype)
         got = ops.paged_attention(q, cache, 0, window=window)
         assert rel_err(got, want) < TOL[dtype], (past, n)
         hybrid.set_num_threads(1)
@@ -437,10 +437,12 @@ def test_score_softcapping(rng, dtype, head_dim, group, window):
         _fill(cache, rng, n)
         q = rng.standard_normal((n, h * head_dim), dtype=np.float32) * 3  # scores past the cap
         kb, vb = cache.blocks(0)
-        want = ref.paged_attention(q, kb, vb, past, h, kvh, head_dim, window=window, softcap=cap)
+        want = ref.paged_attention(q, kb, vb, past, h, kvh, head_dim, window=window, softcap=cap,
+                                   kv_dtype=dtype)
         got = ops.paged_attention(q, cache, 0, window=window, softcap=cap)
         assert rel_err(got, want) < TOL[dtype], (past, n)
-        uncapped = ref.paged_attention(q, kb, vb, past, h, kvh, head_dim, window=window)
+        uncapped = ref.paged_attention(q, kb, vb, past, h, kvh, head_dim, window=window,
+                                       kv_dtype=dtype)
         assert rel_err(uncapped, want) > 1e-2  # the cap matters at these scores
 
 

@@ -363,14 +363,22 @@ def test_native_stack_rows_equal_the_layer_by_layer_path(model, monkeypatch):
 
 def test_q8_0_kv_cache_logits_and_drafts(model):
     """SmolLM2 with its KV cache in q8_0: each row's logits within 12% of its largest logit of
-    the float16 cache's (8-bit rounding of K and V; a broken cache is far off), the same argmax
-    on at least 95% of rows; and drafts keep the output equal to decoding without them."""
+    the float16 cache's (8-bit rounding of K, V and the scoring query; a broken cache is far
+    off); the same argmax on at least 90% of the rows, and where it differs the float16 cache's
+    two tokens are a near-tie (within 4% of the row's largest logit); and drafts keep the output
+    equal to decoding without them."""
     m8 = hybrid.load_model(GGUF, kv_dtype="q8_0")
+    same = rows = 0
     for ids in _prompts(model)[:2]:
         a = model.forward_step([(model.new_cache(), ids)], rows="all")[0]
         b = m8.forward_step([(m8.new_cache(), ids)], rows="all")[0]
-        rel = np.abs(a - b).max(axis=1) / np.abs(a).max(axis=1)
-        assert rel.max() < 0.12 and np.mean(a.argmax(1) == b.argmax(1)) >= 0.95
+        scale = np.abs(a).max(axis=1)
+        assert (np.abs(a - b).max(axis=1) / scale).max() < 0.12
+        ta, tb = a.argmax(1), b.argmax(1)
+        r = np.arange(len(a))
+        assert ((a[r, ta] - a[r, tb]) / scale).max() < 0.04
+        same, rows = same + int((ta == tb).sum()), rows + len(a)
+    assert same >= 0.9 * rows
     prompts = _prompts(m8)
     want = Engine(m8).generate(prompts, 32, stop_tokens=[])
     eng = Engine(m8, max_batch=2, speculative="ngram", poison_unused=True, adapt_drafts=False)

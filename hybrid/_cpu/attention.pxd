@@ -1,5 +1,5 @@
 # Shared with quant.pyx, whose whole-step decode runs a RaggedStep's layer work from C.
-from libc.stdint cimport int64_t
+from libc.stdint cimport int8_t, int32_t, int64_t
 
 cdef extern from "attention_core.h" nogil:
     ctypedef struct hy_attn_shape:
@@ -20,6 +20,11 @@ cdef extern from "attention_core.h" nogil:
         float *m
         float *l
         float *acc
+        int8_t *qa
+        float *qd
+        float *qsa
+        int32_t *qc
+        float *pf
     void hy_attn_task(const hy_attn_shape *sh, hy_attn_scratch *w, const float *q,
                       const int64_t *row_pos, long r0, long r1, const int64_t *kblk,
                       const int64_t *vblk, int g0, int g1, long kb, long ke)

@@ -14,7 +14,14 @@
  *   3. values   acc_g = alpha_g*acc_g + sum_j p[g, j] v_j     64 dimensions at a time held in
  *                                         registers for all NQ queries across the c rows
  *
- * q8_0 rows are widened in registers (factor times value, as the scalar widening forms it).
+ * q8_0 rows (34 bytes per 32 values: a float16 factor, 32 int8 values):
+ *   scores  with AVX-512 VNNI, sixteen keys at a time: their 8-bit values transposed so that a
+ *           register holds four values of each key, vpdpbusd against four broadcast values of the
+ *           query's 8-bit copy (attention_core.h) gives every key's exact integer dot product of
+ *           a block, which then takes the key's and the query's factors.  Without VNNI, the
+ *           float32 path on the query's dequantized values, rows widened in registers.
+ *   values  the probabilities times each row's block factors first (16 rows at a time), then
+ *           the rows' 8-bit values widened and accumulated against them.
  *
  * Every query vector goes through exactly the same operations whatever NQ is and whichever other
  * vectors share the pass, so a query's result does not depend on how the caller groups queries
@@ -62,6 +69,131 @@ HY512_AI void hy512_ld_q8_block(const void *base, long j, int d, int D, __m512 *
     *hi = _mm512_mul_ps(f, _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i *)(blk + 18)))));
 }
 
+/* mask of the first n (0..16) lanes */
+HY512_AI __mmask16 hy512_first(int n) { return (__mmask16)((1u << n) - 1u); }
+
+/* The float16 factors of 16 q8_0 rows (rows bytes apart from base; lanes past `live` give 0) */
+HY512_AI __m512 hy512_q8_factors(const uint8_t *base, __m512i rows, __mmask16 live) {
+    const __m512i w = _mm512_mask_i32gather_epi32(_mm512_setzero_si512(), live, rows, base, 1);
+    return _mm512_cvtph_ps(_mm512_cvtepi32_epi16(w)); /* (the low 16 bits of each dword) */
+}
+
+/* byte offsets of rows 0..15 of `row` bytes each */
+HY512_AI __m512i hy512_row_offsets(long row) {
+    return _mm512_mullo_epi32(_mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15),
+                              _mm512_set1_epi32((int)row));
+}
+
+#if defined(__AVX512VNNI__)
+#define HY512_VNNI 1
+
+/* four bytes at p in every dword */
+HY512_AI __m512i hy512_bcast4(const int8_t *p) {
+    int32_t x;
+    memcpy(&x, p, 4);
+    return _mm512_set1_epi32(x);
+}
+
+/* t[i] lane j <- t[j] lane i: a 16x16 transpose of dwords */
+HY512_AI void hy512_transpose16(__m512i t[16]) {
+    __m512i a[16], b[16];
+    for (int k = 0; k < 8; k++) {
+        a[2 * k] = _mm512_unpacklo_epi32(t[2 * k], t[2 * k + 1]);
+        a[2 * k + 1] = _mm512_unpackhi_epi32(t[2 * k], t[2 * k + 1]);
+    }
+    /* b[4k + m], 128-bit lane l: rows 4k..4k+3 at column 4l + m */
+    for (int k = 0; k < 4; k++) {
+        b[4 * k] = _mm512_unpacklo_epi64(a[4 * k], a[4 * k + 2]);
+        b[4 * k + 1] = _mm512_unpackhi_epi64(a[4 * k], a[4 * k + 2]);
+        b[4 * k + 2] = _mm512_unpacklo_epi64(a[4 * k + 1], a[4 * k + 3]);
+        b[4 * k + 3] = _mm512_unpackhi_epi64(a[4 * k + 1], a[4 * k + 3]);
+    }
+    /* column 4l + m, lane L = b[4L + m] lane l: a 4x4 transpose of 128-bit lanes */
+    for (int m = 0; m < 4; m++) {
+        const __m512i c0 = _mm512_shuffle_i32x4(b[m], b[4 + m], 0x44);
+        const __m512i c1 = _mm512_shuffle_i32x4(b[m], b[4 + m], 0xEE);
+        const __m512i c2 = _mm512_shuffle_i32x4(b[8 + m], b[12 + m], 0x44);
+        const __m512i c3 = _mm512_shuffle_i32x4(b[8 + m], b[12 + m], 0xEE);
+        t[m] = _mm512_shuffle_i32x4(c0, c2, 0x88);
+        t[4 + m] = _mm512_shuffle_i32x4(c0, c2, 0xDD);
+        t[8 + m] = _mm512_shuffle_i32x4(c1, c3, 0x88);
+        t[12 + m] = _mm512_shuffle_i32x4(c1, c3, 0xDD);
+    }
+}
+
+/* Step 1 over q8_0 rows with VNNI: s[g*ldp + j] = sum over blocks b, in order, of
+ * (fk[j, b] * fq[g, b]) * (qa_g,b . k_j,b), the dot product exact in int32.  Sixteen keys per
+ * pass: lane j of every register is key j.  The keys' values are flipped to unsigned (k + 128)
+ * for vpdpbusd, whose sums start at -128 * sum(qa_g,b) (qc) to take the offset back out. */
+HY512_AI void hy512_scores_q8(const int NQ, const int8_t *qa, const float *qd, const int32_t *qc,
+                              const uint8_t *k, int c, int D, float *s, int ldp) {
+    const int nb = D / 32;
+    const long row = (long)nb * 34;
+    const __m512i offs = hy512_row_offsets(row), flip = _mm512_set1_epi8((char)0x80);
+    for (int j0 = 0; j0 < c; j0 += 16) {
+        const int n = c - j0 < 16 ? c - j0 : 16;
+        const __mmask16 live = hy512_first(n);
+        const uint8_t *kr = k + (long)j0 * row;
+        HY_ATTN_PREFETCH(kr, n * row);
+        __m512 acc[4];
+        for (int g = 0; g < NQ; g++) acc[g] = _mm512_setzero_ps();
+        for (int b = 0; b < nb; b += 2) {  /* two blocks (64 values) of each key per pass */
+            const int two = b + 1 < nb;
+            __m512i t[16];
+            for (int j = 0; j < 16; j++) {
+                const uint8_t *x = kr + j * row + 34 * b + 2;
+                t[j] = _mm512_setzero_si512();
+                if (j < n) {
+                    t[j] = _mm512_zextsi256_si512(_mm256_loadu_si256((const __m256i *)x));
+                    if (two) t[j] = _mm512_inserti64x4(t[j], _mm256_loadu_si256((const __m256i *)(x + 34)), 1);
+                }
+            }
+            hy512_transpose16(t); /* t[i]: bytes 4i..4i+3 of the two blocks, key j in lane j */
+            for (int i = 0; i < 16; i++) t[i] = _mm512_xor_si512(t[i], flip);
+            const __m512 f0 = hy512_q8_factors(kr + 34 * b, offs, live);
+            const __m512 f1 = two ? hy512_q8_factors(kr + 34 * (b + 1), offs, live) : f0;
+            /* per query and block one chain of 8 vpdpbusd; the queries' chains interleaved */
+            __m512i i0[4], i1[4];
+            for (int g = 0; g < NQ; g++) {
+                i0[g] = _mm512_set1_epi32(qc[g * nb + b]);
+                i1[g] = two ? _mm512_set1_epi32(qc[g * nb + b + 1]) : i0[g];
+            }
+            for (int i = 0; i < 8; i++)
+                for (int g = 0; g < NQ; g++)
+                    i0[g] = _mm512_dpbusd_epi32(i0[g], t[i], hy512_bcast4(qa + (long)g * D + 32 * b + 4 * i));
+            if (two)
+                for (int i = 8; i < 16; i++)
+                    for (int g = 0; g < NQ; g++)
+                        i1[g] = _mm512_dpbusd_epi32(i1[g], t[i], hy512_bcast4(qa + (long)g * D + 32 * b + 4 * i));
+            for (int g = 0; g < NQ; g++) {
+                acc[g] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(i0[g]), _mm512_mul_ps(f0, _mm512_set1_ps(qd[g * nb + b])), acc[g]);
+                if (two)
+                    acc[g] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(i1[g]), _mm512_mul_ps(f1, _mm512_set1_ps(qd[g * nb + b + 1])), acc[g]);
+            }
+        }
+        for (int g = 0; g < NQ; g++) _mm512_mask_storeu_ps(s + g * ldp + j0, live, acc[g]);
+    }
+}
+#endif
+
+/* The probabilities times the V rows' block factors: pf[(g*nb + b)*ldp + j] = p[g*ldp + j] *
+ * fv[j, b], sixteen rows at a time (step 3 over q8_0 rows then widens only the 8-bit values) */
+HY512_AI void hy512_pf_q8(const int NQ, const float *p, int ldp, const uint8_t *v, int c, int D,
+                          float *pf) {
+    const int nb = D / 32;
+    const long row = (long)nb * 34;
+    const __m512i offs = hy512_row_offsets(row);
+    for (int j0 = 0; j0 < c; j0 += 16) {
+        const __mmask16 live = hy512_first(c - j0 < 16 ? c - j0 : 16);
+        for (int b = 0; b < nb; b++) {
+            const __m512 f = hy512_q8_factors(v + (long)j0 * row + 34 * b, offs, live);
+            for (int g = 0; g < NQ; g++)
+                _mm512_mask_storeu_ps(pf + (long)(g * nb + b) * ldp + j0, live,
+                                      _mm512_mul_ps(_mm512_maskz_loadu_ps(live, p + g * ldp + j0), f));
+        }
+    }
+}
+
 /* [sum(a), sum(b), sum(c), sum(d)] with one fixed reduction order for every lane */
 HY512_AI __m128 hy512_hsum4(__m512 a, __m512 b, __m512 c, __m512 d) {
     const __m256 a8 = _mm256_add_ps(_mm512_castps512_ps256(a), _mm512_extractf32x8_ps(a, 1));
@@ -70,9 +202,6 @@ HY512_AI __m128 hy512_hsum4(__m512 a, __m512 b, __m512 c, __m512 d) {
     const __m256 d8 = _mm256_add_ps(_mm512_castps512_ps256(d), _mm512_extractf32x8_ps(d, 1));
     return hy_hsum4x256(a8, b8, c8, d8);
 }
-
-/* mask of the first n (0..16) lanes */
-HY512_AI __mmask16 hy512_first(int n) { return (__mmask16)((1u << n) - 1u); }
 
 /* Step 1: s[g*ldp + j] = q_g . row_j for g < NQ, j < c. */
 HY512_AI void hy512_scores(const int NQ, const int kv, const float *q, const void *k, int c,
@@ -176,7 +305,8 @@ HY512_AI void hy512_softmax_n(const int NQ, float *s, int ldp, int c, float *m, 
     _mm_mask_storeu_ps(alpha, live, a);
 }
 
-/* Step 3 over W vectors (16*W dimensions starting at d) for NQ queries, accumulators in registers */
+/* Step 3 over W vectors (16*W dimensions starting at d) for NQ queries, accumulators in registers.
+ * q8_0 rows: W even, weights pf (hy512_pf_q8) in place of p. */
 HY512_AI void hy512_values(const int NQ, const int W, const int kv, float *acc, const float *alpha,
                            const float *p, int ldp, const void *v, int c, int D, int d) {
     __m512 a[4][4];
@@ -187,16 +317,22 @@ HY512_AI void hy512_values(const int NQ, const int W, const int kv, float *acc, 
     const long row = hy512_row_bytes(kv, D), at = kv == HY512_Q8 ? 34 * (d >> 5) : d * (kv ? 2 : 4);
     for (int j = 0; j < c; j++) {
         HY_ATTN_PREFETCH((const char *)v + j * row + at, kv == HY512_Q8 ? W * 17 : W * 16 * (kv ? 2 : 4));
-        __m512 pg[4];
-        for (int g = 0; g < NQ; g++) pg[g] = _mm512_set1_ps(p[g * ldp + j]);
-        if (kv == HY512_Q8 && W % 2 == 0) {  /* whole blocks: one factor per 32 values */
+        if (kv == HY512_Q8) {  /* whole blocks: the 8-bit values against p times the factor */
+            const int nb = D / 32;
             for (int t = 0; t < W; t += 2) {
-                __m512 x[2];
-                hy512_ld_q8_block(v, j, d + 16 * t, D, &x[0], &x[1]);
-                for (int h = 0; h < 2; h++)
-                    for (int g = 0; g < NQ; g++) a[g][t + h] = _mm512_fmadd_ps(pg[g], x[h], a[g][t + h]);
+                const int b = (d + 16 * t) >> 5;
+                const uint8_t *x8 = (const uint8_t *)v + j * row + 34 * b + 2;
+                const __m512 x0 = _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i *)x8)));
+                const __m512 x1 = _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i *)(x8 + 16))));
+                for (int g = 0; g < NQ; g++) {
+                    const __m512 w = _mm512_set1_ps(p[(long)(g * nb + b) * ldp + j]);
+                    a[g][t] = _mm512_fmadd_ps(w, x0, a[g][t]);
+                    a[g][t + 1] = _mm512_fmadd_ps(w, x1, a[g][t + 1]);
+                }
             }
         } else {
+            __m512 pg[4];
+            for (int g = 0; g < NQ; g++) pg[g] = _mm512_set1_ps(p[g * ldp + j]);
             for (int t = 0; t < W; t++) {
                 const __m512 x = hy512_ld(v, j, d + 16 * t, D, kv);
                 for (int g = 0; g < NQ; g++) a[g][t] = _mm512_fmadd_ps(pg[g], x, a[g][t]);
@@ -207,25 +343,38 @@ HY512_AI void hy512_values(const int NQ, const int W, const int kv, float *acc, 
         for (int t = 0; t < W; t++) _mm512_storeu_ps(acc + g * D + d + 16 * t, a[g][t]);
 }
 
-/* One update of NQ query vectors q [NQ, D] (state m, l [NQ], acc [NQ, D]) by rows k, v [c, D]. */
-HY512_AI void hy512_update_n(const int NQ, const int kv, const float *q, float *m, float *l,
-                             float *acc, float *s, int ldp, const void *k, const void *v, int c,
-                             int D) {
+/* One update of NQ query vectors i.. of the scratch (state m, l [NQ], acc [NQ, D]) by rows k, v
+ * [c, D], ldp = the block size. */
+HY512_AI void hy512_update_n(const int NQ, const int kv, hy_attn_scratch *w, int i, int ldp,
+                             const void *k, const void *v, int c, int D) {
     float alpha[4];
-    hy512_scores(NQ, kv, q, k, c, D, s, ldp);
+    float *m = w->m + i, *l = w->l + i, *acc = w->acc + (long)i * D, *s = w->s;
+#ifdef HY512_VNNI
+    if (kv == HY512_Q8)
+        hy512_scores_q8(NQ, w->qa + (long)i * D, w->qd + i * (D / 32), w->qc + i * (D / 32),
+                        (const uint8_t *)k, c, D, s, ldp);
+    else
+#endif
+        hy512_scores(NQ, kv, w->q + (long)i * D, k, c, D, s, ldp);
     hy512_softmax_n(NQ, s, ldp, c, m, l, alpha);
     int d = 0;
+    if (kv == HY512_Q8) {
+        hy512_pf_q8(NQ, s, ldp, (const uint8_t *)v, c, D, w->pf);
+        for (; d + 64 <= D; d += 64) hy512_values(NQ, 4, kv, acc, alpha, w->pf, ldp, v, c, D, d);
+        if (d < D) hy512_values(NQ, 2, kv, acc, alpha, w->pf, ldp, v, c, D, d);
+        return;
+    }
     for (; d + 64 <= D; d += 64) hy512_values(NQ, 4, kv, acc, alpha, s, ldp, v, c, D, d);
     for (; d < D; d += 16) hy512_values(NQ, 1, kv, acc, alpha, s, ldp, v, c, D, d);
 }
 
-/* nq (1..4) query vectors; D % 16 == 0 (q8_0 rows: D % 32 == 0) */
-static inline void hy512_update(int nq, int kv, const float *q, float *m, float *l, float *acc,
-                                float *s, int ldp, const void *k, const void *v, int c, int D) {
+/* nq (1..4) query vectors i.. of the scratch; D % 16 == 0 (q8_0 rows: D % 32 == 0) */
+static inline void hy512_update(int nq, int kv, hy_attn_scratch *w, int i, int ldp, const void *k,
+                                const void *v, int c, int D) {
 #define HY512_CASE(N)                                                                    \
-    if (kv == HY512_Q8) hy512_update_n(N, HY512_Q8, q, m, l, acc, s, ldp, k, v, c, D);   \
-    else if (kv) hy512_update_n(N, 1, q, m, l, acc, s, ldp, k, v, c, D);                \
-    else hy512_update_n(N, 0, q, m, l, acc, s, ldp, k, v, c, D);                        \
+    if (kv == HY512_Q8) hy512_update_n(N, HY512_Q8, w, i, ldp, k, v, c, D);              \
+    else if (kv) hy512_update_n(N, 1, w, i, ldp, k, v, c, D);                           \
+    else hy512_update_n(N, 0, w, i, ldp, k, v, c, D);                                   \
     return;
     switch (nq) {
     case 4: HY512_CASE(4)

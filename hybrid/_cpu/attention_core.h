@@ -13,6 +13,11 @@
  * Numerics: one pass of online softmax in float32 (running max m, running sum l, accumulator
  * acc rescaled by exp(m_old - m_new)); float16 rows are converted to float32 one block at a time
  * (or on the fly by the SIMD kernels), q8_0 rows one block at a time into the scratch.
+ * Over q8_0 rows each scaled query is first quantized to 8 bits exactly as the integer mat-vec
+ * quantizes activations (quant_activations.h; reference.quantize_activations), and the scores
+ * are the dot products of those blocks with the cached blocks, as llama.cpp scores a q8_0 K
+ * cache: in integers where the build has AVX-512 VNNI, else in float32 on the query's
+ * dequantized values (reference.attention, kv_dtype "q8_0").
  */
 #ifndef HYBRID_ATTENTION_CORE_H
 #define HYBRID_ATTENTION_CORE_H
@@ -21,7 +26,7 @@
 #include <stdint.h>
 
 #include "simd.h"
-#include "attention_avx512.h"
+#include "quant_activations.h"
 
 typedef struct {
     int num_heads;     /* query heads H */
@@ -44,12 +49,20 @@ typedef struct {
     float *m;    /* [nq] running max */
     float *l;    /* [nq] running sum */
     float *acc;  /* [nq, D] running weighted sum of V */
+    /* q8_0 rows only: the scaled queries in 8 bits (hy_attn_quantize_queries) */
+    int8_t *qa;   /* [nq, D] values */
+    float *qd;    /* [nq, D/32] their block scales */
+    float *qsa;   /* [nq, D/32] scale times sum per block (written by hy_q_act, not read here) */
+    int32_t *qc;  /* [nq, D/32] -128 times each block's sum (the offset of u8 x s8 products) */
+    float *pf;    /* [4, D/32, block_size] probabilities times each V row's block scales */
 } hy_attn_scratch;
 
 enum { HY_ROWS_GENERIC = 0, HY_ROWS_F32 = 1, HY_ROWS_F16 = 2, HY_ROWS_Q8 = 3 };
 
 /* What a KV block holds: float32, float16, or q8_0 rows (34 bytes per 32 values) */
 enum { HY_KV_F32 = 0, HY_KV_F16 = 1, HY_KV_Q8 = 2 };
+
+#include "attention_avx512.h" /* (after the scratch it updates) */
 
 /* bytes of one cached row of one KV head, and of one unit of head_stride */
 static inline size_t hy_kv_row_bytes(int kv_type, int D) {
@@ -137,6 +150,26 @@ static inline void hy_attn_update(const hy_attn_shape *sh, hy_attn_scratch *w, i
     else hy_axpy_rows(acc, alpha[0], w->s, (const float *)v, c, D);
 }
 
+/* The nq scaled queries in w->q to 8 bits for q8_0 rows (qa, qd, qc), as hy_q_act quantizes
+ * activations; w->q becomes their dequantized values (value times block scale), which the float
+ * paths score with. */
+static inline void hy_attn_quantize_queries(hy_attn_scratch *w, int nq, int D) {
+    const int nb = D / 32;
+    for (int i = 0; i < nq; i++) {
+        float *q = w->q + (long)i * D;
+        const int8_t *qa = w->qa + (long)i * D;
+        hy_q_act(q, D, 32, w->qa + (long)i * D, w->qd + i * nb, w->qsa + i * nb, NULL);
+        for (int b = 0; b < nb; b++) {
+            int sum = 0;
+            for (int t = 32 * b; t < 32 * b + 32; t++) {
+                sum += qa[t];
+                q[t] = (float)qa[t] * w->qd[i * nb + b];
+            }
+            w->qc[i * nb + b] = -128 * sum;
+        }
+    }
+}
+
 /* Run one task.
  *   q        [n_rows, H*D] float32, all query rows of the call
  *   row_pos  [n_rows] int64: position of each row; it sees keys 0..row_pos inclusive (with a
@@ -181,6 +214,7 @@ static inline void hy_attn_task(const hy_attn_shape *sh, hy_attn_scratch *w, con
                 float *dst = w->q + (((g - g0) * nrows + (r - r0)) * G + h) * (long)D;
                 for (int d = 0; d < D; d++) dst[d] = src[d] * sh->scale;
             }
+    if (q8) hy_attn_quantize_queries(w, nq, D);
     for (int i = 0; i < nq; i++) { w->m[i] = -INFINITY; w->l[i] = 0.0f; }
     memset(w->acc, 0, sizeof(float) * (size_t)nq * D);
 
@@ -219,15 +253,13 @@ static inline void hy_attn_task(const hy_attn_shape *sh, hy_attn_scratch *w, con
                     if (see <= 0) continue;
                     int i = (int)(((g - g0) * nrows + (r - r0)) * G), iend = i + G;
                     for (; i < iend; i += 4)
-                        hy512_update(iend - i < 4 ? iend - i : 4, sh->kv_type, w->q + (long)i * D,
-                                     w->m + i, w->l + i, w->acc + (long)i * D, w->s, bs, k, v,
+                        hy512_update(iend - i < 4 ? iend - i : 4, sh->kv_type, w, i, bs, k, v,
                                      (int)see, D);
                 }
                 int i = (int)(((g - g0) * nrows + (r - r0)) * G);
                 const int iend = (int)(((g - g0) * nrows + nrows) * G);
                 for (; i < iend; i += 4)
-                    hy512_update(iend - i < 4 ? iend - i : 4, sh->kv_type, w->q + (long)i * D,
-                                 w->m + i, w->l + i, w->acc + (long)i * D, w->s, bs, k, v, c, D);
+                    hy512_update(iend - i < 4 ? iend - i : 4, sh->kv_type, w, i, bs, k, v, c, D);
                 continue;
             }
 #endif
