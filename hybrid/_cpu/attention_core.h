@@ -140,9 +140,10 @@ static inline void hy_attn_update(const hy_attn_shape *sh, hy_attn_scratch *w, i
     }
 #endif
 #if defined(HY_AVX2) && defined(HY_F16C)
-    if (mode == HY_ROWS_Q8) {
-        if (cnt == 4) hy_pv4_q8(acc, alpha, w->s, ldp, (const uint8_t *)v, c, D);
-        else hy_pv1_q8(acc, alpha[0], w->s, (const uint8_t *)v, c, D);
+    if (mode == HY_ROWS_Q8) {  /* probabilities times the rows' factors, then the 8-bit values */
+        hy_q8_weights(cnt, w->s, ldp, (const uint8_t *)v, c, D, w->pf);
+        if (cnt == 4) hy_pv4_q8(acc, alpha, w->pf, ldp, (const uint8_t *)v, c, D);
+        else hy_pv1_q8(acc, alpha[0], w->pf, ldp, (const uint8_t *)v, c, D);
         return;
     }
 #endif

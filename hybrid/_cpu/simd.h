@@ -612,7 +612,7 @@ static inline void hy_rescale4(float *acc, const float *alpha, long n) {
         }                                                                                        \
     }
 
-/* The same, two keys per pass (eight independent FMA chains): used for float16 and q8_0 rows. */
+/* The same, two keys per pass (eight independent FMA chains): used for float16 rows. */
 #define HY_DEFINE_QK4_PAIRS(NAME, T, LD, RB, SINGLE)                                                               \
     static inline void NAME(const float *q, const T *k, int c, long n, float *s, int ldp) {     \
         const float *q0 = q, *q1 = q + n, *q2 = q + 2 * n, *q3 = q + 3 * n;                      \
@@ -684,8 +684,8 @@ static inline void hy_rescale4(float *acc, const float *alpha, long n) {
         }                                                                                        \
     }
 
-/* The same, two rows per pass: half the accumulator loads and stores.  Used for float16 and
- * q8_0 rows, where the kernel is bound by those stores rather than by memory. */
+/* The same, two rows per pass: half the accumulator loads and stores.  Used for float16 rows,
+ * where the kernel is bound by those stores rather than by memory. */
 #define HY_DEFINE_PV4_PAIRS(NAME, T, LD, RB, SINGLE)                                                               \
     static inline void NAME(float *acc, const float *alpha, const float *p, int ldp,            \
                             const T *v, int c, long n) {                                         \
@@ -763,11 +763,116 @@ static inline __m256 hy_ld_q8(const uint8_t *row, long d) {
 }
 #define HY_RB_Q8(n) ((n) / 32 * 34)
 HY_DEFINE_QK4(hy_qk4_q8_rows, uint8_t, hy_ld_q8, HY_RB_Q8)
-HY_DEFINE_QK4_PAIRS(hy_qk4_q8, uint8_t, hy_ld_q8, HY_RB_Q8, hy_qk4_q8_rows)
 HY_DEFINE_QK1(hy_qk1_q8, uint8_t, hy_ld_q8, HY_RB_Q8)
-HY_DEFINE_PV4(hy_pv4_q8_rows, uint8_t, hy_ld_q8, HY_RB_Q8)
-HY_DEFINE_PV4_PAIRS(hy_pv4_q8, uint8_t, hy_ld_q8, HY_RB_Q8, hy_pv4_q8_rows)
-HY_DEFINE_PV1(hy_pv1_q8, uint8_t, hy_ld_q8, HY_RB_Q8)
+
+/* the float16 factor of the q8_0 block at blk, in every lane */
+static inline __m256 hy_q8_factor8(const uint8_t *blk) {
+    short h;
+    memcpy(&h, blk, 2);
+    return _mm256_cvtph_ps(_mm_set1_epi16(h));
+}
+/* 8 values of a q8_0 block from byte x on, widened (no factor) */
+static inline __m256 hy_q8_widen8(const uint8_t *x) {
+    return _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_loadl_epi64((const __m128i *)x)));
+}
+
+/* hy_qk4_q8_rows two keys per pass, each block's factor widened once (the same products as
+ * hy_ld_q8's, so the same bits) */
+static inline void hy_qk4_q8(const float *q, const uint8_t *k, int c, long n, float *s, int ldp) {
+    const long rb = HY_RB_Q8(n);
+    int j = 0;
+    for (; j + 2 <= c; j += 2) {
+        const uint8_t *k0 = k + (long)j * rb, *k1 = k0 + rb;
+        HY_ATTN_PREFETCH(k0, 2 * rb);
+        __m256 a[4][2];
+        for (int g = 0; g < 4; g++) a[g][0] = a[g][1] = _mm256_setzero_ps();
+        for (long b = 0; b < n / 32; b++) {
+            const __m256 f0 = hy_q8_factor8(k0 + 34 * b), f1 = hy_q8_factor8(k1 + 34 * b);
+            for (int t = 0; t < 32; t += 8) {
+                const __m256 x0 = _mm256_mul_ps(f0, hy_q8_widen8(k0 + 34 * b + 2 + t));
+                const __m256 x1 = _mm256_mul_ps(f1, hy_q8_widen8(k1 + 34 * b + 2 + t));
+                for (int g = 0; g < 4; g++) {
+                    const __m256 qv = _mm256_loadu_ps(q + g * n + 32 * b + t);
+                    a[g][0] = HY_FMA(qv, x0, a[g][0]);
+                    a[g][1] = HY_FMA(qv, x1, a[g][1]);
+                }
+            }
+        }
+        float t0[4], t1[4];
+        _mm_storeu_ps(t0, hy_hsum4x256(a[0][0], a[1][0], a[2][0], a[3][0]));
+        _mm_storeu_ps(t1, hy_hsum4x256(a[0][1], a[1][1], a[2][1], a[3][1]));
+        for (int g = 0; g < 4; g++) { s[g * ldp + j] = t0[g]; s[g * ldp + j + 1] = t1[g]; }
+    }
+    if (j < c) hy_qk4_q8_rows(q, k + (long)j * rb, c - j, n, s + j, ldp);
+}
+
+/* pf[(g*nb + b)*ldp + j] = p[g*ldp + j] * (row j's factor of block b), g < nq, j < c: the
+ * weights the q8_0 value pass takes, so it widens only the 8-bit values */
+static inline void hy_q8_weights(int nq, const float *p, int ldp, const uint8_t *v, int c, long n,
+                                 float *pf) {
+    const int nb = (int)(n / 32);
+    for (int j = 0; j < c; j++)
+        for (int b = 0; b < nb; b++) {
+            uint16_t h;
+            memcpy(&h, v + (long)j * HY_RB_Q8(n) + 34 * b, 2);
+            const float f = _cvtsh_ss(h);
+            for (int g = 0; g < nq; g++) pf[(long)(g * nb + b) * ldp + j] = p[g * ldp + j] * f;
+        }
+}
+
+/* acc[g, :] = alpha[g] * acc[g, :] + sum_j sum_b pf[g, b, j] * values of row j's block b, for
+ * g < NQ (1 or 4); two rows per pass where there are two, in row order */
+static inline __attribute__((always_inline)) void hy_pv_q8_n(
+        const int NQ, float *acc, const float *alpha, const float *pf, int ldp, const uint8_t *v,
+        int c, long n) {
+    const int nb = (int)(n / 32);
+    const long rb = HY_RB_Q8(n);
+    for (int g = 0; g < NQ; g++) {
+        if (alpha[g] == 1.0f) continue;
+        const __m256 sg = _mm256_set1_ps(alpha[g]);
+        for (long d = 0; d < n; d += 8)
+            _mm256_storeu_ps(acc + g * n + d, _mm256_mul_ps(_mm256_loadu_ps(acc + g * n + d), sg));
+    }
+    int j = 0;
+    for (; j + 2 <= c; j += 2) {
+        const uint8_t *r0 = v + (long)j * rb, *r1 = r0 + rb;
+        HY_ATTN_PREFETCH(r0, 2 * rb);
+        for (int b = 0; b < nb; b++) {
+            __m256 w0[4], w1[4];
+            for (int g = 0; g < NQ; g++) {
+                w0[g] = _mm256_broadcast_ss(pf + (long)(g * nb + b) * ldp + j);
+                w1[g] = _mm256_broadcast_ss(pf + (long)(g * nb + b) * ldp + j + 1);
+            }
+            for (int t = 0; t < 32; t += 8) {
+                const __m256 x0 = hy_q8_widen8(r0 + 34 * b + 2 + t), x1 = hy_q8_widen8(r1 + 34 * b + 2 + t);
+                for (int g = 0; g < NQ; g++) {
+                    float *a = acc + g * n + 32 * b + t;
+                    _mm256_storeu_ps(a, HY_FMA(w1[g], x1, HY_FMA(w0[g], x0, _mm256_loadu_ps(a))));
+                }
+            }
+        }
+    }
+    for (; j < c; j++) {
+        const uint8_t *r0 = v + (long)j * rb;
+        for (int b = 0; b < nb; b++)
+            for (int t = 0; t < 32; t += 8) {
+                const __m256 x0 = hy_q8_widen8(r0 + 34 * b + 2 + t);
+                for (int g = 0; g < NQ; g++) {
+                    float *a = acc + g * n + 32 * b + t;
+                    _mm256_storeu_ps(a, HY_FMA(_mm256_broadcast_ss(pf + (long)(g * nb + b) * ldp + j), x0,
+                                               _mm256_loadu_ps(a)));
+                }
+            }
+    }
+}
+static inline void hy_pv4_q8(float *acc, const float *alpha, const float *pf, int ldp,
+                             const uint8_t *v, int c, long n) {
+    hy_pv_q8_n(4, acc, alpha, pf, ldp, v, c, n);
+}
+static inline void hy_pv1_q8(float *acc, float alpha, const float *pf, int ldp, const uint8_t *v,
+                             int c, long n) {
+    hy_pv_q8_n(1, acc, &alpha, pf, ldp, v, c, n);
+}
 #endif
 #endif /* HY_AVX2 */
 
