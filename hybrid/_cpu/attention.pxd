@@ -22,7 +22,6 @@ cdef extern from "attention_core.h" nogil:
         float *acc
         int8_t *qa
         float *qd
-        float *qsa
         int32_t *qc
         float *pf
     void hy_attn_task(const hy_attn_shape *sh, hy_attn_scratch *w, const float *q,

@@ -61,7 +61,6 @@ cdef hy_attn_scratch *_alloc_scratch(int nq, int D, int bs) noexcept nogil:
     w.acc = <float *> hy_alloc64(sizeof(float) * nq * D)
     w.qa = <int8_t *> hy_alloc64(sizeof(int8_t) * nq * D)
     w.qd = <float *> hy_alloc64(sizeof(float) * nq * (D // 32 + 1))
-    w.qsa = <float *> hy_alloc64(sizeof(float) * nq * (D // 32 + 1))
     w.qc = <int32_t *> hy_alloc64(sizeof(int32_t) * nq * (D // 32 + 1))
     w.pf = <float *> hy_alloc64(sizeof(float) * 4 * (D // 32 + 1) * bs)
     return w
@@ -70,14 +69,14 @@ cdef hy_attn_scratch *_alloc_scratch(int nq, int D, int bs) noexcept nogil:
 cdef bint _scratch_ok(hy_attn_scratch *w) noexcept nogil:
     return (w != NULL and w.q != NULL and w.kbuf != NULL and w.vbuf != NULL and w.s != NULL
             and w.m != NULL and w.l != NULL and w.acc != NULL and w.qa != NULL and w.qd != NULL
-            and w.qsa != NULL and w.qc != NULL and w.pf != NULL)
+            and w.qc != NULL and w.pf != NULL)
 
 
 cdef void _free_scratch(hy_attn_scratch *w) noexcept nogil:
     if w == NULL:
         return
     free(w.q); free(w.kbuf); free(w.vbuf); free(w.s); free(w.m); free(w.l); free(w.acc)
-    free(w.qa); free(w.qd); free(w.qsa); free(w.qc); free(w.pf)
+    free(w.qa); free(w.qd); free(w.qc); free(w.pf)
     free(w)
 
 

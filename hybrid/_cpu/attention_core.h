@@ -52,7 +52,6 @@ typedef struct {
     /* q8_0 rows only: the scaled queries in 8 bits (hy_attn_quantize_queries) */
     int8_t *qa;   /* [nq, D] values */
     float *qd;    /* [nq, D/32] their block scales */
-    float *qsa;   /* [nq, D/32] scale times sum per block (written by hy_q_act, not read here) */
     int32_t *qc;  /* [nq, D/32] -128 times each block's sum (the offset of u8 x s8 products) */
     float *pf;    /* [4, D/32, block_size] probabilities times each V row's block scales */
 } hy_attn_scratch;
@@ -159,7 +158,7 @@ static inline void hy_attn_quantize_queries(hy_attn_scratch *w, int nq, int D) {
     for (int i = 0; i < nq; i++) {
         float *q = w->q + (long)i * D;
         const int8_t *qa = w->qa + (long)i * D;
-        hy_q_act(q, D, 32, w->qa + (long)i * D, w->qd + i * nb, w->qsa + i * nb, NULL);
+        hy_q_act(q, D, 32, w->qa + (long)i * D, w->qd + i * nb, NULL, NULL);
         for (int b = 0; b < nb; b++) {
             int sum = 0;
             for (int t = 32 * b; t < 32 * b + 32; t++) {

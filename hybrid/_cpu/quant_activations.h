@@ -9,14 +9,14 @@
 /* Quantize x[0..n) to 8-bit values with one scale per group of `group` values (32, or 256 for
  * the formats with 256-value super-blocks, whose kernels then keep their sub-block scales in
  * integer arithmetic, as llama.cpp's Q8_K): qa[n], and per 32-value block b da[b] (its group's
- * scale, the same for every block of a group) and sa[b] = da[b] * (sum of qa over b); when s16
- * is not NULL, s16[n/16] = da * (sum of qa over each 16 values) for Q6_K and the low-bit
- * formats.  n % group == 0. */
+ * scale, the same for every block of a group) and, when sa is not NULL, sa[b] = da[b] * (sum of
+ * qa over b); when s16 is not NULL, s16[n/16] = da * (sum of qa over each 16 values) for Q6_K
+ * and the low-bit formats.  n % group == 0. */
 /* block b's scale and scaled sums (of its two halves of 16 values, and of all 32) */
 static inline void hy_q_act_sums(long b, float d, int sum0, int sum1, float *da, float *sa,
                                  float *s16) {
     da[b] = d;
-    sa[b] = d * (float)(sum0 + sum1);
+    if (sa != NULL) sa[b] = d * (float)(sum0 + sum1);
     if (s16 != NULL) {
         s16[2 * b] = d * (float)sum0;
         s16[2 * b + 1] = d * (float)sum1;
