@@ -29,6 +29,7 @@ cdef extern from "attention_core.h" nogil:
     size_t hy_kv_row_bytes(int kv_type, int D)
     size_t hy_kv_unit_bytes(int kv_type)
     void hy_kv_store_row(int kv_type, const float *x, void *dst, int D)
+    int hy_attn_q8_int_scores()
 
 _NO_PARTIAL2 = np.zeros((1, 1), dtype=np.float32)
 _NO_PARTIAL3 = np.zeros((1, 1, 1), dtype=np.float32)
@@ -325,6 +326,13 @@ cdef _attend(float[:, ::1] q, const int64_t[::1] row_pos, const int64_t[::1] seg
              &pl[0, 0], &pacc[0, 0, 0], &out[0, 0], num_threads, &failed)
     if failed:
         raise MemoryError("paged attention: could not allocate per-thread scratch")
+
+
+def q8_0_scores():
+    """How this build scores a q8_0 KV cache (its queries quantized to 8 bits either way)."""
+    if hy_attn_q8_int_scores():
+        return "int8 block dot products (vpdpbusd, 16 keys per pass)"
+    return "float32 on the dequantized 8-bit query"
 
 
 def _check_common(q, out, int num_heads, int num_kv_heads, int head_dim, int block_size,

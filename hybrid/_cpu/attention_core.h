@@ -63,6 +63,15 @@ enum { HY_KV_F32 = 0, HY_KV_F16 = 1, HY_KV_Q8 = 2 };
 
 #include "attention_avx512.h" /* (after the scratch it updates) */
 
+/* 1 where q8_0 rows are scored in integers (AVX-512 VNNI), 0 where in float32 */
+static inline int hy_attn_q8_int_scores(void) {
+#ifdef HY512_VNNI
+    return 1;
+#else
+    return 0;
+#endif
+}
+
 /* bytes of one cached row of one KV head, and of one unit of head_stride */
 static inline size_t hy_kv_row_bytes(int kv_type, int D) {
     return kv_type == HY_KV_Q8 ? (size_t)D / 32 * 34 : (size_t)D * (kv_type == HY_KV_F16 ? 2 : 4);

@@ -27,7 +27,7 @@ def simd_level():
 
 def kernel_paths():
     """{kernel family: the code path it runs on this build}, for `hybrid info` and benchmarks."""
-    from . import quant
+    from . import attention as attention_module, quant
 
     level = hy_simd_level()
     if level == 3:
@@ -42,6 +42,7 @@ def kernel_paths():
         attention += {0: "; stream prefetched into L2 (AMD, L1D < 48 KiB)",
                       1: "; stream prefetched into L1, non-temporal (AMD, L1D >= 48 KiB)",
                       2: "; stream prefetched into L1 (Intel)"}[hy_attn_pf_mode()]
+    attention += f"; q8_0 KV scored in {attention_module.q8_0_scores()}"
     elementwise = {3: "avx512", 2: "avx2+fma", 1: "avx2+fma", 0: "portable C"}[level]
     from .backend import SMALL_F32_GEMM  # (the backend's rule for AVX2 builds)
     return {"attention": attention,
