@@ -581,9 +581,9 @@ static inline int hy_attn_simd_ok(long n, int f16) {
                 _mm_prefetch(p_ + HY_ATTN_PF_L2_AHEAD + o_, _MM_HINT_T1);                        \
     } while (0)
 
-/* acc[g, :] *= alpha[g] for g < 4 (skipped where the running max did not move) */
-static inline void hy_rescale4(float *acc, const float *alpha, long n) {
-    for (int g = 0; g < 4; g++) {
+/* acc[g, :] *= alpha[g] for g < nq (skipped where the running max did not move) */
+static inline void hy_rescale_rows(float *acc, const float *alpha, int nq, long n) {
+    for (int g = 0; g < nq; g++) {
         if (alpha[g] == 1.0f) continue;
         const __m256 sg = _mm256_set1_ps(alpha[g]);
         for (long d = 0; d < n; d += 8)
@@ -667,7 +667,7 @@ static inline void hy_rescale4(float *acc, const float *alpha, long n) {
 #define HY_DEFINE_PV4(NAME, T, LD, RB)                                                               \
     static inline void NAME(float *acc, const float *alpha, const float *p, int ldp,            \
                             const T *v, int c, long n) {                                         \
-        hy_rescale4(acc, alpha, n);                                                              \
+        hy_rescale_rows(acc, alpha, 4, n);                                                       \
         float *c0 = acc, *c1 = acc + n, *c2 = acc + 2 * n, *c3 = acc + 3 * n;                    \
         for (int j = 0; j < c; j++) {                                                            \
             const T *r0 = v + (long)j * RB(n);                                                       \
@@ -689,7 +689,7 @@ static inline void hy_rescale4(float *acc, const float *alpha, long n) {
 #define HY_DEFINE_PV4_PAIRS(NAME, T, LD, RB, SINGLE)                                                               \
     static inline void NAME(float *acc, const float *alpha, const float *p, int ldp,            \
                             const T *v, int c, long n) {                                         \
-        hy_rescale4(acc, alpha, n);                                                              \
+        hy_rescale_rows(acc, alpha, 4, n);                                                       \
         float *c0 = acc, *c1 = acc + n, *c2 = acc + 2 * n, *c3 = acc + 3 * n;                    \
         int j = 0;                                                                               \
         for (; j + 2 <= c; j += 2) {                                                             \
@@ -750,21 +750,7 @@ HY_DEFINE_PV4(hy_pv4_f16_rows, uint16_t, HY_LD_F16, HY_RB_N)
 HY_DEFINE_PV4_PAIRS(hy_pv4_f16, uint16_t, HY_LD_F16, HY_RB_N, hy_pv4_f16_rows)
 HY_DEFINE_PV1(hy_pv1_f32, float, HY_LD_F32, HY_RB_N)
 HY_DEFINE_PV1(hy_pv1_f16, uint16_t, HY_LD_F16, HY_RB_N)
-/* q8_0 rows (n / 32 * 34 bytes): 8 values at column d as factor times value, the product the
- * scalar widening (hy_q8_rows_to_f32) forms, so these give the float32 kernels' bits on the
- * widened rows */
 #ifdef HY_F16C
-static inline __m256 hy_ld_q8(const uint8_t *row, long d) {
-    const uint8_t *blk = row + 34 * (d >> 5);
-    short h;
-    memcpy(&h, blk, 2);  /* (the factor broadcast as float16, then widened: two instructions) */
-    return _mm256_mul_ps(_mm256_cvtph_ps(_mm_set1_epi16(h)), _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(
-        _mm_loadl_epi64((const __m128i *)(blk + 2 + (d & 31))))));
-}
-#define HY_RB_Q8(n) ((n) / 32 * 34)
-HY_DEFINE_QK4(hy_qk4_q8_rows, uint8_t, hy_ld_q8, HY_RB_Q8)
-HY_DEFINE_QK1(hy_qk1_q8, uint8_t, hy_ld_q8, HY_RB_Q8)
-
 /* the float16 factor of the q8_0 block at blk, in every lane */
 static inline __m256 hy_q8_factor8(const uint8_t *blk) {
     short h;
@@ -775,6 +761,16 @@ static inline __m256 hy_q8_factor8(const uint8_t *blk) {
 static inline __m256 hy_q8_widen8(const uint8_t *x) {
     return _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_loadl_epi64((const __m128i *)x)));
 }
+/* q8_0 rows (n / 32 * 34 bytes): 8 values at column d as factor times value, the product the
+ * scalar widening (hy_q8_rows_to_f32) forms, so these give the float32 kernels' bits on the
+ * widened rows */
+static inline __m256 hy_ld_q8(const uint8_t *row, long d) {
+    const uint8_t *blk = row + 34 * (d >> 5);
+    return _mm256_mul_ps(hy_q8_factor8(blk), hy_q8_widen8(blk + 2 + (d & 31)));
+}
+#define HY_RB_Q8(n) ((n) / 32 * 34)
+HY_DEFINE_QK4(hy_qk4_q8_rows, uint8_t, hy_ld_q8, HY_RB_Q8)
+HY_DEFINE_QK1(hy_qk1_q8, uint8_t, hy_ld_q8, HY_RB_Q8)
 
 /* hy_qk4_q8_rows two keys per pass, each block's factor widened once (the same products as
  * hy_ld_q8's, so the same bits) */
@@ -827,12 +823,7 @@ static inline __attribute__((always_inline)) void hy_pv_q8_n(
         int c, long n) {
     const int nb = (int)(n / 32);
     const long rb = HY_RB_Q8(n);
-    for (int g = 0; g < NQ; g++) {
-        if (alpha[g] == 1.0f) continue;
-        const __m256 sg = _mm256_set1_ps(alpha[g]);
-        for (long d = 0; d < n; d += 8)
-            _mm256_storeu_ps(acc + g * n + d, _mm256_mul_ps(_mm256_loadu_ps(acc + g * n + d), sg));
-    }
+    hy_rescale_rows(acc, alpha, NQ, n);
     int j = 0;
     for (; j + 2 <= c; j += 2) {
         const uint8_t *r0 = v + (long)j * rb, *r1 = r0 + rb;
