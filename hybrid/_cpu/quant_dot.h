@@ -43,7 +43,7 @@
 #endif
 #if defined(HY_HALF512)
 #define HY_HALF_DOT hy_dot_half_512
-#elif defined(HY_AVX2)
+#elif defined(HY_HALF256)
 #define HY_HALF_DOT hy_dot_half_avx2
 #else
 #define HY_HALF_DOT hy_dot_half_portable

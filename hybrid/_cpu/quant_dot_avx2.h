@@ -483,34 +483,88 @@ HY_UNUSED static float hy_dot_iq4_xs_avx2(const uint8_t *w, long nsb, const int8
     return hy_hsum256(_mm256_add_ps(acc0, acc1));
 }
 
-/* F16 / BF16 rows times float32 x: 16 values per step (F16 where the build has F16C), the rest
- * in the portable tail */
-HY_UNUSED static float hy_dot_half_avx2(const uint8_t *w, long n, const float *x, int bf16) {
-    const uint16_t *h = (const uint16_t *)w;
-    long i = 0;
-    float sum = 0.0f;
-    __m256 a0 = _mm256_setzero_ps(), a1 = _mm256_setzero_ps();
-    if (bf16) {
-        for (; i + 16 <= n; i += 16) {
-            HY_PREFETCH(h + i);
-            __m256i u0 = _mm256_cvtepu16_epi32(_mm_loadu_si128((const __m128i *)(h + i)));
-            __m256i u1 = _mm256_cvtepu16_epi32(_mm_loadu_si128((const __m128i *)(h + i + 8)));
-            a0 = _mm256_fmadd_ps(_mm256_castsi256_ps(_mm256_slli_epi32(u0, 16)), _mm256_loadu_ps(x + i), a0);
-            a1 = _mm256_fmadd_ps(_mm256_castsi256_ps(_mm256_slli_epi32(u1, 16)), _mm256_loadu_ps(x + i + 8), a1);
-        }
-    }
-#if defined(HY_F16C)
-    else {
-        for (; i + 16 <= n; i += 16) {
-            HY_PREFETCH(h + i);
-            a0 = _mm256_fmadd_ps(_mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(h + i))), _mm256_loadu_ps(x + i), a0);
-            a1 = _mm256_fmadd_ps(_mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(h + i + 8))), _mm256_loadu_ps(x + i + 8), a1);
-        }
-    }
-#endif
-    sum = hy_hsum256(_mm256_add_ps(a0, a1));
-    return hy_half_tail(h, i, n, x, bf16, sum);
+/* F16 / BF16 / F32 weight rows: the kind of a row of floats */
+enum { HY_HALF_F16 = 0, HY_HALF_BF16 = 1, HY_HALF_F32 = 2 };
+
+#if defined(HY_F16C) && !defined(__AVX512F__)
+#define HY_HALF256 1
+/* 8 values of a row of `kind` at element i */
+static inline __attribute__((always_inline)) __m256 hy_float8_at(const uint8_t *row, long i,
+                                                                  const int kind) {
+    if (kind == HY_HALF_F32) return _mm256_loadu_ps((const float *)row + i);
+    const __m128i u = _mm_loadu_si128((const __m128i *)((const uint16_t *)row + i));
+    if (kind == HY_HALF_BF16) return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(u), 16));
+    return _mm256_cvtph_ps(u);
 }
+
+/* value i of a row of `kind` */
+static inline float hy_float_at(const uint8_t *row, long i, const int kind) {
+    if (kind == HY_HALF_F32) return ((const float *)row)[i];
+    const uint16_t h = ((const uint16_t *)row)[i];
+    if (kind == HY_HALF_F16) return hy_half_to_float(h);
+    const uint32_t bits = (uint32_t)h << 16;
+    float v;
+    memcpy(&v, &bits, 4);
+    return v;
+}
+
+/* W (1..4) F16 / BF16 / F32 weight rows (row i at w + i*row_bytes) times R float32 activation
+ * rows (row r at x + r*xstride), W*R <= 6: out[r*ostride + i].  16 values per step in two
+ * 256-bit halves, each pair of rows with two accumulators, then the values past the last whole
+ * step one by one; every weight vector is loaded (and widened) once for the R rows.  A pair of
+ * rows takes exactly the same operations whatever W and R are (the same bits).  Where pf is set
+ * each weight line is prefetched HY_PREFETCH_AHEAD on (a caller clears it on a second pass over
+ * the same rows). */
+static inline __attribute__((always_inline)) void
+hy_half_rows_256(const uint8_t *w, long row_bytes, const int W, long n, const float *x,
+                 long xstride, const int R, const int kind, const int pf, float *out, long ostride) {
+    __m256 a0[6], a1[6];  /* [r * W + i] */
+    const int esz = kind == HY_HALF_F32 ? 4 : 2;
+    long k = 0;
+    for (int j = 0; j < W * R; j++) a0[j] = a1[j] = _mm256_setzero_ps();
+    for (; k + 16 <= n; k += 16) {
+        __m256 w0[4], w1[4];
+        for (int i = 0; i < W; i++) {
+            const uint8_t *row = w + i * row_bytes;
+            if (pf) {
+                HY_PREFETCH(row + k * esz);
+                if (esz == 4) HY_PREFETCH(row + k * esz + 32);
+            }
+            w0[i] = hy_float8_at(row, k, kind);
+            w1[i] = hy_float8_at(row, k + 8, kind);
+        }
+        for (int r = 0; r < R; r++) {
+            const __m256 x0 = _mm256_loadu_ps(x + r * xstride + k);
+            const __m256 x1 = _mm256_loadu_ps(x + r * xstride + k + 8);
+            for (int i = 0; i < W; i++) {
+                a0[r * W + i] = _mm256_fmadd_ps(w0[i], x0, a0[r * W + i]);
+                a1[r * W + i] = _mm256_fmadd_ps(w1[i], x1, a1[r * W + i]);
+            }
+        }
+    }
+    for (int r = 0; r < R; r++)
+        for (int i = 0; i < W; i++) {
+            const uint8_t *row = w + i * row_bytes;
+            const float *xr = x + r * xstride;
+            float sum = hy_hsum256(_mm256_add_ps(a0[r * W + i], a1[r * W + i]));
+            for (long t = k; t < n; t++) sum += hy_float_at(row, t, kind) * xr[t];
+            out[r * ostride + i] = sum;
+        }
+}
+
+HY_UNUSED static float hy_dot_half_avx2(const uint8_t *w, long n, const float *x, int bf16) {
+    float out;  /* (bf16 a constant in each call) */
+    if (bf16) hy_half_rows_256(w, 0, 1, n, x, 0, 1, HY_HALF_BF16, 1, &out, 0);
+    else hy_half_rows_256(w, 0, 1, n, x, 0, 1, HY_HALF_F16, 1, &out, 0);
+    return out;
+}
+
+HY_UNUSED static float hy_dot_f32_avx2(const uint8_t *w, long n, const float *x) {
+    float out;
+    hy_half_rows_256(w, 0, 1, n, x, 0, 1, HY_HALF_F32, 1, &out, 0);
+    return out;
+}
+#endif
 #endif
 
 #endif

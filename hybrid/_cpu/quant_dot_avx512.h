@@ -325,13 +325,15 @@ HY_UNUSED static float hy_dot_q6_k_512(const uint8_t *w, long nsb, const int8_t 
 
 #if defined(HY_AVX2) && defined(__AVX512F__)
 #define HY_HALF512 1
-/* W (1..4) F16 / BF16 / F32 weight rows (row i at w + i*row_bytes) times float32 x [n]: out[i].
- * 32 values per step in two 512-bit halves, each row with two accumulators, so W = 4 keeps
- * eight FMA chains going and loads x once for four rows; the last partial step reads masked
- * (zeros past n).  A row takes exactly the same operations whatever W is (the same bits).
- * Each row prefetches, into L2, the line at the same place in the row four rows on (the next
- * pass's).  (bench_quant's float16 and float32 mat-vec rows measure it.) */
-enum { HY_HALF_F16 = 0, HY_HALF_BF16 = 1, HY_HALF_F32 = 2 };
+/* W (1..4) F16 / BF16 / F32 weight rows (row i at w + i*row_bytes) times R float32 activation
+ * rows (row r at x + r*xstride), W*R <= 12: out[r*ostride + i].  32 values per step in two
+ * 512-bit halves, each pair of rows with two accumulators; every weight vector is loaded (and
+ * widened) once for the R rows and every activation vector once for the W rows.  The last
+ * partial step reads masked (zeros past n).  A pair of rows takes exactly the same operations
+ * whatever W and R are (the same bits).  Where pf is set each weight row prefetches, into L2,
+ * the line at the same place in the row four rows on; a caller clears it on a second pass over
+ * the same rows.  (bench_quant's float16 and float32 mat-vec rows measure it.) */
+#define HY_HALF_MAX_RW 12
 
 /* 16 values of a row of `kind` at element i, lanes past mask m zero */
 static inline __attribute__((always_inline)) __m512 hy_float16_at(const uint8_t *row, long i,
@@ -343,41 +345,52 @@ static inline __attribute__((always_inline)) __m512 hy_float16_at(const uint8_t 
 }
 
 static inline __attribute__((always_inline)) void
-hy_half_rows(const uint8_t *w, long row_bytes, const int W, long n, const float *x, const int kind,
-             float *out) {
-    __m512 a0[4], a1[4];
+hy_half_rows(const uint8_t *w, long row_bytes, const int W, long n, const float *x, long xstride,
+             const int R, const int kind, const int pf, float *out, long ostride) {
+    __m512 a0[HY_HALF_MAX_RW], a1[HY_HALF_MAX_RW];  /* [r * W + i] */
     const int esz = kind == HY_HALF_F32 ? 4 : 2;
-    for (int r = 0; r < W; r++) a0[r] = a1[r] = _mm512_setzero_ps();
-    for (long i = 0; i < n; i += 32) {
-        const long left = n - i;
+    for (int j = 0; j < W * R; j++) a0[j] = a1[j] = _mm512_setzero_ps();
+    for (long k = 0; k < n; k += 32) {
+        const long left = n - k;
         const __mmask16 m0 = left >= 16 ? (__mmask16)0xFFFF : (__mmask16)((1u << left) - 1u);
         const __mmask16 m1 = left >= 32 ? (__mmask16)0xFFFF
                                         : (left <= 16 ? (__mmask16)0 : (__mmask16)((1u << (left - 16)) - 1u));
-        const __m512 x0 = _mm512_maskz_loadu_ps(m0, x + i), x1 = _mm512_maskz_loadu_ps(m1, x + i + 16);
-        for (int r = 0; r < W; r++) {
-            const uint8_t *row = w + r * row_bytes;
-            /* the next pass's line(s) */
-            _mm_prefetch((const char *)row + i * esz + 4 * row_bytes, _MM_HINT_T1);
-            if (esz == 4) _mm_prefetch((const char *)row + i * esz + 64 + 4 * row_bytes, _MM_HINT_T1);
-            a0[r] = _mm512_fmadd_ps(hy_float16_at(row, i, m0, kind), x0, a0[r]);
-            a1[r] = _mm512_fmadd_ps(hy_float16_at(row, i + 16, m1, kind), x1, a1[r]);
+        __m512 w0[4], w1[4];
+        for (int i = 0; i < W; i++) {
+            const uint8_t *row = w + i * row_bytes;
+            if (pf) {  /* the line(s) four rows on */
+                _mm_prefetch((const char *)row + k * esz + 4 * row_bytes, _MM_HINT_T1);
+                if (esz == 4) _mm_prefetch((const char *)row + k * esz + 64 + 4 * row_bytes, _MM_HINT_T1);
+            }
+            w0[i] = hy_float16_at(row, k, m0, kind);
+            w1[i] = hy_float16_at(row, k + 16, m1, kind);
+        }
+        for (int r = 0; r < R; r++) {
+            const __m512 x0 = _mm512_maskz_loadu_ps(m0, x + r * xstride + k);
+            const __m512 x1 = _mm512_maskz_loadu_ps(m1, x + r * xstride + k + 16);
+            for (int i = 0; i < W; i++) {
+                a0[r * W + i] = _mm512_fmadd_ps(w0[i], x0, a0[r * W + i]);
+                a1[r * W + i] = _mm512_fmadd_ps(w1[i], x1, a1[r * W + i]);
+            }
         }
     }
-    for (int r = 0; r < W; r++) out[r] = _mm512_reduce_add_ps(_mm512_add_ps(a0[r], a1[r]));
+    for (int r = 0; r < R; r++)
+        for (int i = 0; i < W; i++)
+            out[r * ostride + i] = _mm512_reduce_add_ps(_mm512_add_ps(a0[r * W + i], a1[r * W + i]));
 }
 #endif
 
 #if defined(HY_HALF512)
 HY_UNUSED static float hy_dot_half_512(const uint8_t *w, long n, const float *x, int bf16) {
     float out;  /* (bf16 a constant in each call) */
-    if (bf16) hy_half_rows(w, 0, 1, n, x, HY_HALF_BF16, &out);
-    else hy_half_rows(w, 0, 1, n, x, HY_HALF_F16, &out);
+    if (bf16) hy_half_rows(w, 0, 1, n, x, 0, 1, HY_HALF_BF16, 1, &out, 0);
+    else hy_half_rows(w, 0, 1, n, x, 0, 1, HY_HALF_F16, 1, &out, 0);
     return out;
 }
 
 HY_UNUSED static float hy_dot_f32_512(const uint8_t *w, long n, const float *x) {
     float out;
-    hy_half_rows(w, 0, 1, n, x, HY_HALF_F32, &out);
+    hy_half_rows(w, 0, 1, n, x, 0, 1, HY_HALF_F32, 1, &out, 0);
     return out;
 }
 #endif

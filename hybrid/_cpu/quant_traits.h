@@ -30,7 +30,7 @@
 #define HY_Q8_ROWS 1
 #define HY_K_ROWS 1
 #endif
-#if defined(HY_HALF512)
+#if defined(HY_HALF512) || defined(HY_HALF256)
 #define HY_HALF_ROWS 4
 #else
 #define HY_HALF_ROWS 1
@@ -111,6 +111,8 @@ HY_DOT_ROW(iq4_nl, hy_dot_iq4_nl(w, n / 32, qa, da))
 HY_DOT_ROW(iq4_xs, hy_dot_iq4_xs(w, n / 256, qa, da))
 #if defined(HY_HALF512)
 HY_DOT_ROW(f32, hy_dot_f32_512(w, n, x))
+#elif defined(HY_HALF256)
+HY_DOT_ROW(f32, hy_dot_f32_avx2(w, n, x))
 #else
 HY_DOT_ROW(f32, hy_dot_stream((const float *)w, x, n))
 #endif
