@@ -306,8 +306,10 @@ def test_each_row_is_independent_of_the_batch(rng, name):
     other rows share the call (how many, and where the row falls in the tiles)."""
     from hybrid._cpu import quant as kernels
 
-    # 224: 7 blocks, a kernel stepping 4 at a time ends on a partial step
-    for n in (512, 224) if FORMATS[name].block_values == 32 else (512,):
+    # 224: 7 blocks, a kernel stepping 4 at a time ends on a partial step; Q8_0 rows of 1024
+    # take the prepared-activation passes (up to 8 rows each, rows shared out evenly)
+    widths = (512, 224) if FORMATS[name].block_values == 32 else (512,)
+    for n in widths + ((1024,) if name == "q8_0" else ()):
         w = random_blocks(name, 37, n, rng)
         x = rng.standard_normal((29, n)).astype(np.float32)
         code = w.format.kernel_code

@@ -64,7 +64,7 @@ static inline void hy_q8_prep(const int8_t *qa, const float *da, long nb, uint8_
     }
 }
 
-/* Q8_0 against R (<= 4) prepared activation rows (hy_q8_prep, pstride bytes apart):
+/* Q8_0 against R (<= 8) prepared activation rows (hy_q8_prep, pstride bytes apart):
  * out[r*ldo].  The same bits as hy_q8_0_blocks_512 (then hy_dot_q8_0_rows): the same exact
  * integer sums per lane, here (a + 128) . w - 128 * (sum of w), the same factors d * da, the same
  * FMAs and final sum; but per activation row and pair of blocks only the vpdpbusd (activations
@@ -74,7 +74,7 @@ static inline __attribute__((always_inline)) void
 hy_q8_0_rows_prep(const uint8_t *w, long nb, const int R, const uint8_t *prep, long pstride,
                   float *out, long ldo) {
     const __m512i flip = _mm512_set1_epi8((char)0x80);
-    __m512 acc[4];
+    __m512 acc[8];
     for (int r = 0; r < R; r++) acc[r] = _mm512_setzero_ps();
     for (long b = 0; b < nb; b += 2) {
         const int two = b + 1 < nb;

@@ -77,19 +77,27 @@ static inline void hy_q_prep_acts(const int8_t *qa, const float *da, const float
 #endif
 
 /* That loop over weight rows [o, o1) for `rows` activation rows, bias added: ROW(R, i, r) runs
- * weight row i against activation rows r..r+R-1, R a constant 1..4 in each expansion (so every
- * format keeps its own inlined kernel). */
+ * weight row i against activation rows r..r+R-1, R a constant 1..HY_PREP_ROWS in each expansion
+ * (so every format keeps its own inlined kernel).  The rows go in as few passes as
+ * HY_PREP_ROWS per pass allows, shared out evenly: a pass costs nearly its weights' unpacking
+ * whatever its rows. */
+#define HY_PREP_ROWS 8
 #define HY_PREP_LOOP(ROW)                                                                      \
     for (; o < o1; o += HY_PREP_CHUNK) {                                                       \
         const long oe_ = o1 - o < HY_PREP_CHUNK ? o1 : o + HY_PREP_CHUNK;                      \
-        for (int r_ = 0; r_ < rows; r_ += 4) {                                                 \
-            const int left_ = rows - r_ < 4 ? rows - r_ : 4;                                   \
+        const int passes_ = (rows + HY_PREP_ROWS - 1) / HY_PREP_ROWS;                          \
+        for (int p_ = 0, r_ = 0, left_; p_ < passes_; p_++, r_ += left_) {                     \
+            left_ = (rows - r_ + passes_ - p_ - 1) / (passes_ - p_);                           \
             for (long i_ = o; i_ < oe_; i_++)                                                  \
                 switch (left_) {                                                               \
                 case 1: ROW(1, i_, r_); break;                                                 \
                 case 2: ROW(2, i_, r_); break;                                                 \
                 case 3: ROW(3, i_, r_); break;                                                 \
-                default: ROW(4, i_, r_); break;                                                \
+                case 4: ROW(4, i_, r_); break;                                                 \
+                case 5: ROW(5, i_, r_); break;                                                 \
+                case 6: ROW(6, i_, r_); break;                                                 \
+                case 7: ROW(7, i_, r_); break;                                                 \
+                default: ROW(8, i_, r_); break;                                                \
                 }                                                                              \
         }                                                                                      \
         if (bias)                                                                              \
