@@ -288,55 +288,40 @@ static inline void hy_q_matvec_range(int type, const uint8_t *w, long row_bytes,
             }
     }
 #endif
+#if defined(HY_HALF512) || defined(HY_HALF256)
+    /* F16 / BF16 / F32 (hy_half_rows; hy_half_rows_256 with AVX2's sixteen registers): W weight
+     * rows per pass for up to six activation rows at once, so the weights stream in one pass
+     * and prefetch as they go; more rows take passes of six, the first pass prefetching.
+     * AVX-512: one or two activation rows take four weight rows, three to six two; AVX2: one
+     * row four weight rows, two rows two, three to six one. */
+    if (per_pass == 4 && x != NULL) {
 #if defined(HY_HALF512)
-    /* F16 / BF16 / F32 (hy_half_rows): one activation row takes four weight rows per pass, two
-     * take four rows both at once, three to six take two weight rows all at once (so the weights
-     * stream in a single pass, prefetching as they go); more take passes of six rows, the first
-     * pass prefetching. */
-    if (per_pass == 4 && x != NULL) {
-        const int W = rows <= 2 ? 4 : 2;
-        for (; o + W <= o1; o += W) {
-            float *op = out + o;
-            const uint8_t *wo = w + o * row_bytes;
-            for (int r = 0; r < rows; r += 6) {
-                const int pf = r == 0, left = rows - r;
-#define HY_HALF_PASS(WW, R)                                                                      \
-                case R: if (type == HY_Q_BF16) hy_half_rows(wo, row_bytes, WW, n, x + r * n, n, R, HY_HALF_BF16, pf, op + r * ldo, ldo); \
-                else if (type == HY_Q_F32) hy_half_rows(wo, row_bytes, WW, n, x + r * n, n, R, HY_HALF_F32, pf, op + r * ldo, ldo); \
-                else hy_half_rows(wo, row_bytes, WW, n, x + r * n, n, R, HY_HALF_F16, pf, op + r * ldo, ldo); \
-                break;
-                if (W == 4) switch (left) { HY_HALF_PASS(4, 1) default: HY_HALF_PASS(4, 2) }
-                else switch (left) { HY_HALF_PASS(2, 1) HY_HALF_PASS(2, 2) HY_HALF_PASS(2, 3)
-                                     HY_HALF_PASS(2, 4) HY_HALF_PASS(2, 5) default: HY_HALF_PASS(2, 6) }
-#undef HY_HALF_PASS
-            }
-            if (bias)
-                for (int r = 0; r < rows; r++)
-                    for (int i = 0; i < W; i++) out[r * ldo + o + i] += bias[o + i];
-        }
-    }
+#define HY_HALF_FN hy_half_rows
+        const int W = rows <= 2 ? 4 : 2, max_rw = HY_HALF_MAX_RW;
+#else
+#define HY_HALF_FN hy_half_rows_256
+        const int W = rows == 1 ? 4 : rows == 2 ? 2 : 1, max_rw = 6;
 #endif
-#if defined(HY_HALF256)
-    /* the same on AVX2 (hy_half_rows_256, sixteen registers): one activation row takes four
-     * weight rows per pass, two take two, three to six take one weight row all at once; more
-     * take passes of six rows, the first pass prefetching */
-    if (per_pass == 4 && x != NULL) {
-        const int W = rows == 1 ? 4 : rows == 2 ? 2 : 1;
         for (; o + W <= o1; o += W) {
             float *op = out + o;
             const uint8_t *wo = w + o * row_bytes;
             for (int r = 0; r < rows; r += 6) {
-                const int pf = r == 0, left = rows - r;
+                const int pf = r == 0, left = rows - r < 6 ? rows - r : 6;
 #define HY_HALF_PASS(WW, R)                                                                      \
-                case R: if (type == HY_Q_BF16) hy_half_rows_256(wo, row_bytes, WW, n, x + r * n, n, R, HY_HALF_BF16, pf, op + r * ldo, ldo); \
-                else if (type == HY_Q_F32) hy_half_rows_256(wo, row_bytes, WW, n, x + r * n, n, R, HY_HALF_F32, pf, op + r * ldo, ldo); \
-                else hy_half_rows_256(wo, row_bytes, WW, n, x + r * n, n, R, HY_HALF_F16, pf, op + r * ldo, ldo); \
-                break;
-                if (W == 4) switch (left) { default: HY_HALF_PASS(4, 1) }
-                else if (W == 2) switch (left) { default: HY_HALF_PASS(2, 2) }
-                else switch (left) { HY_HALF_PASS(1, 1) HY_HALF_PASS(1, 2) HY_HALF_PASS(1, 3)
-                                     HY_HALF_PASS(1, 4) HY_HALF_PASS(1, 5) default: HY_HALF_PASS(1, 6) }
+                case 8 * WW + R: if (WW * R <= max_rw) {                                         \
+                    if (type == HY_Q_BF16) HY_HALF_FN(wo, row_bytes, WW, n, x + r * n, n, R, HY_HALF_BF16, pf, op + r * ldo, ldo); \
+                    else if (type == HY_Q_F32) HY_HALF_FN(wo, row_bytes, WW, n, x + r * n, n, R, HY_HALF_F32, pf, op + r * ldo, ldo); \
+                    else HY_HALF_FN(wo, row_bytes, WW, n, x + r * n, n, R, HY_HALF_F16, pf, op + r * ldo, ldo); \
+                } break;
+                switch (8 * W + left) {
+                    HY_HALF_PASS(4, 1) HY_HALF_PASS(4, 2)
+                    HY_HALF_PASS(2, 1) HY_HALF_PASS(2, 2) HY_HALF_PASS(2, 3) HY_HALF_PASS(2, 4)
+                    HY_HALF_PASS(2, 5) HY_HALF_PASS(2, 6)
+                    HY_HALF_PASS(1, 1) HY_HALF_PASS(1, 2) HY_HALF_PASS(1, 3) HY_HALF_PASS(1, 4)
+                    HY_HALF_PASS(1, 5) HY_HALF_PASS(1, 6)
+                }
 #undef HY_HALF_PASS
+#undef HY_HALF_FN
             }
             if (bias)
                 for (int r = 0; r < rows; r++)
