@@ -526,10 +526,7 @@ hy_half_rows_256(const uint8_t *w, long row_bytes, const int W, long n, const fl
         __m256 w0[4], w1[4];
         for (int i = 0; i < W; i++) {
             const uint8_t *row = w + i * row_bytes;
-            if (pf) {
-                HY_PREFETCH(row + k * esz);
-                if (esz == 4) HY_PREFETCH(row + k * esz + 32);
-            }
+            if (pf) HY_PREFETCH(row + k * esz);  /* (a step: one line of F32, half of F16) */
             w0[i] = hy_float8_at(row, k, kind);
             w1[i] = hy_float8_at(row, k + 8, kind);
         }
