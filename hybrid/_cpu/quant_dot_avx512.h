@@ -141,6 +141,8 @@ static inline __m512i hy_idx16_pair(int j0, int j1) {
                                    _mm512_set1_epi32(j1 | (j1 << 16)));
 }
 
+#define HY_K_MAX_R 6
+
 /* Q4_K / Q5_K with 512-bit vectors: 64 nibble bytes (sub-blocks 2g..2g+3) per load, sub-blocks
  * 2g and 2g+2 (low nibbles) or 2g+1 and 2g+3 (high) side by side.  The activations carry one
  * scale per super-block (hy_q_act with groups of 256), so per 64 values and activation row the
@@ -148,16 +150,17 @@ static inline __m512i hy_idx16_pair(int j0, int j1) {
  * the sub-block's 6-bit scale, into int32); per super-block one conversion and one FMA with
  * d * da, and the mins term dmin * min * sa as one 256-bit FMA.  W weight rows (row i at
  * w + i*wstep) times R activation rows (row r at qa + r*lda, da/sa + r*ldd), W <= 2,
- * W * R <= 4: the activations are loaded and arranged once for the W weight rows, the weights
- * unpacked once for the R activation rows, and each pair takes exactly the operations of one
+ * W * R <= HY_K_MAX_R (8, with W = 1 past 4): the weights unpacked once for the R activation
+ * rows, up to four rows' activations arranged once for the W weight rows, and each pair takes exactly the operations of one
  * weight row and one activation row (the same bits): out[r*ldo + i]. */
 static inline __attribute__((always_inline)) void
 hy_dot_q45_k_512_rows(const uint8_t *w, long wstep, const int W, long nsb, const int R,
                       const int8_t *qa, long lda, const float *da, const float *sa, long ldd,
                       int five, int pf_l2, float *out, long ldo) {
     const int bb = five ? 176 : 144;
-    __m512 acc[4];
-    __m256 accm[4];
+    const int split = W * R <= 4;  /* two integer chains per pair where registers allow */
+    __m512 acc[HY_K_MAX_R];
+    __m256 accm[HY_K_MAX_R];
     for (int i = 0; i < W * R; i++) acc[i] = _mm512_setzero_ps(), accm[i] = _mm256_setzero_ps();
     for (long s = 0; s < nsb; s++) {
         const long a0 = 8 * s;
@@ -176,17 +179,19 @@ hy_dot_q45_k_512_rows(const uint8_t *w, long wstep, const int W, long nsb, const
             hb[i] = five ? _mm512_broadcast_i64x4(_mm256_loadu_si256((const __m256i *)(blk + 16)))
                          : _mm512_setzero_si512();
         }
-        __m512i i0[4], i1[4];
+        __m512i i0[HY_K_MAX_R], i1[HY_K_MAX_R];
         for (int k = 0; k < W * R; k++) i0[k] = i1[k] = _mm512_setzero_si512();
         for (int g = 0; g < 4; g += 2) {
-            __m512i alo[4], ahi[4];
-            for (int r = 0; r < R; r++) {
-                const int8_t *ar = qa + r * lda;
+            /* (up to four rows arranged once for the W weight rows; more, one at a time) */
+            __m512i alo[HY_K_MAX_R], ahi[HY_K_MAX_R];
 #define HY_LOADR(i) _mm256_loadu_si256((const __m256i *)(ar + 32 * (i)))
-                alo[r] = _mm512_inserti64x4(_mm512_castsi256_si512(HY_LOADR(a0 + 2 * g)), HY_LOADR(a0 + 2 * g + 2), 1);
-                ahi[r] = _mm512_inserti64x4(_mm512_castsi256_si512(HY_LOADR(a0 + 2 * g + 1)), HY_LOADR(a0 + 2 * g + 3), 1);
-#undef HY_LOADR
-            }
+#define HY_ARRANGE(r, lo_, hi_) do {                                                             \
+                const int8_t *ar = qa + (r) * lda;                                               \
+                lo_ = _mm512_inserti64x4(_mm512_castsi256_si512(HY_LOADR(a0 + 2 * g)), HY_LOADR(a0 + 2 * g + 2), 1); \
+                hi_ = _mm512_inserti64x4(_mm512_castsi256_si512(HY_LOADR(a0 + 2 * g + 1)), HY_LOADR(a0 + 2 * g + 3), 1); \
+            } while (0)
+            if (R <= 4)
+                for (int r = 0; r < R; r++) HY_ARRANGE(r, alo[r], ahi[r]);
             for (int i = 0; i < W; i++) {
                 __m512i lo, hi;
                 hy_q45_k_step_512(w + i * wstep + bb * s, hb[i], g, five, &lo, &hi);
@@ -194,15 +199,27 @@ hy_dot_q45_k_512_rows(const uint8_t *w, long wstep, const int W, long nsb, const
                 const __m512i s1 = _mm512_permutexvar_epi16(hy_idx16_pair(2 * g + 1, 2 * g + 3), sc[i]);
                 for (int r = 0; r < R; r++) {
                     const int k = i * R + r;
-                    i0[k] = _mm512_dpwssd_epi32(i0[k], _mm512_maddubs_epi16(lo, alo[r]), s0);
-                    i1[k] = _mm512_dpwssd_epi32(i1[k], _mm512_maddubs_epi16(hi, ahi[r]), s1);
+                    __m512i al, ah;
+                    if (R <= 4) al = alo[r], ah = ahi[r];
+                    else HY_ARRANGE(r, al, ah);
+                    /* (exact integers: one chain or two give the same sums) */
+                    if (split) {
+                        i0[k] = _mm512_dpwssd_epi32(i0[k], _mm512_maddubs_epi16(lo, al), s0);
+                        i1[k] = _mm512_dpwssd_epi32(i1[k], _mm512_maddubs_epi16(hi, ah), s1);
+                    } else {
+                        i0[k] = _mm512_dpwssd_epi32(_mm512_dpwssd_epi32(i0[k], _mm512_maddubs_epi16(lo, al), s0),
+                                                    _mm512_maddubs_epi16(hi, ah), s1);
+                    }
                 }
             }
+#undef HY_ARRANGE
+#undef HY_LOADR
         }
         for (int i = 0; i < W; i++)
             for (int r = 0; r < R; r++) {
                 const int k = i * R + r;
-                acc[k] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(_mm512_add_epi32(i0[k], i1[k])),
+                const __m512i isum = split ? _mm512_add_epi32(i0[k], i1[k]) : i0[k];
+                acc[k] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(isum),
                                          _mm512_set1_ps(dw[i] * da[r * ldd + a0]), acc[k]);
             }
     }
@@ -261,13 +278,14 @@ static inline __m512i hy_q6_k_idx16(int k) {
  * (times the group's scale, into int32); per super-block one conversion and one FMA with d * da.
  * The -32 offsets: sum = d * sum_g sc_g * (sum n*qa*da - 32 * s16_g), where s16_g = da * (sum of
  * qa over the 16 values of g), one vector FMA per super-block.
- * W weight rows times R activation rows, W <= 2, W * R <= 4, share a pass as in
+ * W weight rows times R activation rows, W <= 2, W * R <= HY_K_MAX_R, share a pass as in
  * hy_dot_q45_k_512_rows (each pair the same operations, the same bits): out[r*ldo + i]. */
 static inline __attribute__((always_inline)) void
 hy_dot_q6_k_512_rows(const uint8_t *w, long wstep, const int W, long nsb, const int R,
                      const int8_t *qa, long lda, const float *da, const float *s16, long ldd,
                      float *out, long ldo) {
-    __m512 acc[4], acco[4];  /* [i * R + r] */
+    const int split = W * R <= 4;  /* two integer chains per pair where registers allow */
+    __m512 acc[HY_K_MAX_R], acco[HY_K_MAX_R];  /* [i * R + r] */
     for (int i = 0; i < W * R; i++) acc[i] = acco[i] = _mm512_setzero_ps();
     for (long s = 0; s < nsb; s++) {
         __m512i v[2][4], sc[2];
@@ -284,27 +302,32 @@ hy_dot_q6_k_512_rows(const uint8_t *w, long wstep, const int W, long nsb, const 
             for (int r = 0; r < R; r++)
                 acco[i * R + r] = _mm512_fmadd_ps(scf, _mm512_loadu_ps(s16 + 2 * r * ldd + 16 * s), acco[i * R + r]);
         }
-        __m512i is[4][2];
+        __m512i is[HY_K_MAX_R][2];
         for (int k = 0; k < W * R; k++) is[k][0] = is[k][1] = _mm512_setzero_si512();
         for (int k = 0; k < 4; k++) {
-            __m512i av[4];
-            for (int r = 0; r < R; r++) {
-                const int8_t *a = qa + r * lda + 256 * s;
-                av[r] = _mm512_inserti64x4(
-                    _mm512_castsi256_si512(_mm256_loadu_si256((const __m256i *)(a + 32 * k))),
-                    _mm256_loadu_si256((const __m256i *)(a + 128 + 32 * k)), 1);
-            }
+            /* (up to four rows loaded once for the W weight rows; more, one at a time) */
+            __m512i av[HY_K_MAX_R];
+#define HY_Q6_ACTS(r) _mm512_inserti64x4(                                                         \
+                _mm512_castsi256_si512(_mm256_loadu_si256((const __m256i *)(qa + (r) * lda + 256 * s + 32 * k))), \
+                _mm256_loadu_si256((const __m256i *)(qa + (r) * lda + 256 * s + 128 + 32 * k)), 1)
+            if (R <= 4)
+                for (int r = 0; r < R; r++) av[r] = HY_Q6_ACTS(r);
             for (int i = 0; i < W; i++) {
                 const __m512i sck = _mm512_permutexvar_epi16(hy_q6_k_idx16(k), sc[i]);
-                for (int r = 0; r < R; r++)
-                    is[i * R + r][k & 1] = _mm512_dpwssd_epi32(is[i * R + r][k & 1],
-                                                               _mm512_maddubs_epi16(v[i][k], av[r]), sck);
+                for (int r = 0; r < R; r++) {
+                    const __m512i a = R <= 4 ? av[r] : HY_Q6_ACTS(r);
+                    /* (exact integers: one chain or two give the same sums) */
+                    const int c = split ? (k & 1) : 0;
+                    is[i * R + r][c] = _mm512_dpwssd_epi32(is[i * R + r][c], _mm512_maddubs_epi16(v[i][k], a), sck);
+                }
             }
+#undef HY_Q6_ACTS
         }
         for (int i = 0; i < W; i++)
             for (int r = 0; r < R; r++) {
                 const int j = i * R + r;
-                acc[j] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(_mm512_add_epi32(is[j][0], is[j][1])),
+                const __m512i isum = split ? _mm512_add_epi32(is[j][0], is[j][1]) : is[j][0];
+                acc[j] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(isum),
                                          _mm512_set1_ps(dw[i] * da[r * ldd + 8 * s]), acc[j]);
             }
     }

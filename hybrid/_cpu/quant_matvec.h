@@ -238,18 +238,22 @@ static inline void hy_q_matvec_range(int type, const uint8_t *w, long row_bytes,
         o = end;
     }
     /* Q4_K / Q5_K / Q6_K: several activation rows take one weight row per pass, unpacked once
-     * for up to four of them; one activation row takes two weight rows per pass, which share
-     * its loads and arrangement (the odd row left over takes the one-row path).  Each pair
-     * takes the operations of a single row (the same bits). */
+     * for up to HY_K_MAX_R of them (the rows shared out evenly over the fewest passes); one
+     * activation row takes two weight rows per pass, which share its loads and arrangement
+     * (the odd row left over takes the one-row path).  Each pair takes the operations of a
+     * single row (the same bits). */
+#define HY_K_PASSES(CASE)                                                                       \
+    for (int p_ = 0, passes_ = (rows + HY_K_MAX_R - 1) / HY_K_MAX_R, r = 0, left; p_ < passes_; \
+         p_++, r += left) {                                                                     \
+        left = (rows - r + passes_ - p_ - 1) / (passes_ - p_);                                  \
+        switch (left) { CASE(1) CASE(2) CASE(3) CASE(4) CASE(5) CASE(6) }                       \
+    }
     if (per_pass == 2 && qa != NULL && type == HY_Q_Q6_K && rows > 1) {
         for (; o < o1; o++) {
-            for (int r = 0; r < rows; r += 4) {
-                const int left = rows - r < 4 ? rows - r : 4;
 #define HY_R6(R) case R: hy_dot_q6_k_512_rows(w + o * row_bytes, 0, 1, n / 256, R, qa + r * n, n, \
                                               da + r * nb, s16 + 2 * r * nb, nb, out + r * ldo + o, ldo); break;
-                switch (left) { HY_R6(1) HY_R6(2) HY_R6(3) HY_R6(4) }
+            HY_K_PASSES(HY_R6)
 #undef HY_R6
-            }
             if (bias)
                 for (int r = 0; r < rows; r++) out[r * ldo + o] += bias[o];
         }
@@ -257,19 +261,17 @@ static inline void hy_q_matvec_range(int type, const uint8_t *w, long row_bytes,
     if (per_pass == 2 && qa != NULL && (type == HY_Q_Q4_K || type == HY_Q_Q5_K) && rows > 1) {
         const int pf_l2 = hy_q_kquant_pf_l2(n), five = type == HY_Q_Q5_K;
         for (; o < o1; o++) {
-            for (int r = 0; r < rows; r += 4) {
-                const int left = rows - r < 4 ? rows - r : 4;
 #define HY_RK(R) case R: \
-                if (five) hy_dot_q45_k_512_rows(w + o * row_bytes, 0, 1, n / 256, R, qa + r * n, n, da + r * nb, sa + r * nb, nb, 1, pf_l2, out + r * ldo + o, ldo); \
-                else hy_dot_q45_k_512_rows(w + o * row_bytes, 0, 1, n / 256, R, qa + r * n, n, da + r * nb, sa + r * nb, nb, 0, pf_l2, out + r * ldo + o, ldo); \
-                break;
-                switch (left) { HY_RK(1) HY_RK(2) HY_RK(3) HY_RK(4) }
+            if (five) hy_dot_q45_k_512_rows(w + o * row_bytes, 0, 1, n / 256, R, qa + r * n, n, da + r * nb, sa + r * nb, nb, 1, pf_l2, out + r * ldo + o, ldo); \
+            else hy_dot_q45_k_512_rows(w + o * row_bytes, 0, 1, n / 256, R, qa + r * n, n, da + r * nb, sa + r * nb, nb, 0, pf_l2, out + r * ldo + o, ldo); \
+            break;
+            HY_K_PASSES(HY_RK)
 #undef HY_RK
-            }
             if (bias)
                 for (int r = 0; r < rows; r++) out[r * ldo + o] += bias[o];
         }
     }
+#undef HY_K_PASSES
     if (per_pass == 2 && qa != NULL) {
         const int pf_l2 = hy_q_kquant_pf_l2(n);
         for (; o + 2 <= o1; o += 2)
