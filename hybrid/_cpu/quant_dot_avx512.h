@@ -141,6 +141,7 @@ static inline __m512i hy_idx16_pair(int j0, int j1) {
                                    _mm512_set1_epi32(j1 | (j1 << 16)));
 }
 
+/* the most activation rows a K-format pass serves (more would spill the pass's registers) */
 #define HY_K_MAX_R 6
 
 /* Q4_K / Q5_K with 512-bit vectors: 64 nibble bytes (sub-blocks 2g..2g+3) per load, sub-blocks
@@ -150,9 +151,10 @@ static inline __m512i hy_idx16_pair(int j0, int j1) {
  * the sub-block's 6-bit scale, into int32); per super-block one conversion and one FMA with
  * d * da, and the mins term dmin * min * sa as one 256-bit FMA.  W weight rows (row i at
  * w + i*wstep) times R activation rows (row r at qa + r*lda, da/sa + r*ldd), W <= 2,
- * W * R <= HY_K_MAX_R (8, with W = 1 past 4): the weights unpacked once for the R activation
- * rows, up to four rows' activations arranged once for the W weight rows, and each pair takes exactly the operations of one
- * weight row and one activation row (the same bits): out[r*ldo + i]. */
+ * W * R <= HY_K_MAX_R (W = 1 past four rows): the weights unpacked once for the R activation
+ * rows, up to four rows' activations arranged once for the W weight rows, and each pair takes
+ * exactly the operations of one weight row and one activation row (the same bits):
+ * out[r*ldo + i]. */
 static inline __attribute__((always_inline)) void
 hy_dot_q45_k_512_rows(const uint8_t *w, long wstep, const int W, long nsb, const int R,
                       const int8_t *qa, long lda, const float *da, const float *sa, long ldd,
