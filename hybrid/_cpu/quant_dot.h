@@ -41,12 +41,14 @@
 #else
 #define HY_Q4Q5_BLOCKS(w, nb, R, qa, da, sa, five, with_min, sum, msum) 0L
 #endif
+/* the float rows' kernel (hy_half_rows: W weight rows times R activation rows) and the most
+ * pairs of rows one pass holds in registers */
 #if defined(HY_HALF512)
-#define HY_HALF_DOT hy_dot_half_512
+#define HY_HALF_KERNEL hy_half_rows
+#define HY_HALF_PAIRS HY_HALF_MAX_RW
 #elif defined(HY_HALF256)
-#define HY_HALF_DOT hy_dot_half_avx2
-#else
-#define HY_HALF_DOT hy_dot_half_portable
+#define HY_HALF_KERNEL hy_half_rows_256
+#define HY_HALF_PAIRS HY_HALF256_MAX_RW
 #endif
 
 /* Q8_0 for R (<= HY_MR) activation rows: out[r] = w . activation row r (qa + r*n, da + r*nb).
@@ -123,9 +125,28 @@ static float hy_dot_iq4_xs(const uint8_t *w, long nsb, const int8_t *qa, const f
     return HY_IQ4_XS_DOT(w, nsb, qa, da);
 }
 
-/* F16 / BF16 rows times float32 x */
+/* F16 / BF16 rows times float32 x: the float rows' kernel for one pair of rows (so a row
+ * alone gets the bits it gets in a pass) */
 static float hy_dot_half(const uint8_t *w, long n, const float *x, int bf16) {
-    return HY_HALF_DOT(w, n, x, bf16);
+#if defined(HY_HALF_KERNEL)
+    float out;  /* (bf16 a constant in each call) */
+    if (bf16) HY_HALF_KERNEL(w, 0, 1, n, x, 0, 1, HY_HALF_BF16, 1, &out, 0);
+    else HY_HALF_KERNEL(w, 0, 1, n, x, 0, 1, HY_HALF_F16, 1, &out, 0);
+    return out;
+#else
+    return hy_dot_half_portable(w, n, x, bf16);
+#endif
+}
+
+/* an F32 row times float32 x, as hy_dot_half */
+static float hy_dot_f32(const uint8_t *w, long n, const float *x) {
+#if defined(HY_HALF_KERNEL)
+    float out;
+    HY_HALF_KERNEL(w, 0, 1, n, x, 0, 1, HY_HALF_F32, 1, &out, 0);
+    return out;
+#else
+    return hy_dot_stream((const float *)w, x, n);
+#endif
 }
 
 #endif

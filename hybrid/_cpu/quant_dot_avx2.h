@@ -488,6 +488,7 @@ enum { HY_HALF_F16 = 0, HY_HALF_BF16 = 1, HY_HALF_F32 = 2 };
 
 #if defined(HY_F16C) && !defined(__AVX512F__)
 #define HY_HALF256 1
+#define HY_HALF256_MAX_RW 6
 /* 8 values of a row of `kind` at element i */
 static inline __attribute__((always_inline)) __m256 hy_float8_at(const uint8_t *row, long i,
                                                                   const int kind) {
@@ -518,7 +519,7 @@ static inline float hy_float_at(const uint8_t *row, long i, const int kind) {
 static inline __attribute__((always_inline)) void
 hy_half_rows_256(const uint8_t *w, long row_bytes, const int W, long n, const float *x,
                  long xstride, const int R, const int kind, const int pf, float *out, long ostride) {
-    __m256 a0[6], a1[6];  /* [r * W + i] */
+    __m256 a0[HY_HALF256_MAX_RW], a1[HY_HALF256_MAX_RW];  /* [r * W + i] */
     const int esz = kind == HY_HALF_F32 ? 4 : 2;
     long k = 0;
     for (int j = 0; j < W * R; j++) a0[j] = a1[j] = _mm256_setzero_ps();
@@ -549,18 +550,6 @@ hy_half_rows_256(const uint8_t *w, long row_bytes, const int W, long n, const fl
         }
 }
 
-HY_UNUSED static float hy_dot_half_avx2(const uint8_t *w, long n, const float *x, int bf16) {
-    float out;  /* (bf16 a constant in each call) */
-    if (bf16) hy_half_rows_256(w, 0, 1, n, x, 0, 1, HY_HALF_BF16, 1, &out, 0);
-    else hy_half_rows_256(w, 0, 1, n, x, 0, 1, HY_HALF_F16, 1, &out, 0);
-    return out;
-}
-
-HY_UNUSED static float hy_dot_f32_avx2(const uint8_t *w, long n, const float *x) {
-    float out;
-    hy_half_rows_256(w, 0, 1, n, x, 0, 1, HY_HALF_F32, 1, &out, 0);
-    return out;
-}
 #endif
 #endif
 

@@ -405,20 +405,6 @@ hy_half_rows(const uint8_t *w, long row_bytes, const int W, long n, const float 
 }
 #endif
 
-#if defined(HY_HALF512)
-HY_UNUSED static float hy_dot_half_512(const uint8_t *w, long n, const float *x, int bf16) {
-    float out;  /* (bf16 a constant in each call) */
-    if (bf16) hy_half_rows(w, 0, 1, n, x, 0, 1, HY_HALF_BF16, 1, &out, 0);
-    else hy_half_rows(w, 0, 1, n, x, 0, 1, HY_HALF_F16, 1, &out, 0);
-    return out;
-}
-
-HY_UNUSED static float hy_dot_f32_512(const uint8_t *w, long n, const float *x) {
-    float out;
-    hy_half_rows(w, 0, 1, n, x, 0, 1, HY_HALF_F32, 1, &out, 0);
-    return out;
-}
-#endif
 
 #if defined(HY_Q512)
 /* The low-bit formats with 512-bit vectors: two 32-value blocks per vector.  Lane i (128 bits)

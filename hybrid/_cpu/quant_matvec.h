@@ -290,7 +290,7 @@ static inline void hy_q_matvec_range(int type, const uint8_t *w, long row_bytes,
             }
     }
 #endif
-#if defined(HY_HALF512) || defined(HY_HALF256)
+#if defined(HY_HALF_KERNEL)
     /* F16 / BF16 / F32 (hy_half_rows; hy_half_rows_256 with AVX2's sixteen registers): W weight
      * rows per pass for up to six activation rows at once, so the weights stream in one pass
      * and prefetch as they go; more rows take passes of six, the first pass prefetching.
@@ -298,11 +298,9 @@ static inline void hy_q_matvec_range(int type, const uint8_t *w, long row_bytes,
      * row four weight rows, two rows two, three to six one. */
     if (per_pass == 4 && x != NULL) {
 #if defined(HY_HALF512)
-#define HY_HALF_FN hy_half_rows
-        const int W = rows <= 2 ? 4 : 2, max_rw = HY_HALF_MAX_RW;
+        const int W = rows <= 2 ? 4 : 2;
 #else
-#define HY_HALF_FN hy_half_rows_256
-        const int W = rows == 1 ? 4 : rows == 2 ? 2 : 1, max_rw = 6;
+        const int W = rows == 1 ? 4 : rows == 2 ? 2 : 1;
 #endif
         for (; o + W <= o1; o += W) {
             float *op = out + o;
@@ -310,10 +308,10 @@ static inline void hy_q_matvec_range(int type, const uint8_t *w, long row_bytes,
             for (int r = 0; r < rows; r += 6) {
                 const int pf = r == 0, left = rows - r < 6 ? rows - r : 6;
 #define HY_HALF_PASS(WW, R)                                                                      \
-                case 8 * WW + R: if (WW * R <= max_rw) {                                         \
-                    if (type == HY_Q_BF16) HY_HALF_FN(wo, row_bytes, WW, n, x + r * n, n, R, HY_HALF_BF16, pf, op + r * ldo, ldo); \
-                    else if (type == HY_Q_F32) HY_HALF_FN(wo, row_bytes, WW, n, x + r * n, n, R, HY_HALF_F32, pf, op + r * ldo, ldo); \
-                    else HY_HALF_FN(wo, row_bytes, WW, n, x + r * n, n, R, HY_HALF_F16, pf, op + r * ldo, ldo); \
+                case 8 * WW + R: if (WW * R <= HY_HALF_PAIRS) {                                         \
+                    if (type == HY_Q_BF16) HY_HALF_KERNEL(wo, row_bytes, WW, n, x + r * n, n, R, HY_HALF_BF16, pf, op + r * ldo, ldo); \
+                    else if (type == HY_Q_F32) HY_HALF_KERNEL(wo, row_bytes, WW, n, x + r * n, n, R, HY_HALF_F32, pf, op + r * ldo, ldo); \
+                    else HY_HALF_KERNEL(wo, row_bytes, WW, n, x + r * n, n, R, HY_HALF_F16, pf, op + r * ldo, ldo); \
                 } break;
                 switch (8 * W + left) {
                     HY_HALF_PASS(4, 1) HY_HALF_PASS(4, 2)
@@ -323,7 +321,6 @@ static inline void hy_q_matvec_range(int type, const uint8_t *w, long row_bytes,
                     HY_HALF_PASS(1, 5) HY_HALF_PASS(1, 6)
                 }
 #undef HY_HALF_PASS
-#undef HY_HALF_FN
             }
             if (bias)
                 for (int r = 0; r < rows; r++)

@@ -30,7 +30,7 @@
 #define HY_Q8_ROWS 1
 #define HY_K_ROWS 1
 #endif
-#if defined(HY_HALF512) || defined(HY_HALF256)
+#if defined(HY_HALF_KERNEL)
 #define HY_HALF_ROWS 4
 #else
 #define HY_HALF_ROWS 1
@@ -109,13 +109,7 @@ HY_DOT_ROW(q2_k, hy_dot_q2_k(w, n / 256, qa, da, s16))
 HY_DOT_ROW(q3_k, hy_dot_q3_k(w, n / 256, qa, da, s16))
 HY_DOT_ROW(iq4_nl, hy_dot_iq4_nl(w, n / 32, qa, da))
 HY_DOT_ROW(iq4_xs, hy_dot_iq4_xs(w, n / 256, qa, da))
-#if defined(HY_HALF512)
-HY_DOT_ROW(f32, hy_dot_f32_512(w, n, x))
-#elif defined(HY_HALF256)
-HY_DOT_ROW(f32, hy_dot_f32_avx2(w, n, x))
-#else
-HY_DOT_ROW(f32, hy_dot_stream((const float *)w, x, n))
-#endif
+HY_DOT_ROW(f32, hy_dot_f32(w, n, x))
 #undef HY_DOT_ROW
 
 /* indexed by the HY_Q_* code; F32 rows serve only the mat-vec's own float32 path */
