@@ -332,6 +332,24 @@ def test_ragged_step_equals_each_sequence_alone(tiny_q8, rng):
         assert crowd[i].seq_len == alone.seq_len == len(p) + len(n)
 
 
+def test_hidden_step_gives_the_heads_input(tiny_q8, rng):
+    """hidden_step runs a step as forward_step does and returns each sequence's last row as the
+    LM head reads it: the model's head on it gives forward_step's logits, bit for bit."""
+    model = tiny_q8
+    prompts = [[int(t) for t in rng.integers(3, VOCAB, n)] for n in (1, 7, 20)]
+    a, b = _pool_for(model), _pool_for(model)
+    mine, theirs = ([hybrid.PagedKVCache.on(p) for _ in prompts] for p in (a, b))
+    for role, rows in (("prompt", prompts), ("decode", [[5], [6, 7], [8]])):
+        h = model.hidden_step(list(zip(mine, rows)), role=role)
+        want = model.forward_step(list(zip(theirs, rows)), role=role)
+        assert h.shape == (len(rows), model.config.hidden_size) and h.dtype == np.float32
+        assert np.array_equal(hybrid.ops.linear(h, model.lm_head, role="decode"), want)
+        assert [c.seq_len for c in mine] == [c.seq_len for c in theirs]
+    with pytest.raises(ValueError, match="hidden_step needs the caches of one pool"):
+        model.hidden_step([(mine[0], [5]), (theirs[0], [5])])
+    assert [c.seq_len for c in mine] == [c.seq_len for c in theirs]  # nothing run
+
+
 def test_a_failed_step_leaves_every_cache_as_it_was(tiny_q8, rng, monkeypatch):
     model = tiny_q8
     pool = _pool_for(model, blocks=12)

@@ -223,6 +223,11 @@ def test_model_with_gpu_layers_matches_the_cpu(emulated, rng, kw):
     want = cpu.forward_step([(cpu_caches[0], [4, 6]), (cpu_caches[1], [5])])
     assert rel_err(got, want) < 1e-5
     assert [c.seq_len for c in caches] == [5, 6]
+    # the head's input (a draft model's own head reads it) comes back to the host
+    got = gpu.hidden_step([(caches[0], [2]), (caches[1], [8, 9])])
+    want = cpu.hidden_step([(cpu_caches[0], [2]), (cpu_caches[1], [8, 9])])
+    assert isinstance(got, np.ndarray) and rel_err(got, want) < 1e-5
+    assert gpu.head_on_cpu == (str(gpu.placements[-1]) == "cpu") and cpu.head_on_cpu
 
 
 def test_gpucheck_model_section_falls_back_to_a_model_of_smollm2s_shape(emulated, monkeypatch):

@@ -29,8 +29,9 @@ import numpy as np
 from .. import kernel_role
 from ..kvpool import KVBlockPool, default_kv_memory, parse_bytes
 from .kv_manager import KVCacheManager
-from .speculative import (METHODS, PRIOR_ACCEPT, PRIOR_ROW_SHARE, DraftModelProposer, step_cost,
-                          NgramIndex, drafts_worth, update_acceptance)
+from .speculative import (DRAFT_VOCAB, METHODS, PRIOR_ROW_SHARE, RETRY_DRIFT, RETRY_STEPS,
+                          DraftModelProposer, NgramIndex, drafts_worth, step_cost,
+                          update_acceptance)
 from .params import GenerationParams
 from .request import Request, RequestOutput
 from .sampling import token_logprob
@@ -59,12 +60,15 @@ class Engine:
         acceptance so far against what a row adds to a step (and a draft model's step), both
         measured as the engine runs, so that drafts that do not pay are not fed; False: every
         step feeds all the drafts the method finds, up to the number (vLLM's rule).
+    draft_vocab : the draft model scores only this many of its lowest token ids, and each
+        request's prompt tokens (DraftModelProposer); None: every token.
     """
 
     def __init__(self, model, *, max_batch: int = 16, max_batched_tokens: int = 512,
                  kv_memory=None, num_blocks: "int | None" = None, prefix_cache: bool = True,
                  poison_unused: bool = False, speculative: "str | None" = None,
-                 num_speculative_tokens: int = 4, draft_model=None, adapt_drafts: bool = True):
+                 num_speculative_tokens: int = 4, draft_model=None, adapt_drafts: bool = True,
+                 draft_vocab: "int | None" = DRAFT_VOCAB):
         for name, v in (("max_batch", max_batch), ("max_batched_tokens", max_batched_tokens)):
             if isinstance(v, bool) or not isinstance(v, int) or v < 1:
                 raise ValueError(f"{name} must be an integer >= 1, got {v!r}")
@@ -98,7 +102,8 @@ class Engine:
             total = self.pool.num_total
             self._proposer = DraftModelProposer(
                 draft_model, model,
-                None if total is None else -(-total * model.block_size // draft_model.block_size))
+                None if total is None else -(-total * model.block_size // draft_model.block_size),
+                vocab=draft_vocab)
         self._requests: dict = {}
         self._arrivals = itertools.count()
         self.prompt_tokens = 0  # counters for monitoring
@@ -224,8 +229,10 @@ class Engine:
         for items, role in ((prompt, kernel_role.PROMPT), (decode, kernel_role.DECODE)):
             if items:
                 t0 = time.perf_counter()
-                ready.extend(self._run(items, role, outputs,
-                                       drafts if role == kernel_role.DECODE else {}))
+                done = self._run(items, role, outputs, drafts if role == kernel_role.DECODE else {})
+                if role == kernel_role.PROMPT:
+                    self._draft_prefill([r for r, _ in done])
+                ready.extend(done)
                 if role == kernel_role.DECODE:  # what a row costs (speculative decoding)
                     rows = sum(n for _, n in items) + sum(map(len, drafts.values()))
                     step_cost(self.model).observe(rows, time.perf_counter() - t0)
@@ -253,8 +260,8 @@ class Engine:
         draft_cost = row_cost + (self._draft_share(len(decodes)) if self._proposer else 0.0)
         for r in decodes:
             r.shadow_draft = None
-            method = r.params.speculative or self.speculative
-            if method is None or r.matcher is not None:
+            method = self._method(r)
+            if method is None:
                 continue
             most = r.params.num_speculative_tokens
             most = self.num_speculative_tokens if most is None else most
@@ -264,13 +271,16 @@ class Engine:
                 continue
             cost = draft_cost if method == "draft" else row_cost
             k = drafts_worth(r.draft_accept, cost, room) if self.adapt_drafts else room
-            if k > 0:
-                wants[method].append((r, k))
-            elif method == "ngram" and cost < 1.0:  # (at a cost >= 1 no draft pays) what it
-                # would have drafted, checked for free when it samples
+            if k == 0 and method == "ngram" and cost < 1.0:  # (at a cost >= 1 no draft pays)
+                # what it would have drafted, checked for free when it samples
                 r.shadow_draft = (self._ngram_drafts(r, 1) or [None])[0]
-            else:  # no free check: the estimate drifts back, and drafts are tried again
-                r.draft_accept += 0.05 * (PRIOR_ACCEPT - r.draft_accept)
+            elif k == 0:  # no free check: the estimate drifts up, and after RETRY_STEPS steps
+                r.draft_accept += RETRY_DRIFT * (1.0 - r.draft_accept)  # one draft is fed
+                r.draft_idle += 1
+                k = int(r.draft_idle >= RETRY_STEPS)
+            if k > 0:
+                r.draft_idle = 0
+                wants[method].append((r, k))
         found = {r.request_id: self._ngram_drafts(r, k) for r, k in wants["ngram"]}
         if wants["draft"]:
             found.update(self._proposer.propose([(r.request_id, r.tokens, k)
@@ -286,6 +296,20 @@ class Engine:
                 continue
             out[r.request_id] = d
         return out
+
+    def _method(self, req: Request) -> "str | None":
+        """How req drafts: its own method or the engine's; None for no drafts (none asked for,
+        or a constraint, whose requests decode one token per step)."""
+        if req.matcher is not None or req.params.num_speculative_tokens == 0:
+            return None
+        return req.params.speculative or self.speculative
+
+    def _draft_prefill(self, finished: list) -> None:
+        """The draft model reads the prompts finished in this step (their first drafts then
+        need no catch-up, and the prompt's time counts as the prompt's)."""
+        if self._proposer is not None:
+            self._proposer.prefill([(r.request_id, r.tokens[:r.computed]) for r in finished
+                                    if self._method(r) == "draft"])
 
     @staticmethod
     def _ngram_drafts(req: Request, k: int) -> list:

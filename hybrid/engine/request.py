@@ -88,6 +88,7 @@ class Request:
     matcher: object = None  # hybrid.structured.TokenMatcher when params.constraint is set
     draft_accept: float = PRIOR_ACCEPT  # speculative decoding: the chance a draft is kept
     shadow_draft: "int | None" = None  # the n-gram draft it did not feed, checked when sampled
+    draft_idle: int = 0  # steps since it last fed a draft (speculative decoding)
     ngrams: object = None  # speculative.NgramIndex of its tokens, once it drafts by n-grams
 
     def __post_init__(self):

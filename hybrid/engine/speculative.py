@@ -15,12 +15,13 @@ import weakref
 
 import numpy as np
 
-from .. import kernel_role
+from .. import kernel_role, ops
 from ..kvcache import PagedKVCache
 from ..kvpool import KVBlockPool
 
 METHODS = ("ngram", "draft")
 CATCH_UP_ROWS = 16  # a draft cache behind by more tokens catches up through a prompt step
+DRAFT_VOCAB = 16384  # token ids a draft model scores by default, besides each prompt's own
 
 
 def parse_speculative(spec: "str | None"):
@@ -82,6 +83,12 @@ def ngram_drafts(tokens, k: int) -> list:
 # step over a row's share of it
 PRIOR_ACCEPT = 0.6
 PRIOR_ROW_SHARE = 0.25
+# a request that feeds no drafts and has no free check of its guess (a draft model's drafts
+# cost a step) moves its estimate RETRY_DRIFT of the way up to 1 each step, and after
+# RETRY_STEPS such steps feeds one draft whatever the cost: a chance or a cost measured wrong
+# is measured again
+RETRY_DRIFT = 0.05
+RETRY_STEPS = 16
 
 
 class StepCost:
@@ -91,8 +98,12 @@ class StepCost:
     def __init__(self, memory: int = 16):
         self.memory = memory  # a mean follows about this many of its latest steps
         self._means: dict = {}  # rows fed -> [mean seconds, weight]
+        self._seen: set = set()  # row counts stepped at least once
 
     def observe(self, rows: int, seconds: float) -> None:
+        if rows not in self._seen:  # the first step of a size allocates its buffers: not its cost
+            self._seen.add(rows)
+            return
         mean = self._means.setdefault(rows, [seconds, 0.0])
         mean[1] = min(mean[1] + 1.0, float(self.memory))
         mean[0] += (seconds - mean[0]) / mean[1]
@@ -159,16 +170,35 @@ def update_acceptance(accept: float, kept: int, fed: int, rate: float = 0.2) -> 
     return accept
 
 
+class _DraftState:
+    """One request's draft cache, the tokens it holds, and the LM head rows of the request's
+    prompt tokens outside the scored vocabulary (ids ascending)."""
+
+    __slots__ = ("cache", "tokens", "extra_ids", "extra_head")
+
+    def __init__(self, cache, extra_ids, extra_head):
+        self.cache, self.tokens = cache, []
+        self.extra_ids, self.extra_head = extra_ids, extra_head
+
+
 class DraftModelProposer:
     """Greedy drafts from a draft model that shares the target's tokenizer.  Each request keeps
     a cache of the draft model (over one pool of ``num_blocks`` blocks) that holds the tokens
     the draft model has seen; a step first brings it up to the request's tokens (after the
     longest prefix they share: rejected drafts are cut off), then feeds one draft at a time,
-    all requests together (a cache far behind, as after the prompt, first catches up in a
-    prompt step).  The drafts only decide how many tokens a verify step can keep: the target
-    samples every token itself."""
+    all requests together (a cache far behind catches up in a prompt step; the engine brings
+    a new request's cache up to its prompt in the step that finishes the prompt, ``prefill``).
+    The drafts only decide how many tokens a verify step can keep: the target samples every
+    token itself.
 
-    def __init__(self, model, target, num_blocks: "int | None"):
+    ``vocab``: the draft model's head scores only its ``vocab`` lowest token ids (BPE and
+    SentencePiece vocabularies list the frequent tokens first) and each request's prompt
+    tokens, as FR-Spec prunes a draft's vocabulary: its largest matrix is then read in part
+    each round.  None, or a vocab at least the model's, scores every token.  (A head on a GPU
+    scores every token.)"""
+
+    def __init__(self, model, target, num_blocks: "int | None",
+                 vocab: "int | None" = DRAFT_VOCAB):
         if model.vocab_size != target.vocab_size:
             raise ValueError(f"the draft model's vocabulary has {model.vocab_size} tokens, the "
                              f"target's {target.vocab_size}: they must share the tokenizer")
@@ -176,63 +206,125 @@ class DraftModelProposer:
         if tok is not None and ttok is not None and tok.eos_ids != ttok.eos_ids:
             raise ValueError("the draft model's tokenizer differs from the target's "
                              f"(end-of-sequence ids {tok.eos_ids} and {ttok.eos_ids})")
+        if vocab is not None and (isinstance(vocab, bool) or not isinstance(vocab, int)
+                                  or vocab < 1):
+            raise ValueError(f"draft_vocab must be a positive integer or None, got {vocab!r}")
         self.model = model
         cfg = model.config
         self.pool = KVBlockPool(len(model.layers), cfg.num_kv_heads, cfg.head_dim,
                                 model.block_size, model.kv_dtype, model.cache_placements,
                                 num_blocks=num_blocks, prefix_cache=False)
         self.max_tokens = model.max_tokens or (1 << 30)
-        self._held: dict = {}  # request id -> (draft cache, the tokens it holds)
+        # the head the drafts come from: None, the model's own logits (a head on a GPU)
+        self.vocab = model.vocab_size if vocab is None else min(vocab, model.vocab_size)
+        self._head = None
+        if model.head_on_cpu:
+            self._head = (model.lm_head if self.vocab == model.vocab_size
+                          else _head_rows(model.lm_head, np.arange(self.vocab)))
+        self._held: dict = {}  # request id -> _DraftState
+
+    def prefill(self, items: list) -> None:
+        """Bring the draft caches of requests [(request id, tokens)] up to all their tokens in
+        one prompt step (a request whose cache the pool cannot grow is left without one)."""
+        fed = [got for rid, tokens in items
+               if (got := self._follow(rid, tokens, len(tokens), 0)) and got[1]]
+        if fed:
+            self.model.hidden_step([(st.cache, f) for st, f in fed], role=kernel_role.PROMPT)
 
     def propose(self, wants: list) -> dict:
         """{request id: k draft tokens} for wants [(request id, tokens, k)]; a request whose
         cache the pool cannot grow, or that outgrows the draft model, gets none.  Each round's
         seconds go into the draft model's step_cost."""
-        live = []  # (request id, cache, tokens to feed, drafts so far, k)
+        live = []  # (request id, state, tokens to feed, drafts so far, k)
         catch_up = []  # (cache, tokens): long runs the draft model has not seen, fed as a prompt
         for rid, tokens, k in wants:
             if len(tokens) + k > self.max_tokens:
                 continue
-            cache, held = self._held.get(rid) or (PagedKVCache.on(self.pool), [])
-            # the tokens the cache holds that are still the request's (at least the last one
-            # is fed again, for its logits)
-            same = min(_shared_prefix(held, tokens), cache.seq_len, len(tokens) - 1)
-            cache.truncate(same)
-            try:
-                cache.allocate_slots(len(tokens) - same + k - 1)
-            except MemoryError:
-                self.forget(rid)
+            # (at least the last token is fed again, for its logits)
+            got = self._follow(rid, tokens, len(tokens) - 1, k - 1)
+            if got is None:
                 continue
-            self._held[rid] = (cache, list(tokens))
-            fed = list(tokens[same:])
+            st, fed = got
             if len(fed) > CATCH_UP_ROWS:
-                catch_up.append((cache, fed[:-1]))
+                catch_up.append((st.cache, fed[:-1]))
                 fed = fed[-1:]
-            live.append((rid, cache, fed, [], k))
+            live.append((rid, st, fed, [], k))
         if catch_up:
-            self.model.forward_step(catch_up, role=kernel_role.PROMPT)
+            self.model.hidden_step(catch_up, role=kernel_role.PROMPT)
         out, cost = {}, step_cost(self.model)
         while live:
             t0 = time.perf_counter()
-            rows = self.model.forward_step([(c, fed) for _, c, fed, _, _ in live],
-                                           role=kernel_role.DECODE)
+            picks = self._greedy([(st, fed) for _, st, fed, _, _ in live])
             cost.observe(sum(len(fed) for _, _, fed, _, _ in live), time.perf_counter() - t0)
             going = []
-            for (rid, cache, _, drafts, k), row in zip(live, rows):
-                drafts.append(int(np.argmax(row)))
+            for (rid, st, _, drafts, k), tok in zip(live, picks):
+                drafts.append(tok)
                 if len(drafts) < k:
-                    self._held[rid][1].append(drafts[-1])  # fed in the next round
-                    going.append((rid, cache, [drafts[-1]], drafts, k))
+                    st.tokens.append(tok)  # fed in the next round
+                    going.append((rid, st, [tok], drafts, k))
                 else:
                     out[rid] = drafts
             live = going
         return out
 
+    def _follow(self, rid, tokens: list, upto: int, extra: int):
+        """(the request's state, the tokens its cache still needs) after cutting its cache back
+        to the longest prefix (at most ``upto`` tokens) it shares with ``tokens`` and growing it
+        for those and ``extra`` more; None (the state dropped) where the pool cannot."""
+        st = self._held.get(rid)
+        if st is None:
+            st = self._new_state(tokens)
+        same = min(_shared_prefix(st.tokens, tokens), st.cache.seq_len, upto)
+        st.cache.truncate(same)
+        try:
+            st.cache.allocate_slots(len(tokens) - same + extra)
+        except MemoryError:
+            st.cache.close()
+            self._held.pop(rid, None)
+            return None
+        self._held[rid] = st
+        st.tokens = list(tokens)
+        return st, list(tokens[same:])
+
+    def _new_state(self, tokens: list) -> _DraftState:
+        """A fresh cache, and the head rows of the tokens past the scored vocabulary."""
+        extra = np.unique(np.asarray(tokens, dtype=np.int64))
+        extra = extra[extra >= self.vocab] if self._head is not None else extra[:0]
+        head = _head_rows(self.model.lm_head, extra) if extra.size else None
+        return _DraftState(PagedKVCache.on(self.pool), extra, head)
+
+    def _greedy(self, batch: list) -> list:
+        """One decode step of the draft model over batch [(state, tokens)]: each sequence's
+        greedy next token, the argmax over the scored tokens (the lowest id among equals)."""
+        items = [(st.cache, fed) for st, fed in batch]
+        if self._head is None:
+            rows = self.model.forward_step(items, role=kernel_role.DECODE)
+            return [int(np.argmax(r)) for r in rows]
+        h = self.model.hidden_step(items, role=kernel_role.DECODE)
+        logits = ops.linear(h, self._head, role=kernel_role.DECODE)
+        picks = []
+        for i, (st, _) in enumerate(batch):
+            best = int(np.argmax(logits[i]))
+            if st.extra_head is not None:  # its prompt's tokens past the scored vocabulary
+                more = ops.linear(h[i:i + 1], st.extra_head, role=kernel_role.DECODE)[0]
+                j = int(np.argmax(more))
+                if more[j] > logits[i, best]:
+                    best = int(st.extra_ids[j])
+            picks.append(best)
+        return picks
+
     def forget(self, request_id) -> None:
         """The request finished: its draft cache goes back to the pool."""
-        held = self._held.pop(request_id, None)
-        if held is not None:
-            held[0].close()
+        st = self._held.pop(request_id, None)
+        if st is not None:
+            st.cache.close()
+
+
+def _head_rows(head, ids: np.ndarray):
+    """The LM head's rows ``ids`` (in their encoding), a copy."""
+    if hasattr(head, "take_rows"):
+        return head.take_rows(ids)
+    return np.ascontiguousarray(np.asarray(head)[ids])
 
 
 def _shared_prefix(a: list, b: list) -> int:

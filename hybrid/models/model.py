@@ -190,17 +190,7 @@ class Model:
         caches share one) run as one ragged step through every layer (hybrid/step.py); caches
         with pools of their own run as one step each.  On error every cache is left as it
         was."""
-        kernel_role.check(role)
-        caches = [c for c, _ in items]
-        ids = [self.check_ids(t) for _, t in items]
-        if not caches:
-            raise ValueError("a step needs at least one sequence")
-        for c, t in zip(caches, ids):
-            if not isinstance(c, PagedKVCache):
-                raise TypeError(f"expected PagedKVCache, got {type(c).__name__}")
-            if t.size == 0:
-                raise ValueError("every sequence of a step needs at least one token")
-            self._check_room(c.seq_len + t.size, c.max_tokens)
+        caches, ids = self._step_items(items, role)
         if rows not in ("last", "all"):
             raise ValueError(f"rows must be 'last' or 'all', got {rows!r}")
         pools: dict = {}  # pool -> the indices of its sequences, in order
@@ -224,6 +214,43 @@ class Model:
                 caches[i].truncate(starts[i])
             raise
         return logits
+
+    def hidden_step(self, items, role: str = kernel_role.AUTO) -> np.ndarray:
+        """One step as ``forward_step``'s (its caches in one pool), for a caller that applies a
+        head of its own (a draft model scoring part of the vocabulary): the LM head's input of
+        each sequence's last row, [len(items), hidden] float32 on the host (the final norm
+        applied)."""
+        caches, ids = self._step_items(items, role)
+        if len({id(c.pool) for c in caches}) != 1:
+            raise ValueError("hidden_step needs the caches of one pool")
+        x, batch = self._run_layers(caches, ids, role)
+        if is_device_array(x):
+            x = np.concatenate([x[r:r + 1].to_host() for r in batch.last_rows.tolist()])
+        else:
+            x = x[batch.last_rows]
+        return ops.rmsnorm(np.ascontiguousarray(x, dtype=np.float32), self.final_norm,
+                           self.config.rms_norm_eps)
+
+    @property
+    def head_on_cpu(self) -> bool:
+        """Whether the final norm and LM head run on the CPU (they run where the last layer
+        does)."""
+        return self._head_at.is_cpu
+
+    def _step_items(self, items, role: str):
+        """(caches, ids arrays) of a step's items [(cache, ids)], checked."""
+        kernel_role.check(role)
+        caches = [c for c, _ in items]
+        ids = [self.check_ids(t) for _, t in items]
+        if not caches:
+            raise ValueError("a step needs at least one sequence")
+        for c, t in zip(caches, ids):
+            if not isinstance(c, PagedKVCache):
+                raise TypeError(f"expected PagedKVCache, got {type(c).__name__}")
+            if t.size == 0:
+                raise ValueError("every sequence of a step needs at least one token")
+            self._check_room(c.seq_len + t.size, c.max_tokens)
+        return caches, ids
 
     def _run_step(self, caches, ids, role: str, every_row: bool = False):
         """One ragged step over caches of one pool: plan, every layer, commit (or roll back),
