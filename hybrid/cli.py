@@ -20,6 +20,7 @@ import numpy as np
 from . import (DecoderConfig, DecoderLayer, KVBlockPool, NoBackendError, PagedKVCache, Scratch,
                StepBatch, backend_status)
 from . import profiling, set_num_threads, get_num_threads
+from .engine.speculative import DRAFT_VOCAB
 from .quant import TARGETS
 from .testing import PRESETS, random_weights
 
@@ -72,6 +73,7 @@ def _generate(args) -> int:
         if draft_path is not None:
             spec["draft_model"] = load_model(draft_path, kv_dtype=args.kv_dtype,
                                              huge_pages=args.huge_pages)
+            spec["draft_vocab"] = args.draft_vocab or None
         for piece in model.stream(ids, max_new_tokens=args.max_tokens, temperature=args.temperature,
                                   top_k=args.top_k, top_p=args.top_p, seed=args.seed,
                                   num_speculative_tokens=args.num_speculative_tokens,
@@ -248,7 +250,8 @@ def _serve(args) -> int:
               max_model_len=args.max_model_len, max_body_bytes=args.max_body_bytes,
               max_concurrency=args.max_concurrency, request_timeout=args.request_timeout,
               speculative=args.speculative, num_speculative_tokens=args.num_speculative_tokens,
-              adapt_drafts=not args.fixed_drafts, huge_pages=args.huge_pages)
+              adapt_drafts=not args.fixed_drafts, draft_vocab=args.draft_vocab or None,
+              huge_pages=args.huge_pages)
     except (ModelLoadError, NoBackendError, ValueError, OSError) as exc:
         print(f"hybrid serve: {exc}", file=sys.stderr)
         return 2
@@ -287,6 +290,10 @@ def main(argv=None) -> int:
     gen.add_argument("--fixed-drafts", action="store_true",
                      help="feed every draft found, up to --num-speculative-tokens (default: "
                           "only those worth their measured cost)")
+    gen.add_argument("--draft-vocab", type=int, default=DRAFT_VOCAB, metavar="N",
+                     help="with --speculative draft:PATH: the draft model scores only its N "
+                          "lowest token ids (the frequent ones) and the prompt's (default "
+                          f"{DRAFT_VOCAB}; 0: every token)")
     gen.add_argument("--weights", default=None, choices=list(TARGETS),
                      help="convert every matrix to this format at load (default: keep the "
                           "file's encodings, memory-mapped)")
@@ -334,6 +341,10 @@ def main(argv=None) -> int:
     srv.add_argument("--fixed-drafts", action="store_true",
                      help="feed every draft found, up to --num-speculative-tokens (default: "
                           "only those worth their measured cost)")
+    srv.add_argument("--draft-vocab", type=int, default=DRAFT_VOCAB, metavar="N",
+                     help="with --speculative draft:PATH: the draft model scores only its N "
+                          "lowest token ids (the frequent ones) and the prompt's (default "
+                          f"{DRAFT_VOCAB}; 0: every token)")
     srv.add_argument("--gpu-layers", type=int, default=0)
     srv.add_argument("--no-huge-pages", dest="huge_pages", action="store_false",
                      help=NO_HUGE_PAGES_HELP)

@@ -325,6 +325,9 @@ def test_bad_settings_are_refused(model, draft):
         Engine(model, speculative="draft")
     with pytest.raises(ValueError, match='a draft_model goes with speculative="draft"'):
         Engine(model, speculative="ngram", draft_model=draft)
+    for bad in (0, -3, 2.5, True):
+        with pytest.raises(ValueError, match="draft_vocab must be a positive integer or None"):
+            Engine(model, speculative="draft", draft_model=draft, draft_vocab=bad)
     small = type("Other", (), {"vocab_size": 1000})()
     with pytest.raises(ValueError, match="vocabulary has 1000 tokens, the target's"):
         DraftModelProposer(small, model, None)
@@ -351,8 +354,9 @@ def test_server_with_drafts_answers_as_without(model, method):
         model = hybrid.load_model(GGUF, kv_dtype="q8_0")
     want = model.generate(model.tokenizer.encode(prompt), 40)
     spec = "draft:" + GGUF if method == "draft" else "ngram"  # the model as its own draft
+    vocab = ["--draft-vocab", "300"] if method == "draft" else []  # a small pruned vocabulary
     srv = Server("--max-batch", "4", "--speculative", spec, "--num-speculative-tokens", "6",
-                 "--fixed-drafts", *kv)
+                 "--fixed-drafts", *vocab, *kv)
     try:
         client = openai.OpenAI(base_url=srv.url + "/v1", api_key="unused", max_retries=0)
         r = client.completions.create(model=NAME, prompt=prompt, max_tokens=40, temperature=0)
@@ -376,12 +380,20 @@ def test_cli_generate_with_drafts_prints_the_same_text():
             "--max-tokens", "24"]
     plain = subprocess.run(args, capture_output=True, text=True, timeout=300, cwd=here)
     assert plain.returncode == 0 and plain.stdout.strip(), plain.stderr
-    for how in ("ngram", "draft:" + GGUF):
-        spec = subprocess.run(args + ["--speculative", how, "--num-speculative-tokens", "4",
-                                      "--fixed-drafts"],
+    for how in (["ngram"], ["draft:" + GGUF], ["draft:" + GGUF, "--draft-vocab", "0"],
+                ["draft:" + GGUF, "--draft-vocab", "100"]):
+        spec = subprocess.run(args + ["--num-speculative-tokens", "4", "--fixed-drafts",
+                                      "--speculative", *how],
                               capture_output=True, text=True, timeout=300, cwd=here)
         assert spec.returncode == 0, spec.stderr
         assert spec.stdout == plain.stdout, how
+    bad = subprocess.run(args + ["--speculative", "draft:" + GGUF, "--draft-vocab", "-5"],
+                         capture_output=True, text=True, timeout=300, cwd=here)
+    assert bad.returncode == 2 and "draft_vocab must be a positive integer" in bad.stderr
+    bad = subprocess.run([sys.executable, "-m", "hybrid", "serve", "--speculative",
+                          "draft:" + GGUF, "--draft-vocab", "-5"],
+                         capture_output=True, text=True, timeout=120, cwd=here)
+    assert bad.returncode == 2 and "draft_vocab must be a positive integer" in bad.stderr
     bad = subprocess.run(args + ["--speculative", "draft:"], capture_output=True, text=True,
                          timeout=300, cwd=here)
     assert bad.returncode == 2 and "--speculative must be 'ngram' or 'draft:PATH'" in bad.stderr

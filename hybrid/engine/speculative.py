@@ -170,6 +170,12 @@ def update_acceptance(accept: float, kept: int, fed: int, rate: float = 0.2) -> 
     return accept
 
 
+def check_draft_vocab(vocab) -> None:
+    """Raise ValueError unless vocab is a positive integer or None (a draft_vocab setting)."""
+    if vocab is not None and (isinstance(vocab, bool) or not isinstance(vocab, int) or vocab < 1):
+        raise ValueError(f"draft_vocab must be a positive integer or None, got {vocab!r}")
+
+
 class _DraftState:
     """One request's draft cache, the tokens it holds, and the LM head rows of the request's
     prompt tokens outside the scored vocabulary (ids ascending)."""
@@ -206,9 +212,7 @@ class DraftModelProposer:
         if tok is not None and ttok is not None and tok.eos_ids != ttok.eos_ids:
             raise ValueError("the draft model's tokenizer differs from the target's "
                              f"(end-of-sequence ids {tok.eos_ids} and {ttok.eos_ids})")
-        if vocab is not None and (isinstance(vocab, bool) or not isinstance(vocab, int)
-                                  or vocab < 1):
-            raise ValueError(f"draft_vocab must be a positive integer or None, got {vocab!r}")
+        check_draft_vocab(vocab)
         self.model = model
         cfg = model.config
         self.pool = KVBlockPool(len(model.layers), cfg.num_kv_heads, cfg.head_dim,

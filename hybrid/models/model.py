@@ -340,7 +340,7 @@ class Model:
 
         kw = dict(kw)
         spec = {k: kw.pop(k) for k in ("speculative", "num_speculative_tokens", "draft_model",
-                                          "adapt_drafts")
+                                          "adapt_drafts", "draft_vocab")
                 if k in kw}
         ids = [int(t) for t in self.check_ids(ids)]
         if not ids:
@@ -382,8 +382,8 @@ class Model:
 
         Keywords: the fields of ``hybrid.GenerationParams`` (temperature, top_k, top_p,
         repetition_penalty, seed, stop_tokens, stop_strings), and ``speculative="ngram"`` (or
-        "draft" with ``draft_model``) with ``num_speculative_tokens`` and ``adapt_drafts``
-        (hybrid.Engine's; the output is the same)."""
+        "draft" with ``draft_model`` and ``draft_vocab``) with ``num_speculative_tokens`` and
+        ``adapt_drafts`` (hybrid.Engine's; the output is the same)."""
         new: list = []
         for out in self._requests(ids, max_new_tokens, False, kw):
             new.extend(out.new_tokens)

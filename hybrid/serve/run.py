@@ -6,6 +6,7 @@ import ipaddress
 import logging
 import os
 
+from ..engine.speculative import DRAFT_VOCAB, check_draft_vocab
 from .app import MAX_BODY_BYTES
 
 log = logging.getLogger("hybrid.serve")
@@ -41,7 +42,7 @@ def serve(model_path=None, *, host: str = "127.0.0.1", port: int = 8000, threads
           max_body_bytes: int = MAX_BODY_BYTES, max_concurrency: "int | None" = None,
           request_timeout: "float | None" = None, speculative: "str | None" = None,
           num_speculative_tokens: int = 4, adapt_drafts: bool = True,
-          huge_pages: bool = True) -> None:
+          draft_vocab: "int | None" = DRAFT_VOCAB, huge_pages: bool = True) -> None:
     if max_model_len is not None and (isinstance(max_model_len, bool)
                                       or not isinstance(max_model_len, int) or max_model_len < 2):
         raise ValueError(f"max_model_len must be an integer >= 2, got {max_model_len!r}")
@@ -50,6 +51,7 @@ def serve(model_path=None, *, host: str = "127.0.0.1", port: int = 8000, threads
             raise ValueError(f"{name} must be an integer >= 1, got {v!r}")
     if request_timeout is not None and not request_timeout > 0:
         raise ValueError(f"request_timeout must be > 0 seconds, got {request_timeout!r}")
+    check_draft_vocab(draft_vocab)
     api_key = resolve_api_key(api_key, api_key_file)
     logging.basicConfig(level=getattr(logging, log_level.upper(), logging.INFO),
                         format="%(asctime)s %(name)s %(message)s")
@@ -82,7 +84,7 @@ def serve(model_path=None, *, host: str = "127.0.0.1", port: int = 8000, threads
                        max_tokens=max_model_len, huge_pages=huge_pages)
     draft = {} if draft_path is None else \
         {"draft_model": load_model(draft_path, kv_dtype=kv_dtype, max_tokens=max_model_len,
-                                   huge_pages=huge_pages)}
+                                   huge_pages=huge_pages), "draft_vocab": draft_vocab}
     name = model_name or (os.path.basename(str(model_path)).rsplit(".gguf", 1)[0]
                           if model_path else "smollm2-135m-instruct")
     app = build_app(model, model_name=name, api_key=api_key, max_queue=max_queue,
