@@ -230,6 +230,37 @@ def test_model_with_gpu_layers_matches_the_cpu(emulated, rng, kw):
     assert gpu.head_on_cpu == (str(gpu.placements[-1]) == "cpu") and cpu.head_on_cpu
 
 
+def test_draft_models_on_the_gpu_and_with_a_float32_pruned_head(emulated, rng):
+    """Draft-model speculation with the draft's head on a GPU (it scores every token from the
+    model's logits) and with a float32 head pruned to its 20 lowest ids on the CPU: the output
+    equals decoding without drafts, and the pruned drafts are the argmax over those ids and the
+    prompt's tokens."""
+    from hybrid import Engine
+    from hybrid.engine.speculative import DraftModelProposer
+
+    weights = _model(rng)
+    target = Model(weights, kv_dtype="float32")
+    prompt = [int(t) for t in rng.integers(0, 50, 12)]
+    want = Engine(target).generate([prompt], 16, stop_tokens=[])
+    for draft, vocab in ((Model(weights, kv_dtype="float32", gpu_layers=4), None),
+                         (Model(weights, kv_dtype="float32"), 20)):
+        eng = Engine(target, speculative="draft", draft_model=draft, adapt_drafts=False,
+                     draft_vocab=vocab)
+        assert eng.generate([prompt], 16, stop_tokens=[]) == want
+        # the draft is the target itself: every draft scoring every token is kept
+        assert vocab is not None or eng.accepted_tokens > 0
+    draft = Model(weights, kv_dtype="float32")
+    prop = DraftModelProposer(draft, target, None, vocab=20)
+    got = prop.propose([("r", prompt, 3)])["r"]
+    scored = np.union1d(np.arange(20), prompt)
+    cache, toks, expect = draft.new_cache(), list(prompt), []
+    logits = draft.forward(toks, cache, role="decode")
+    for _ in range(3):
+        expect.append(int(scored[np.argmax(logits[scored])]))
+        logits = draft.forward(expect[-1:], cache, role="decode")
+    assert got == expect
+
+
 def test_gpucheck_model_section_falls_back_to_a_model_of_smollm2s_shape(emulated, monkeypatch):
     import hybrid.models
     from hybrid.tools import gpucheck
