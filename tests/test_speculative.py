@@ -255,11 +255,12 @@ def test_drafts_are_the_draft_models_greedy_tokens_whatever_the_history(model, d
 
 def test_the_draft_model_reads_the_prompt_in_the_prompt_step(model, draft):
     """The step that finishes a prompt also runs it through the draft model (a request that
-    turned drafts off leaves the draft pool alone), so the first drafts need no catch-up."""
+    turned drafts off, or that has too few tokens to generate for a draft, leaves the draft
+    pool alone), so the first drafts need no catch-up."""
     prompt = _prompts(model)[0]
-    for n, blocks in ((4, -(-len(prompt) // draft.block_size)), (0, 0)):
+    for n, new, blocks in ((4, 8, -(-len(prompt) // draft.block_size)), (0, 8, 0), (4, 2, 0)):
         eng = Engine(model, speculative="draft", draft_model=draft, adapt_drafts=False)
-        req = eng.prepare_request(prompt, hybrid.GenerationParams(8, stop_tokens=[],
+        req = eng.prepare_request(prompt, hybrid.GenerationParams(new, stop_tokens=[],
                                                                   num_speculative_tokens=n))
         eng.admit_request(req)
         assert [len(o.new_tokens) for o in eng.step()] == [1]  # the prompt, its first token
@@ -354,7 +355,7 @@ def test_server_with_drafts_answers_as_without(model, method):
         model = hybrid.load_model(GGUF, kv_dtype="q8_0")
     want = model.generate(model.tokenizer.encode(prompt), 40)
     spec = "draft:" + GGUF if method == "draft" else "ngram"  # the model as its own draft
-    vocab = ["--draft-vocab", "300"] if method == "draft" else []  # a small pruned vocabulary
+    vocab = ["--draft-vocab", "0"] if method == "draft" else []  # every token, not the default
     srv = Server("--max-batch", "4", "--speculative", spec, "--num-speculative-tokens", "6",
                  "--fixed-drafts", *vocab, *kv)
     try:
@@ -366,6 +367,14 @@ def test_server_with_drafts_answers_as_without(model, method):
         assert "".join(c.choices[0].text for c in stream) == r.choices[0].text
         assert 0 < srv.metric("hybrid_speculative_acceptance_rate") <= 1
         assert srv.metric("hybrid_tokens_per_step") > 0
+        if method == "draft":  # --draft-vocab reaches the engine: the model as its own draft
+            # keeps every draft over the whole vocabulary (not so over the default 16384 ids)
+            counting = _prompts(model)[2]
+            r = client.completions.create(model=NAME, prompt=model.tokenizer.decode(counting),
+                                          max_tokens=40, temperature=0)
+            want = model.generate(model.tokenizer.encode(model.tokenizer.decode(counting)), 40)
+            assert r.choices[0].text == model.tokenizer.decode(want)
+            assert srv.metric("hybrid_speculative_acceptance_rate") == 1
     finally:
         srv.stop()
 

@@ -29,8 +29,8 @@ import numpy as np
 from .. import kernel_role
 from ..kvpool import KVBlockPool, default_kv_memory, parse_bytes
 from .kv_manager import KVCacheManager
-from .speculative import (DRAFT_VOCAB, METHODS, PRIOR_ROW_SHARE, RETRY_DRIFT, RETRY_STEPS,
-                          DraftModelProposer, NgramIndex, drafts_worth, step_cost,
+from .speculative import (DRAFT_VOCAB, METHODS, PRIOR_ROW_SHARE, RETRY_STEPS, DraftModelProposer,
+                          NgramIndex, drafts_worth, drift_acceptance, step_cost,
                           update_acceptance)
 from .params import GenerationParams
 from .request import Request, RequestOutput
@@ -275,7 +275,7 @@ class Engine:
                 # what it would have drafted, checked for free when it samples
                 r.shadow_draft = (self._ngram_drafts(r, 1) or [None])[0]
             elif k == 0:  # no free check: the estimate drifts up, and after RETRY_STEPS steps
-                r.draft_accept += RETRY_DRIFT * (1.0 - r.draft_accept)  # one draft is fed
+                r.draft_accept = drift_acceptance(r.draft_accept)  # one draft is fed
                 r.draft_idle += 1
                 k = int(r.draft_idle >= RETRY_STEPS)
             if k > 0:
@@ -306,10 +306,12 @@ class Engine:
 
     def _draft_prefill(self, finished: list) -> None:
         """The draft model reads the prompts finished in this step (their first drafts then
-        need no catch-up, and the prompt's time counts as the prompt's)."""
+        need no catch-up, and the prompt's time counts as the prompt's); a request with fewer
+        than 3 tokens to generate never drafts (one after the first and one to verify)."""
         if self._proposer is not None:
             self._proposer.prefill([(r.request_id, r.tokens[:r.computed]) for r in finished
-                                    if self._method(r) == "draft"])
+                                    if self._method(r) == "draft"
+                                    and r.params.max_new_tokens - len(r.generated) >= 3])
 
     @staticmethod
     def _ngram_drafts(req: Request, k: int) -> list:

@@ -162,6 +162,12 @@ def drafts_worth(accept: float, cost: float, most: int) -> int:
     return k
 
 
+def drift_acceptance(accept: float) -> float:
+    """A request's estimate after a step in which it fed no drafts and had no free check of its
+    guess: RETRY_DRIFT of the way up to 1."""
+    return accept + RETRY_DRIFT * (1.0 - accept)
+
+
 def update_acceptance(accept: float, kept: int, fed: int, rate: float = 0.2) -> float:
     """A request's estimated chance that a draft is kept, after a step that kept `kept` of `fed`
     drafts: each draft the sampler reached (the kept ones, and the first rejected) moves it."""
