@@ -581,16 +581,6 @@ static inline int hy_attn_simd_ok(long n, int f16) {
                 _mm_prefetch(p_ + HY_ATTN_PF_L2_AHEAD + o_, _MM_HINT_T1);                        \
     } while (0)
 
-/* acc[g, :] *= alpha[g] for g < nq (skipped where the running max did not move) */
-static inline void hy_rescale_rows(float *acc, const float *alpha, int nq, long n) {
-    for (int g = 0; g < nq; g++) {
-        if (alpha[g] == 1.0f) continue;
-        const __m256 sg = _mm256_set1_ps(alpha[g]);
-        for (long d = 0; d < n; d += 8)
-            _mm256_storeu_ps(acc + g * n + d, _mm256_mul_ps(_mm256_loadu_ps(acc + g * n + d), sg));
-    }
-}
-
 /* s[g*ldp + j] = q_g . row_j   for g < 4, j < c;  q [4, n] float32, rows [c, n] of T */
 #define HY_DEFINE_QK4(NAME, T, LD, RB)                                                               \
     static inline void NAME(const float *q, const T *k, int c, long n, float *s, int ldp) {     \
@@ -662,104 +652,21 @@ static inline void hy_rescale_rows(float *acc, const float *alpha, int nq, long 
         }                                                                                        \
     }
 
-/* acc[g, :] = alpha[g] * acc[g, :] + sum_j p[g*ldp + j] * row_j   for g < 4.
- * Rows are read strictly front to back, one at a time; the accumulators live in L1. */
-#define HY_DEFINE_PV4(NAME, T, LD, RB)                                                               \
-    static inline void NAME(float *acc, const float *alpha, const float *p, int ldp,            \
-                            const T *v, int c, long n) {                                         \
-        hy_rescale_rows(acc, alpha, 4, n);                                                       \
-        float *c0 = acc, *c1 = acc + n, *c2 = acc + 2 * n, *c3 = acc + 3 * n;                    \
-        for (int j = 0; j < c; j++) {                                                            \
-            const T *r0 = v + (long)j * RB(n);                                                       \
-            HY_ATTN_PREFETCH(r0, RB(n) * (long)sizeof(T));                                           \
-            const __m256 p0 = _mm256_broadcast_ss(p + j), p1 = _mm256_broadcast_ss(p + ldp + j); \
-            const __m256 p2 = _mm256_broadcast_ss(p + 2 * ldp + j), p3 = _mm256_broadcast_ss(p + 3 * ldp + j); \
-            for (long d = 0; d < n; d += 8) {                                                    \
-                __m256 x0 = LD(r0, d);                                                          \
-                _mm256_storeu_ps(c0 + d, HY_FMA(p0, x0, _mm256_loadu_ps(c0 + d)));               \
-                _mm256_storeu_ps(c1 + d, HY_FMA(p1, x0, _mm256_loadu_ps(c1 + d)));               \
-                _mm256_storeu_ps(c2 + d, HY_FMA(p2, x0, _mm256_loadu_ps(c2 + d)));               \
-                _mm256_storeu_ps(c3 + d, HY_FMA(p3, x0, _mm256_loadu_ps(c3 + d)));               \
-            }                                                                                    \
-        }                                                                                        \
-    }
-
-/* The same, two rows per pass: half the accumulator loads and stores.  Used for float16 rows,
- * where the kernel is bound by those stores rather than by memory. */
-#define HY_DEFINE_PV4_PAIRS(NAME, T, LD, RB, SINGLE)                                                               \
-    static inline void NAME(float *acc, const float *alpha, const float *p, int ldp,            \
-                            const T *v, int c, long n) {                                         \
-        hy_rescale_rows(acc, alpha, 4, n);                                                       \
-        float *c0 = acc, *c1 = acc + n, *c2 = acc + 2 * n, *c3 = acc + 3 * n;                    \
-        int j = 0;                                                                               \
-        for (; j + 2 <= c; j += 2) {                                                             \
-            const T *r0 = v + (long)j * RB(n), *r1 = r0 + RB(n);                                         \
-            HY_ATTN_PREFETCH(r0, 2 * RB(n) * (long)sizeof(T));                                       \
-            const __m256 p00 = _mm256_broadcast_ss(p + j), p01 = _mm256_broadcast_ss(p + j + 1); \
-            const __m256 p10 = _mm256_broadcast_ss(p + ldp + j), p11 = _mm256_broadcast_ss(p + ldp + j + 1); \
-            const __m256 p20 = _mm256_broadcast_ss(p + 2 * ldp + j), p21 = _mm256_broadcast_ss(p + 2 * ldp + j + 1); \
-            const __m256 p30 = _mm256_broadcast_ss(p + 3 * ldp + j), p31 = _mm256_broadcast_ss(p + 3 * ldp + j + 1); \
-            for (long d = 0; d < n; d += 8) {                                                    \
-                __m256 x0 = LD(r0, d), x1 = LD(r1, d);                                         \
-                _mm256_storeu_ps(c0 + d, HY_FMA(p01, x1, HY_FMA(p00, x0, _mm256_loadu_ps(c0 + d)))); \
-                _mm256_storeu_ps(c1 + d, HY_FMA(p11, x1, HY_FMA(p10, x0, _mm256_loadu_ps(c1 + d)))); \
-                _mm256_storeu_ps(c2 + d, HY_FMA(p21, x1, HY_FMA(p20, x0, _mm256_loadu_ps(c2 + d)))); \
-                _mm256_storeu_ps(c3 + d, HY_FMA(p31, x1, HY_FMA(p30, x0, _mm256_loadu_ps(c3 + d)))); \
-            }                                                                                    \
-        }                                                                                        \
-        if (j < c) { /* an odd last row: the one-row version, nothing left to rescale */         \
-            const float ones[4] = {1.0f, 1.0f, 1.0f, 1.0f};                                      \
-            SINGLE(acc, ones, p + j, ldp, v + (long)j * RB(n), c - j, n);                            \
-        }                                                                                        \
-    }
-
-/* acc[:] = alpha * acc[:] + sum_j p[j] * row_j  (one query, four rows per pass, in order) */
-#define HY_DEFINE_PV1(NAME, T, LD, RB)                                                               \
-    static inline void NAME(float *acc, float alpha, const float *p, const T *v, int c, long n) { \
-        const __m256 sa = _mm256_set1_ps(alpha);                                                 \
-        for (long d = 0; alpha != 1.0f && d < n; d += 8)                                         \
-            _mm256_storeu_ps(acc + d, _mm256_mul_ps(_mm256_loadu_ps(acc + d), sa));              \
-        int j = 0;                                                                               \
-        for (; j + 4 <= c; j += 4) {                                                             \
-            const T *r0 = v + (long)j * RB(n), *r1 = r0 + RB(n), *r2 = r1 + RB(n), *r3 = r2 + RB(n);             \
-            HY_ATTN_PREFETCH(r0, 4 * RB(n) * (long)sizeof(T));                                       \
-            const __m256 p0 = _mm256_broadcast_ss(p + j), p1 = _mm256_broadcast_ss(p + j + 1);  \
-            const __m256 p2 = _mm256_broadcast_ss(p + j + 2), p3 = _mm256_broadcast_ss(p + j + 3); \
-            for (long d = 0; d < n; d += 8) {                                                    \
-                __m256 a = _mm256_loadu_ps(acc + d);                                             \
-                a = HY_FMA(p0, LD(r0, d), a); a = HY_FMA(p1, LD(r1, d), a);                    \
-                a = HY_FMA(p2, LD(r2, d), a); a = HY_FMA(p3, LD(r3, d), a);                    \
-                _mm256_storeu_ps(acc + d, a);                                                    \
-            }                                                                                    \
-        }                                                                                        \
-        for (; j < c; j++) {                                                                     \
-            const T *r0 = v + (long)j * RB(n);                                                       \
-            const __m256 p0 = _mm256_broadcast_ss(p + j);                                        \
-            for (long d = 0; d < n; d += 8)                                                      \
-                _mm256_storeu_ps(acc + d, HY_FMA(p0, LD(r0, d), _mm256_loadu_ps(acc + d)));     \
-        }                                                                                        \
-    }
-
 HY_DEFINE_QK4(hy_qk4_f32, float, HY_LD_F32, HY_RB_N)
 HY_DEFINE_QK4(hy_qk4_f16_rows, uint16_t, HY_LD_F16, HY_RB_N)
 HY_DEFINE_QK4_PAIRS(hy_qk4_f16, uint16_t, HY_LD_F16, HY_RB_N, hy_qk4_f16_rows)
 HY_DEFINE_QK1(hy_qk1_f32, float, HY_LD_F32, HY_RB_N)
 HY_DEFINE_QK1(hy_qk1_f16, uint16_t, HY_LD_F16, HY_RB_N)
-HY_DEFINE_PV4(hy_pv4_f32, float, HY_LD_F32, HY_RB_N)
-HY_DEFINE_PV4(hy_pv4_f16_rows, uint16_t, HY_LD_F16, HY_RB_N)
-HY_DEFINE_PV4_PAIRS(hy_pv4_f16, uint16_t, HY_LD_F16, HY_RB_N, hy_pv4_f16_rows)
-HY_DEFINE_PV1(hy_pv1_f32, float, HY_LD_F32, HY_RB_N)
-HY_DEFINE_PV1(hy_pv1_f16, uint16_t, HY_LD_F16, HY_RB_N)
+/* 8 values of a q8_0 block from byte x on, widened (no factor) */
+static inline __m256 hy_q8_widen8(const uint8_t *x) {
+    return _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_loadl_epi64((const __m128i *)x)));
+}
 #ifdef HY_F16C
 /* the float16 factor of the q8_0 block at blk, in every lane */
 static inline __m256 hy_q8_factor8(const uint8_t *blk) {
     short h;
     memcpy(&h, blk, 2);
     return _mm256_cvtph_ps(_mm_set1_epi16(h));
-}
-/* 8 values of a q8_0 block from byte x on, widened (no factor) */
-static inline __m256 hy_q8_widen8(const uint8_t *x) {
-    return _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_loadl_epi64((const __m128i *)x)));
 }
 /* q8_0 rows (n / 32 * 34 bytes): 8 values at column d as factor times value, the product the
  * scalar widening (hy_q8_rows_to_f32) forms, so these give the float32 kernels' bits on the
@@ -815,56 +722,64 @@ static inline void hy_q8_weights(int nq, const float *p, int ldp, const uint8_t 
             for (int g = 0; g < nq; g++) pf[(long)(g * nb + b) * ldp + j] = p[g * ldp + j] * f;
         }
 }
+#endif /* HY_F16C */
 
-/* acc[g, :] = alpha[g] * acc[g, :] + sum_j sum_b pf[g, b, j] * values of row j's block b, for
- * g < NQ (1 or 4); two rows per pass where there are two, in row order */
-static inline __attribute__((always_inline)) void hy_pv_q8_n(
-        const int NQ, float *acc, const float *alpha, const float *pf, int ldp, const uint8_t *v,
-        int c, long n) {
-    const int nb = (int)(n / 32);
-    const long rb = HY_RB_Q8(n);
-    hy_rescale_rows(acc, alpha, NQ, n);
-    int j = 0;
-    for (; j + 2 <= c; j += 2) {
-        const uint8_t *r0 = v + (long)j * rb, *r1 = r0 + rb;
-        HY_ATTN_PREFETCH(r0, 2 * rb);
-        for (int b = 0; b < nb; b++) {
-            __m256 w0[4], w1[4];
-            for (int g = 0; g < NQ; g++) {
-                w0[g] = _mm256_broadcast_ss(pf + (long)(g * nb + b) * ldp + j);
-                w1[g] = _mm256_broadcast_ss(pf + (long)(g * nb + b) * ldp + j + 1);
-            }
-            for (int t = 0; t < 32; t += 8) {
-                const __m256 x0 = hy_q8_widen8(r0 + 34 * b + 2 + t), x1 = hy_q8_widen8(r1 + 34 * b + 2 + t);
-                for (int g = 0; g < NQ; g++) {
-                    float *a = acc + g * n + 32 * b + t;
-                    _mm256_storeu_ps(a, HY_FMA(w1[g], x1, HY_FMA(w0[g], x0, _mm256_loadu_ps(a))));
-                }
-            }
+/* The value pass over rows read in place: acc[g, :] = alpha[g] * acc[g, :] + sum_j w[g, j] *
+ * row_j for g < NQ (1 or 4), rows of kind kv (HY_PV_F32, HY_PV_F16, HY_PV_Q8).  For float rows
+ * w[g, j] = p[g*ldp + j]; for q8_0 rows the probabilities already times the rows' block factors
+ * (hy_q8_weights: w = p[(g*nb + b)*ldp + j] for block b), and only the 8-bit values are widened.
+ * Strip by strip of 8*W dimensions, the strip's NQ*W accumulators stay in registers over all c
+ * rows, so nothing is stored per row.  Each element takes one FMA per row, rows in order,
+ * whatever the strip's width, so NQ and the strips do not change a result's bits. */
+enum { HY_PV_F32 = 0, HY_PV_F16 = 1, HY_PV_Q8 = 2 };
+static inline __attribute__((always_inline)) __m256 hy_pv_ld(const int kv, const void *row, long d) {
+    if (kv == HY_PV_Q8) return hy_q8_widen8((const uint8_t *)row + 34 * (d >> 5) + 2 + (d & 31));
+    if (kv == HY_PV_F16) return HY_LD_F16((const uint16_t *)row, d);
+    return HY_LD_F32((const float *)row, d);
+}
+static inline __attribute__((always_inline)) void hy_pv_strip(
+        const int NQ, const int W, const int kv, float *acc, const float *alpha, const float *p,
+        int ldp, const void *v, int c, long n, long d) {
+    const long rb = kv == HY_PV_Q8 ? n / 32 * 34 : n * (kv == HY_PV_F16 ? 2 : 4);
+    const long gs = kv == HY_PV_Q8 ? n / 32 * (long)ldp : ldp; /* from query g's weights to g+1's */
+    __m256 a[4][8];
+    for (int g = 0; g < NQ; g++) {
+        const __m256 al = _mm256_set1_ps(alpha[g]);
+        for (int t = 0; t < W; t++) a[g][t] = _mm256_mul_ps(_mm256_loadu_ps(acc + g * n + d + 8 * t), al);
+    }
+    for (int j = 0; j < c; j++) {
+        const char *r = (const char *)v + (long)j * rb;
+        if (d == 0) HY_ATTN_PREFETCH(r, rb); /* the first strip prefetches the rows */
+        for (int t = 0; t < W; t++) {
+            const __m256 x = hy_pv_ld(kv, r, d + 8 * t);
+            const float *w = p + (kv == HY_PV_Q8 ? ((d + 8 * t) >> 5) * (long)ldp : 0) + j;
+            for (int g = 0; g < NQ; g++) a[g][t] = HY_FMA(_mm256_broadcast_ss(w + g * gs), x, a[g][t]);
         }
     }
-    for (; j < c; j++) {
-        const uint8_t *r0 = v + (long)j * rb;
-        for (int b = 0; b < nb; b++)
-            for (int t = 0; t < 32; t += 8) {
-                const __m256 x0 = hy_q8_widen8(r0 + 34 * b + 2 + t);
-                for (int g = 0; g < NQ; g++) {
-                    float *a = acc + g * n + 32 * b + t;
-                    _mm256_storeu_ps(a, HY_FMA(_mm256_broadcast_ss(pf + (long)(g * nb + b) * ldp + j), x0,
-                                               _mm256_loadu_ps(a)));
-                }
-            }
-    }
+    for (int g = 0; g < NQ; g++)
+        for (int t = 0; t < W; t++) _mm256_storeu_ps(acc + g * n + d + 8 * t, a[g][t]);
 }
+/* hy_pv_strip over all n (n % 8 == 0): strips of 16 dimensions for four queries, 64 for one */
+static inline __attribute__((always_inline)) void hy_pv_n(
+        const int NQ, const int kv, float *acc, const float *alpha, const float *p, int ldp,
+        const void *v, int c, long n) {
+    const int W = NQ == 4 ? 2 : 8;
+    long d = 0;
+    for (; d + 8 * W <= n; d += 8 * W) hy_pv_strip(NQ, W, kv, acc, alpha, p, ldp, v, c, n, d);
+    for (; d < n; d += 8) hy_pv_strip(NQ, 1, kv, acc, alpha, p, ldp, v, c, n, d);
+}
+static inline void hy_pv4_f32(float *acc, const float *alpha, const float *p, int ldp,
+                              const float *v, int c, long n) { hy_pv_n(4, HY_PV_F32, acc, alpha, p, ldp, v, c, n); }
+static inline void hy_pv1_f32(float *acc, float alpha, const float *p, const float *v, int c,
+                              long n) { hy_pv_n(1, HY_PV_F32, acc, &alpha, p, 0, v, c, n); }
+static inline void hy_pv4_f16(float *acc, const float *alpha, const float *p, int ldp,
+                              const uint16_t *v, int c, long n) { hy_pv_n(4, HY_PV_F16, acc, alpha, p, ldp, v, c, n); }
+static inline void hy_pv1_f16(float *acc, float alpha, const float *p, const uint16_t *v, int c,
+                              long n) { hy_pv_n(1, HY_PV_F16, acc, &alpha, p, 0, v, c, n); }
 static inline void hy_pv4_q8(float *acc, const float *alpha, const float *pf, int ldp,
-                             const uint8_t *v, int c, long n) {
-    hy_pv_q8_n(4, acc, alpha, pf, ldp, v, c, n);
-}
+                             const uint8_t *v, int c, long n) { hy_pv_n(4, HY_PV_Q8, acc, alpha, pf, ldp, v, c, n); }
 static inline void hy_pv1_q8(float *acc, float alpha, const float *pf, int ldp, const uint8_t *v,
-                             int c, long n) {
-    hy_pv_q8_n(1, acc, &alpha, pf, ldp, v, c, n);
-}
-#endif
+                             int c, long n) { hy_pv_n(1, HY_PV_Q8, acc, &alpha, pf, ldp, v, c, n); }
 #endif /* HY_AVX2 */
 
 #endif /* HYBRID_SIMD_H */
