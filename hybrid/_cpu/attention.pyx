@@ -330,8 +330,11 @@ cdef _attend(float[:, ::1] q, const int64_t[::1] row_pos, const int64_t[::1] seg
 
 def q8_0_scores():
     """How this build scores a q8_0 KV cache (its queries quantized to 8 bits either way)."""
-    if hy_attn_q8_int_scores():
+    cdef int how = hy_attn_q8_int_scores()
+    if how == 2:
         return "int8 block dot products (vpdpbusd, 16 keys per pass)"
+    if how == 1:
+        return "int8 block dot products (maddubs, 8 keys per pass)"
     return "float32 on the dequantized 8-bit query"
 
 

@@ -18,8 +18,8 @@
  *   scores  with AVX-512 VNNI, sixteen keys at a time: their 8-bit values transposed so that a
  *           register holds four values of each key, vpdpbusd against four broadcast values of the
  *           query's 8-bit copy (attention_core.h) gives every key's exact integer dot product of
- *           a block, which then takes the key's and the query's factors.  Without VNNI, the
- *           float32 path on the query's dequantized values, rows widened in registers.
+ *           a block, which then takes the key's and the query's factors.  Without VNNI, simd.h's
+ *           AVX2 pass (eight keys, maddubs), which gives the same scores.
  *   values  the probabilities times each row's block factors first (16 rows at a time), then
  *           the rows' 8-bit values widened and accumulated against them.
  *
@@ -44,29 +44,10 @@ HY512_AI long hy512_row_bytes(const int kv, int D) {
     return kv == HY512_Q8 ? (long)D / 32 * 34 : (long)D * (kv ? 2 : 4);
 }
 
-/* the 16 values of row j starting at column d (d % 16 == 0), as float32; q8_0: factor * value,
- * the product the scalar widening (simd.h, hy_q8_rows_to_f32) forms */
+/* the 16 values of float32 or float16 row j starting at column d (d % 16 == 0), as float32 */
 HY512_AI __m512 hy512_ld(const void *base, long j, int d, int D, const int kv) {
-    if (kv == HY512_Q8) {
-        const uint8_t *blk = (const uint8_t *)base + j * hy512_row_bytes(kv, D) + 34 * (d >> 5);
-        short h;
-        memcpy(&h, blk, 2);
-        return _mm512_mul_ps(_mm512_cvtph_ps(_mm256_set1_epi16(h)), _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(
-            _mm_loadu_si128((const __m128i *)(blk + 2 + (d & 31))))));
-    }
     if (kv) return _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)((const uint16_t *)base + j * D + d)));
     return _mm512_loadu_ps((const float *)base + j * D + d);
-}
-
-/* the 32 values of row j's q8_0 block at column d (d % 32 == 0), the two halves of
- * hy512_ld's, with the factor read once */
-HY512_AI void hy512_ld_q8_block(const void *base, long j, int d, int D, __m512 *lo, __m512 *hi) {
-    const uint8_t *blk = (const uint8_t *)base + j * hy512_row_bytes(HY512_Q8, D) + 34 * (d >> 5);
-    short h;
-    memcpy(&h, blk, 2);  /* (the factor broadcast as float16, then widened) */
-    const __m512 f = _mm512_cvtph_ps(_mm256_set1_epi16(h));
-    *lo = _mm512_mul_ps(f, _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i *)(blk + 2)))));
-    *hi = _mm512_mul_ps(f, _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i *)(blk + 18)))));
 }
 
 /* mask of the first n (0..16) lanes */
@@ -203,7 +184,7 @@ HY512_AI __m128 hy512_hsum4(__m512 a, __m512 b, __m512 c, __m512 d) {
     return hy_hsum4x256(a8, b8, c8, d8);
 }
 
-/* Step 1: s[g*ldp + j] = q_g . row_j for g < NQ, j < c. */
+/* Step 1 over float32 or float16 rows: s[g*ldp + j] = q_g . row_j for g < NQ, j < c. */
 HY512_AI void hy512_scores(const int NQ, const int kv, const float *q, const void *k, int c,
                            int D, float *s, int ldp) {
     const __m512 z = _mm512_setzero_ps();
@@ -214,27 +195,13 @@ HY512_AI void hy512_scores(const int NQ, const int kv, const float *q, const voi
         /* software prefetch of this pass's K rows, a fixed distance on (simd.h; the
          * value passes do the same for their V rows) */
         HY_ATTN_PREFETCH((const char *)k + (long)j * row, 2 * row);
-        if (kv == HY512_Q8) {  /* a block (32 values, one factor) of each key per step */
-            for (int d = 0; d < D; d += 32) {
-                __m512 x0[2], x1[2];
-                hy512_ld_q8_block(k, j, d, D, &x0[0], &x0[1]);
-                hy512_ld_q8_block(k, j + 1, d, D, &x1[0], &x1[1]);
-                for (int h = 0; h < 2; h++)
-                    for (int g = 0; g < NQ; g++) {
-                        const __m512 qv = _mm512_loadu_ps(q + g * D + d + 16 * h);
-                        a0[g] = _mm512_fmadd_ps(qv, x0[h], a0[g]);
-                        a1[g] = _mm512_fmadd_ps(qv, x1[h], a1[g]);
-                    }
-            }
-        } else {
-            for (int d = 0; d < D; d += 16) {
-                const __m512 x0 = hy512_ld(k, j, d, D, kv);
-                const __m512 x1 = hy512_ld(k, j + 1, d, D, kv);
-                for (int g = 0; g < NQ; g++) {
-                    const __m512 qv = _mm512_loadu_ps(q + g * D + d);
-                    a0[g] = _mm512_fmadd_ps(qv, x0, a0[g]);
-                    a1[g] = _mm512_fmadd_ps(qv, x1, a1[g]);
-                }
+        for (int d = 0; d < D; d += 16) {
+            const __m512 x0 = hy512_ld(k, j, d, D, kv);
+            const __m512 x1 = hy512_ld(k, j + 1, d, D, kv);
+            for (int g = 0; g < NQ; g++) {
+                const __m512 qv = _mm512_loadu_ps(q + g * D + d);
+                a0[g] = _mm512_fmadd_ps(qv, x0, a0[g]);
+                a1[g] = _mm512_fmadd_ps(qv, x1, a1[g]);
             }
         }
         float t0[4], t1[4];
@@ -349,12 +316,14 @@ HY512_AI void hy512_update_n(const int NQ, const int kv, hy_attn_scratch *w, int
                              const void *k, const void *v, int c, int D) {
     float alpha[4];
     float *m = w->m + i, *l = w->l + i, *acc = w->acc + (long)i * D, *s = w->s;
+    if (kv == HY512_Q8)  /* (without VNNI the AVX2 pass, which gives the same scores) */
 #ifdef HY512_VNNI
-    if (kv == HY512_Q8)
         hy512_scores_q8(NQ, w->qa + (long)i * D, w->qd + i * (D / 32), w->qc + i * (D / 32),
                         (const uint8_t *)k, c, D, s, ldp);
-    else
+#else
+        hy_qk_q8_int(NQ, w->qa + (long)i * D, w->qd + i * (D / 32), (const uint8_t *)k, c, D, s, ldp);
 #endif
+    else
         hy512_scores(NQ, kv, w->q + (long)i * D, k, c, D, s, ldp);
     hy512_softmax_n(NQ, s, ldp, c, m, l, alpha);
     int d = 0;

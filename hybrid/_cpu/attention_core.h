@@ -16,8 +16,9 @@
  * Over q8_0 rows each scaled query is first quantized to 8 bits exactly as the integer mat-vec
  * quantizes activations (quant_activations.h; reference.quantize_activations), and the scores
  * are the dot products of those blocks with the cached blocks, as llama.cpp scores a q8_0 K
- * cache: in integers where the build has AVX-512 VNNI, else in float32 on the query's
- * dequantized values (reference.attention, kv_dtype "q8_0").
+ * cache: in integers where the build has AVX2 (with F16C) or AVX-512, both giving the same
+ * scores, and in float32 on the query's dequantized values in portable builds
+ * (reference.attention, kv_dtype "q8_0").
  */
 #ifndef HYBRID_ATTENTION_CORE_H
 #define HYBRID_ATTENTION_CORE_H
@@ -63,9 +64,12 @@ enum { HY_KV_F32 = 0, HY_KV_F16 = 1, HY_KV_Q8 = 2 };
 
 #include "attention_avx512.h" /* (after the scratch it updates) */
 
-/* 1 where q8_0 rows are scored in integers (AVX-512 VNNI), 0 where in float32 */
+/* How q8_0 rows are scored: 2 in integers by AVX-512 VNNI, 1 in integers by AVX2 (the same
+ * scores), 0 in float32 (portable builds) */
 static inline int hy_attn_q8_int_scores(void) {
-#ifdef HY512_VNNI
+#if defined(HY512_VNNI)
+    return 2;
+#elif defined(HY_AVX2) && defined(HY_F16C)
     return 1;
 #else
     return 0;
@@ -108,8 +112,10 @@ static inline void hy_attn_update(const hy_attn_shape *sh, hy_attn_scratch *w, i
 #endif
 #if defined(HY_AVX2) && defined(HY_F16C)
     if (mode == HY_ROWS_Q8) {
-        if (cnt == 4) hy_qk4_q8(q, (const uint8_t *)k, c, D, w->s, ldp);
-        else hy_qk1_q8(q, (const uint8_t *)k, c, D, w->s);
+        const int8_t *qa = w->qa + (long)i0 * D;
+        const float *qd = w->qd + (long)i0 * (D / 32);
+        if (cnt == 4) hy_qk4_q8(qa, qd, (const uint8_t *)k, c, D, w->s, ldp);
+        else hy_qk1_q8(qa, qd, (const uint8_t *)k, c, D, w->s);
     } else
 #endif
     {

@@ -14,7 +14,7 @@
  *   hy_silu_mul       out[i] = silu(g[i]) * u[i]
  *   hy_f16_to_f32     IEEE binary16 -> float32 rows
  *   hy_axpy_rows(4)   acc[d] = alpha*acc[d] + sum_j p[j] * v[j, d]   (portable attention path)
- *   hy_qk4/qk1, hy_pv4/pv1 _f32/_f16   attention micro-kernels reading cache rows in place
+ *   hy_qk4/qk1, hy_pv4/pv1 _f32/_f16/_q8   attention micro-kernels reading cache rows in place
  */
 #ifndef HYBRID_SIMD_H
 #define HYBRID_SIMD_H
@@ -662,65 +662,119 @@ static inline __m256 hy_q8_widen8(const uint8_t *x) {
     return _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_loadl_epi64((const __m128i *)x)));
 }
 #ifdef HY_F16C
-/* the float16 factor of the q8_0 block at blk, in every lane */
-static inline __m256 hy_q8_factor8(const uint8_t *blk) {
-    short h;
-    memcpy(&h, blk, 2);
-    return _mm256_cvtph_ps(_mm_set1_epi16(h));
-}
-/* q8_0 rows (n / 32 * 34 bytes): 8 values at column d as factor times value, the product the
- * scalar widening (hy_q8_rows_to_f32) forms, so these give the float32 kernels' bits on the
- * widened rows */
-static inline __m256 hy_ld_q8(const uint8_t *row, long d) {
-    const uint8_t *blk = row + 34 * (d >> 5);
-    return _mm256_mul_ps(hy_q8_factor8(blk), hy_q8_widen8(blk + 2 + (d & 31)));
-}
 #define HY_RB_Q8(n) ((n) / 32 * 34)
-HY_DEFINE_QK4(hy_qk4_q8_rows, uint8_t, hy_ld_q8, HY_RB_Q8)
-HY_DEFINE_QK1(hy_qk1_q8, uint8_t, hy_ld_q8, HY_RB_Q8)
 
-/* hy_qk4_q8_rows two keys per pass, each block's factor widened once (the same products as
- * hy_ld_q8's, so the same bits) */
-static inline void hy_qk4_q8(const float *q, const uint8_t *k, int c, long n, float *s, int ldp) {
+/* The 16 bytes at off of eight q8_0 rows' blocks (row j at p + j*rb), transposed: t[i] holds
+ * bytes off+4i..off+4i+3 of rows 0..3 in its low lane and of rows 4..7 in its high lane; rows
+ * at or past m read as zero */
+static inline void hy_q8_transpose8x4(const uint8_t *p, long rb, int m, long off, __m256i t[4]) {
+    __m256i y[4], a[4];
+    for (int j = 0; j < 4; j++) {
+        const __m128i lo = j < m ? _mm_loadu_si128((const __m128i *)(p + j * rb + off)) : _mm_setzero_si128();
+        const __m128i hi = j + 4 < m ? _mm_loadu_si128((const __m128i *)(p + (j + 4) * rb + off)) : _mm_setzero_si128();
+        y[j] = _mm256_inserti128_si256(_mm256_castsi128_si256(lo), hi, 1);
+    }
+    a[0] = _mm256_unpacklo_epi32(y[0], y[1]);
+    a[1] = _mm256_unpackhi_epi32(y[0], y[1]);
+    a[2] = _mm256_unpacklo_epi32(y[2], y[3]);
+    a[3] = _mm256_unpackhi_epi32(y[2], y[3]);
+    t[0] = _mm256_unpacklo_epi64(a[0], a[2]);
+    t[1] = _mm256_unpackhi_epi64(a[0], a[2]);
+    t[2] = _mm256_unpacklo_epi64(a[1], a[3]);
+    t[3] = _mm256_unpackhi_epi64(a[1], a[3]);
+}
+
+/* The float16 factors of the q8_0 blocks at p + j*rb for rows j < m (m <= 8; lanes past m give
+ * 0), built in a register: eight 2-byte stores read back as one 16-byte load would stall on
+ * store forwarding */
+static inline __m256 hy_q8_factors8(const uint8_t *p, long rb, int m) {
+    __m128i h = _mm_setzero_si128();
+    uint16_t x;
+#define HY_Q8_FACTOR(J) if (J < m) { memcpy(&x, p + J * rb, 2); h = _mm_insert_epi16(h, x, J); }
+    HY_Q8_FACTOR(0) HY_Q8_FACTOR(1) HY_Q8_FACTOR(2) HY_Q8_FACTOR(3)
+    HY_Q8_FACTOR(4) HY_Q8_FACTOR(5) HY_Q8_FACTOR(6) HY_Q8_FACTOR(7)
+#undef HY_Q8_FACTOR
+    return _mm256_cvtph_ps(h);
+}
+
+/* Scores over q8_0 rows from the 8-bit queries (hy_attn_quantize_queries): s[g*ldp + j] = sum
+ * over blocks b, in order, of (fk[j, b] * fq[g, b]) * (qa_g,b . k_j,b) for g < NQ (1..4), the
+ * dot products exact in int32: the products and order of attention_avx512.h's VNNI pass, so the
+ * AVX2 and AVX-512 builds give the same scores.  Eight keys per pass, half a block at a time
+ * transposed so that a register holds four values of each key; maddubs takes |k| against q
+ * carrying k's sign (both at most 127 in size, so no pair of products saturates 16 bits). */
+static inline __attribute__((always_inline)) void hy_qk_q8_int(
+        const int NQ, const int8_t *qa, const float *qd, const uint8_t *k, int c, long n, float *s,
+        int ldp) {
+    const int nb = (int)(n / 32);
     const long rb = HY_RB_Q8(n);
-    int j = 0;
-    for (; j + 2 <= c; j += 2) {
-        const uint8_t *k0 = k + (long)j * rb, *k1 = k0 + rb;
-        HY_ATTN_PREFETCH(k0, 2 * rb);
-        __m256 a[4][2];
-        for (int g = 0; g < 4; g++) a[g][0] = a[g][1] = _mm256_setzero_ps();
-        for (long b = 0; b < n / 32; b++) {
-            const __m256 f0 = hy_q8_factor8(k0 + 34 * b), f1 = hy_q8_factor8(k1 + 34 * b);
-            for (int t = 0; t < 32; t += 8) {
-                const __m256 x0 = _mm256_mul_ps(f0, hy_q8_widen8(k0 + 34 * b + 2 + t));
-                const __m256 x1 = _mm256_mul_ps(f1, hy_q8_widen8(k1 + 34 * b + 2 + t));
-                for (int g = 0; g < 4; g++) {
-                    const __m256 qv = _mm256_loadu_ps(q + g * n + 32 * b + t);
-                    a[g][0] = HY_FMA(qv, x0, a[g][0]);
-                    a[g][1] = HY_FMA(qv, x1, a[g][1]);
+    const __m256i ones = _mm256_set1_epi16(1);
+    for (int j0 = 0; j0 < c; j0 += 8) {
+        const int m = c - j0 < 8 ? c - j0 : 8;
+        const uint8_t *kr = k + (long)j0 * rb;
+        HY_ATTN_PREFETCH(kr, m * rb);
+        __m256 acc[4];
+        for (int g = 0; g < NQ; g++) acc[g] = _mm256_setzero_ps();
+        for (int b = 0; b < nb; b++) {
+            const __m256 fk = hy_q8_factors8(kr + 34 * b, rb, m);
+            __m256i dot[4];
+            for (int g = 0; g < NQ; g++) dot[g] = _mm256_setzero_si256();
+            for (int half = 0; half < 2; half++) {  /* values 0..15, then 16..31 */
+                __m256i t[4];
+                hy_q8_transpose8x4(kr, rb, m, 34 * b + 2 + 16 * half, t);
+                for (int i = 0; i < 4; i++) {
+                    const __m256i ak = _mm256_abs_epi8(t[i]);
+                    for (int g = 0; g < NQ; g++) {
+                        int32_t x;
+                        memcpy(&x, qa + (long)g * n + 32 * b + 16 * half + 4 * i, 4);
+                        const __m256i qs = _mm256_sign_epi8(_mm256_set1_epi32(x), t[i]);
+                        dot[g] = _mm256_add_epi32(dot[g], _mm256_madd_epi16(_mm256_maddubs_epi16(ak, qs), ones));
+                    }
                 }
             }
+            for (int g = 0; g < NQ; g++)
+                acc[g] = HY_FMA(_mm256_cvtepi32_ps(dot[g]), _mm256_mul_ps(fk, _mm256_set1_ps(qd[g * nb + b])),
+                                acc[g]);
         }
-        float t0[4], t1[4];
-        _mm_storeu_ps(t0, hy_hsum4x256(a[0][0], a[1][0], a[2][0], a[3][0]));
-        _mm_storeu_ps(t1, hy_hsum4x256(a[0][1], a[1][1], a[2][1], a[3][1]));
-        for (int g = 0; g < 4; g++) { s[g * ldp + j] = t0[g]; s[g * ldp + j + 1] = t1[g]; }
+        for (int g = 0; g < NQ; g++) {
+            if (m == 8) {
+                _mm256_storeu_ps(s + g * ldp + j0, acc[g]);
+            } else {
+                float o[8];
+                _mm256_storeu_ps(o, acc[g]);
+                memcpy(s + g * ldp + j0, o, sizeof(float) * (size_t)m);
+            }
+        }
     }
-    if (j < c) hy_qk4_q8_rows(q, k + (long)j * rb, c - j, n, s + j, ldp);
 }
+static inline void hy_qk4_q8(const int8_t *qa, const float *qd, const uint8_t *k, int c, long n,
+                             float *s, int ldp) { hy_qk_q8_int(4, qa, qd, k, c, n, s, ldp); }
+static inline void hy_qk1_q8(const int8_t *qa, const float *qd, const uint8_t *k, int c, long n,
+                             float *s) { hy_qk_q8_int(1, qa, qd, k, c, n, s, 0); }
 
 /* pf[(g*nb + b)*ldp + j] = p[g*ldp + j] * (row j's factor of block b), g < nq, j < c: the
  * weights the q8_0 value pass takes, so it widens only the 8-bit values */
 static inline void hy_q8_weights(int nq, const float *p, int ldp, const uint8_t *v, int c, long n,
                                  float *pf) {
     const int nb = (int)(n / 32);
-    for (int j = 0; j < c; j++)
+    const long rb = HY_RB_Q8(n);
+    for (int j0 = 0; j0 < c; j0 += 8) {
+        const int m = c - j0 < 8 ? c - j0 : 8;
         for (int b = 0; b < nb; b++) {
-            uint16_t h;
-            memcpy(&h, v + (long)j * HY_RB_Q8(n) + 34 * b, 2);
-            const float f = _cvtsh_ss(h);
-            for (int g = 0; g < nq; g++) pf[(long)(g * nb + b) * ldp + j] = p[g * ldp + j] * f;
+            const __m256 f = hy_q8_factors8(v + (long)j0 * rb + 34 * b, rb, m);
+            for (int g = 0; g < nq; g++) {
+                float *dst = pf + (long)(g * nb + b) * ldp + j0;
+                if (m == 8) {
+                    _mm256_storeu_ps(dst, _mm256_mul_ps(_mm256_loadu_ps(p + g * ldp + j0), f));
+                } else {
+                    float x[8] = {0, 0, 0, 0, 0, 0, 0, 0}, o[8];
+                    memcpy(x, p + g * ldp + j0, sizeof(float) * (size_t)m);
+                    _mm256_storeu_ps(o, _mm256_mul_ps(_mm256_loadu_ps(x), f));
+                    memcpy(dst, o, sizeof(float) * (size_t)m);
+                }
+            }
         }
+    }
 }
 #endif /* HY_F16C */
 
@@ -750,10 +804,15 @@ static inline __attribute__((always_inline)) void hy_pv_strip(
     for (int j = 0; j < c; j++) {
         const char *r = (const char *)v + (long)j * rb;
         if (d == 0) HY_ATTN_PREFETCH(r, rb); /* the first strip prefetches the rows */
+        __m256 wg[4];
         for (int t = 0; t < W; t++) {
+            /* a strip starts at a multiple of 8*W, so a q8_0 block starts at every fourth t */
+            if (t == 0 || (kv == HY_PV_Q8 && t % 4 == 0)) {
+                const float *w = p + (kv == HY_PV_Q8 ? ((d + 8 * t) >> 5) * (long)ldp : 0) + j;
+                for (int g = 0; g < NQ; g++) wg[g] = _mm256_broadcast_ss(w + g * gs);
+            }
             const __m256 x = hy_pv_ld(kv, r, d + 8 * t);
-            const float *w = p + (kv == HY_PV_Q8 ? ((d + 8 * t) >> 5) * (long)ldp : 0) + j;
-            for (int g = 0; g < NQ; g++) a[g][t] = HY_FMA(_mm256_broadcast_ss(w + g * gs), x, a[g][t]);
+            for (int g = 0; g < NQ; g++) a[g][t] = HY_FMA(wg[g], x, a[g][t]);
         }
     }
     for (int g = 0; g < NQ; g++)
