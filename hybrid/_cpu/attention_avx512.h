@@ -1,7 +1,7 @@
 /* The AVX-512 online-softmax update of paged attention: up to four query vectors against `c`
  * rows of one KV head, rows read in place from a cache block (float32, or float16 converted in
  * registers).  Used by attention_core.h when the build targets AVX-512 (F, VL, BW, DQ) and the
- * head dimension is a multiple of 16; AVX2 (simd.h) and portable C serve everything else.
+ * head dimension is a multiple of 16; AVX2 (attention_avx2.h) and portable C serve everything else.
  *
  * Steps, for NQ query vectors (1..4) of one KV head:
  *   1. scores   s[g, j] = q_g . k_j       two keys per pass, 16 lanes, one FMA chain per (g, key);
@@ -18,8 +18,8 @@
  *   scores  with AVX-512 VNNI, sixteen keys at a time: their 8-bit values transposed so that a
  *           register holds four values of each key, vpdpbusd against four broadcast values of the
  *           query's 8-bit copy (attention_core.h) gives every key's exact integer dot product of
- *           a block, which then takes the key's and the query's factors.  Without VNNI, simd.h's
- *           AVX2 pass (eight keys, maddubs), which gives the same scores.
+ *           a block, which then takes the key's and the query's factors.  Without VNNI, the
+ *           AVX2 pass of attention_avx2.h (eight keys, maddubs), which gives the same scores.
  *   values  the probabilities times each row's block factors first (16 rows at a time), then
  *           the rows' 8-bit values widened and accumulated against them.
  *
@@ -30,7 +30,7 @@
 #ifndef HYBRID_ATTENTION_AVX512_H
 #define HYBRID_ATTENTION_AVX512_H
 
-#include "simd.h"
+#include "attention_avx2.h" /* (the prefetch, and the AVX2 q8_0 score pass) */
 
 #ifdef HY_AVX512
 
@@ -192,7 +192,7 @@ HY512_AI void hy512_scores(const int NQ, const int kv, const float *q, const voi
     int j = 0;
     for (; j + 2 <= c; j += 2) {
         __m512 a0[4] = {z, z, z, z}, a1[4] = {z, z, z, z};
-        /* software prefetch of this pass's K rows, a fixed distance on (simd.h; the
+        /* software prefetch of this pass's K rows, a fixed distance on (attention_avx2.h; the
          * value passes do the same for their V rows) */
         HY_ATTN_PREFETCH((const char *)k + (long)j * row, 2 * row);
         for (int d = 0; d < D; d += 16) {

@@ -27,6 +27,7 @@
 #include <stdint.h>
 
 #include "simd.h"
+#include "attention_avx2.h"
 #include "quant_activations.h"
 
 typedef struct {

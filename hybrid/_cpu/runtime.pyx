@@ -7,9 +7,11 @@ cdef extern from "omp_compat.h" nogil:
     int hy_omp_max_threads()
     void hy_omp_set_threads(int n)
 
+cdef extern from "attention_avx2.h" nogil:
+    int hy_attn_pf_mode()
+
 cdef extern from "simd.h" nogil:
     int hy_simd_level()
-    int hy_attn_pf_mode()
     float hy_dot(const float *a, const float *b, long n)
     float hy_stream_sum(const float *x, long n)
 
@@ -38,7 +40,7 @@ def kernel_paths():
         attention = "avx2+fma (float32 KV, head_dim % 8 == 0), else portable C"
     else:
         attention = "portable C"
-    if level > 0:  # the SIMD paths' software prefetch, chosen by the core (simd.h)
+    if level > 0:  # the SIMD paths' software prefetch, chosen by the core (attention_avx2.h)
         attention += {0: "; stream prefetched into L2 (AMD, L1D < 48 KiB)",
                       1: "; stream prefetched into L1, non-temporal (AMD, L1D >= 48 KiB)",
                       2: "; stream prefetched into L1 (Intel)"}[hy_attn_pf_mode()]
