@@ -170,20 +170,13 @@ static inline __m256 hy_q8_widen8(const uint8_t *x) {
  * bytes off+4i..off+4i+3 of rows 0..3 in its low lane and of rows 4..7 in its high lane; rows
  * at or past m read as zero */
 static inline void hy_q8_transpose8x4(const uint8_t *p, long rb, int m, long off, __m256i t[4]) {
-    __m256i y[4], a[4];
+    __m256i y[4];
     for (int j = 0; j < 4; j++) {
         const __m128i lo = j < m ? _mm_loadu_si128((const __m128i *)(p + j * rb + off)) : _mm_setzero_si128();
         const __m128i hi = j + 4 < m ? _mm_loadu_si128((const __m128i *)(p + (j + 4) * rb + off)) : _mm_setzero_si128();
         y[j] = _mm256_inserti128_si256(_mm256_castsi128_si256(lo), hi, 1);
     }
-    a[0] = _mm256_unpacklo_epi32(y[0], y[1]);
-    a[1] = _mm256_unpackhi_epi32(y[0], y[1]);
-    a[2] = _mm256_unpacklo_epi32(y[2], y[3]);
-    a[3] = _mm256_unpackhi_epi32(y[2], y[3]);
-    t[0] = _mm256_unpacklo_epi64(a[0], a[2]);
-    t[1] = _mm256_unpackhi_epi64(a[0], a[2]);
-    t[2] = _mm256_unpacklo_epi64(a[1], a[3]);
-    t[3] = _mm256_unpackhi_epi64(a[1], a[3]);
+    hy_transpose_dwords8x4(y, t);
 }
 
 /* The float16 factors of the q8_0 blocks at p + j*rb for rows j < m (m <= 8; lanes past m give

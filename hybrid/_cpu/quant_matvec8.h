@@ -58,19 +58,12 @@ hy_q45_matvec8(const uint8_t *w, long row_bytes, int W, long nb, const int R, co
         const long at = bb * b;
         /* [row k | row k+4] nibble bytes, then a 4x4 dword transpose in each half:
          * wc[c] lane i = dword c of row i (bytes 4c..4c+3: values 4c.. low, 16+4c.. high) */
-        __m256i t[4], u[4], wc[4];
+        __m256i t[4], wc[4];
         for (int k = 0; k < 4; k++)
             t[k] = _mm256_inserti128_si256(
                 _mm256_castsi128_si256(_mm_loadu_si128((const __m128i *)(row[k] + at + qoff))),
                 _mm_loadu_si128((const __m128i *)(row[k + 4] + at + qoff)), 1);
-        u[0] = _mm256_unpacklo_epi32(t[0], t[1]);
-        u[1] = _mm256_unpackhi_epi32(t[0], t[1]);
-        u[2] = _mm256_unpacklo_epi32(t[2], t[3]);
-        u[3] = _mm256_unpackhi_epi32(t[2], t[3]);
-        wc[0] = _mm256_unpacklo_epi64(u[0], u[2]);
-        wc[1] = _mm256_unpackhi_epi64(u[0], u[2]);
-        wc[2] = _mm256_unpacklo_epi64(u[1], u[3]);
-        wc[3] = _mm256_unpackhi_epi64(u[1], u[3]);
+        hy_transpose_dwords8x4(t, wc);
         __m256i lo[4], hi[4];
         for (int c = 0; c < 4; c++) {
             lo[c] = _mm256_and_si256(wc[c], m4);
