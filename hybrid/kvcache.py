@@ -11,6 +11,9 @@ both K and V, interleaved per KV head::
     block: [num_kv_heads, 2, block_size, head_dim]   float32 or float16, C order
            [h, 0] = K rows of head h, [h, 1] = V rows of head h
 
+(q8_0: bytes, head_dim/32*34 per row, each head's K and V rows stored by plane as
+hybrid/_cpu/kv_q8.h describes)
+
 so the rows of one KV head are contiguous, and a kernel that reads K then V of head 0, then of
 head 1, ... walks the block as one forward stream (measured: two separate K and V pools, read
 head by head, stream at less than half the rate).  The kernels see this through block base

@@ -36,7 +36,8 @@ from .placement import Placement
 from .scratch import aligned_empty
 
 # What a block stores, by name: its numpy storage type, and the code the attention kernels take
-# (attention_core.h's HY_KV_*).  q8_0 rows are ggml's Q8_0 blocks (34 bytes per 32 values).
+# (attention_core.h's HY_KV_*).  q8_0 rows are ggml's Q8_0 blocks (34 bytes per 32 values), stored
+# in a block by plane (hybrid/_cpu/kv_q8.h; q8_block_rows reads them back as rows).
 KV_DTYPES = {"float32": np.dtype(np.float32), "float16": np.dtype(np.float16),
              "q8_0": np.dtype(np.uint8)}
 KV_CODES = {"float32": 0, "float16": 1, "q8_0": 2}
@@ -64,7 +65,8 @@ class HostLayerStorage:
                               listed in ``table`` (a LayerTable)
       poison(ids)             fill blocks with NaN (tests: reads of unused slots show up)
       copy_block(src, dst)    copy one block's K and V (copy-on-write)
-      block_arrays(id)        (K, V) [KVH, block_size, D] views (host copies on a GPU)
+      block_arrays(id)        (K, V) [KVH, block_size, D] views (host copies on a GPU; q8_0:
+                              copies as ggml rows [KVH, block_size, D/32*34])
       nbytes()                bytes allocated
     """
 
@@ -98,6 +100,8 @@ class HostLayerStorage:
 
     def block_arrays(self, block_id: int):
         blk = self.block(block_id)
+        if self.q8:
+            blk = q8_block_rows(blk)
         return blk[:, 0], blk[:, 1]
 
     def poison(self, block_ids) -> None:
@@ -110,19 +114,24 @@ class HostLayerStorage:
     def write(self, table: "LayerTable", start: int, k: np.ndarray, v: np.ndarray) -> None:
         kvh, bs, d = self.shape
         n = k.shape[0]
-        if self.q8:  # the kernels' quantizer, row by row
-            k, v = (quantize_q8_rows(a.reshape(n * kvh, d)) for a in (k, v))
-            d = self.row
         k3 = k.reshape(n, kvh, d)
         v3 = v.reshape(n, kvh, d)
         p = start
         while p < start + n:
             b, slot = divmod(p, bs)
             take = min(bs - slot, start + n - p)
-            kb, vb = self.block_arrays(int(table.ids[b]))
             rows = slice(p - start, p - start + take)
-            kb[:, slot:slot + take, :] = k3[rows].transpose(1, 0, 2)
-            vb[:, slot:slot + take, :] = v3[rows].transpose(1, 0, 2)
+            if self.q8:  # the writer of a step (kv_q8.h)
+                from ._cpu import attention
+
+                attention.store_rows_q8_0(
+                    np.ascontiguousarray(k[rows], dtype=np.float32),
+                    np.ascontiguousarray(v[rows], dtype=np.float32),
+                    self.block(int(table.ids[b])), slot)
+            else:
+                kb, vb = self.block_arrays(int(table.ids[b]))
+                kb[:, slot:slot + take, :] = k3[rows].transpose(1, 0, 2)
+                vb[:, slot:slot + take, :] = v3[rows].transpose(1, 0, 2)
             p += take
 
     def nbytes(self) -> int:
@@ -184,13 +193,20 @@ class LayerTable:
         return k.reshape(n_tokens, kvh * d), v.reshape(n_tokens, kvh * d)
 
 
-def quantize_q8_rows(x: np.ndarray) -> np.ndarray:
-    """float rows [n, d] as q8_0 rows [n, d/32*34] (the attention kernels' quantizer)."""
-    from ._cpu import attention
-
-    out = np.empty((x.shape[0], x.shape[1] // 32 * 34), dtype=np.uint8)
-    attention.quantize_rows_q8_0(np.ascontiguousarray(x, dtype=np.float32), out)
-    return out
+def q8_block_rows(block: np.ndarray) -> np.ndarray:
+    """A q8_0 cache block [KVH, 2, bs, d/32*34] (K and V of each head by plane, kv_q8.h) as a copy
+    holding ggml Q8_0 rows in the same shape."""
+    kvh, _, bs, row = block.shape
+    nb = row // 34
+    d = 32 * nb
+    flat = block.reshape(kvh, 2, bs * row)
+    out = np.empty((kvh, 2, bs, nb, 34), dtype=np.uint8)
+    out[..., :2] = flat[:, :, :2 * nb * bs].reshape(kvh, 2, nb, bs, 2).transpose(0, 1, 3, 2, 4)
+    values = flat[:, :, 2 * nb * bs:]
+    out[:, 0, :, :, 2:] = values[:, 0].reshape(kvh, d // 4, bs, 4).transpose(0, 2, 1, 3).reshape(
+        kvh, bs, nb, 32)
+    out[:, 1, :, :, 2:] = values[:, 1].reshape(kvh, bs, nb, 32)
+    return out.reshape(kvh, 2, bs, row)
 
 
 def widen_q8_rows(q: np.ndarray, d: int) -> np.ndarray:
@@ -494,6 +510,6 @@ def prefix_hashes(tokens, block_size: int, salt: bytes = b"", n_blocks: "int | N
     return out
 
 
-__all__ = ["KVBlockPool", "HostLayerStorage", "KV_CODES", "kv_row_bytes", "quantize_q8_rows",
+__all__ = ["KVBlockPool", "HostLayerStorage", "KV_CODES", "kv_row_bytes", "q8_block_rows",
            "widen_q8_rows", "LayerTable", "PoolExhaustedError", "prefix_hashes", "parse_bytes",
            "default_kv_memory"]

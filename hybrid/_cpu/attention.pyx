@@ -28,8 +28,9 @@ cdef extern from "simd.h" nogil:
 cdef extern from "attention_core.h" nogil:
     size_t hy_kv_row_bytes(int kv_type, int D)
     size_t hy_kv_unit_bytes(int kv_type)
-    void hy_kv_store_row(int kv_type, const float *x, void *dst, int D)
+    void hy_kv_store_row(int kv_type, int key, const float *x, void *head, int slot, int bs, int D)
     int hy_attn_q8_int_scores()
+    enum: HY_KV_Q8
 
 _NO_PARTIAL2 = np.zeros((1, 1), dtype=np.float32)
 _NO_PARTIAL3 = np.zeros((1, 1, 1), dtype=np.float32)
@@ -550,8 +551,8 @@ cdef class RaggedStep:
         the address tables cover the step's blocks).  Returns 1 when scratch allocation failed."""
         cdef int D = self.sh.head_dim, KVH = self.sh.num_kv_heads, h
         cdef long r, b, kvd = <long> KVH * D
-        cdef size_t rowb = hy_kv_row_bytes(self.sh.kv_type, D)
-        cdef size_t row_off, hs = <size_t> self.sh.head_stride * hy_kv_unit_bytes(self.sh.kv_type)
+        cdef size_t hs = <size_t> self.sh.head_stride * hy_kv_unit_bytes(self.sh.kv_type)
+        cdef int slot, bs = self.sh.block_size
         cdef char *kd
         cdef char *vd
         cdef int failed = 0
@@ -559,12 +560,12 @@ cdef class RaggedStep:
             self.kp[b] = k_addr[self.table_ids[b]]
             self.vp[b] = v_addr[self.table_ids[b]]
         for r in range(self.T):  # row r's K/V heads into its slot (head h: h*hs further)
-            row_off = <size_t> self.row_slot[r] * rowb
-            kd = <char *> <size_t> k_addr[self.row_block[r]] + row_off
-            vd = <char *> <size_t> v_addr[self.row_block[r]] + row_off
+            slot = <int> self.row_slot[r]
+            kd = <char *> <size_t> k_addr[self.row_block[r]]
+            vd = <char *> <size_t> v_addr[self.row_block[r]]
             for h in range(KVH):
-                hy_kv_store_row(self.sh.kv_type, k + r * kvd + h * D, kd + h * hs, D)
-                hy_kv_store_row(self.sh.kv_type, v + r * kvd + h * D, vd + h * hs, D)
+                hy_kv_store_row(self.sh.kv_type, 1, k + r * kvd + h * D, kd + h * hs, slot, bs, D)
+                hy_kv_store_row(self.sh.kv_type, 0, v + r * kvd + h * D, vd + h * hs, slot, bs, D)
         _run(&self.sh, q, self.row_pos, self.kp, self.vp, self.tv, self.mv, self.maxnq,
              self.pm, self.pl, self.pacc, out, self.nthreads, &failed, self.serial)
         return failed
@@ -581,6 +582,26 @@ def quantize_rows_q8_0(const float[:, ::1] x,            # IN  [n, d] float32, d
     with nogil:
         for r in range(n):
             hy_q8_row(&x[r, 0], &out[r, 0], d)
+
+
+def store_rows_q8_0(const float[:, ::1] k,              # IN  [n, KVH*D] float32 K rows
+                    const float[:, ::1] v,              # IN  [n, KVH*D] float32 V rows
+                    unsigned char[:, :, :, ::1] block,  # OUT [KVH, 2, bs, D/32*34] one q8_0 block
+                    int slot):                          # the first row's slot
+    """Rows slot .. slot+n-1 of a q8_0 cache block written as a step writes them (kv_q8.h)."""
+    cdef int kvh = block.shape[0], bs = block.shape[2], D
+    cdef Py_ssize_t n = k.shape[0], r
+    cdef int h
+    D = block.shape[3] // 34 * 32
+    if block.shape[1] != 2 or block.shape[3] != D // 32 * 34 or k.shape[1] != kvh * D \
+            or v.shape[0] != n or v.shape[1] != kvh * D or slot < 0 or slot + n > bs:
+        raise ValueError(f"q8_0 rows: k, v [n, KVH*D] into slots {slot}.. of a block "
+                         f"{tuple(block.shape)[:4]}, got {tuple(k.shape)[:2]}, {tuple(v.shape)[:2]}")
+    with nogil:
+        for r in range(n):
+            for h in range(kvh):
+                hy_kv_store_row(HY_KV_Q8, 1, &k[r, h * D], &block[h, 0, 0, 0], <int> (slot + r), bs, D)
+                hy_kv_store_row(HY_KV_Q8, 0, &v[r, h * D], &block[h, 1, 0, 0], <int> (slot + r), bs, D)
 
 
 def dequantize_rows_q8_0(const unsigned char[:, ::1] q,  # IN  [n, d / 32 * 34] q8_0 rows

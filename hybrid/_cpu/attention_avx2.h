@@ -5,6 +5,7 @@
 #define HYBRID_ATTENTION_AVX2_H
 
 #include "simd.h"
+#include "kv_q8.h"
 
 /* Where attention's software prefetch puts the lines of its stream (see HY_ATTN_PREFETCH) */
 #define HY_ATTN_PF_L2 0      /* into L2, 12 KiB ahead */
@@ -164,67 +165,45 @@ static inline __m256 hy_q8_widen8(const uint8_t *x) {
     return _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_loadl_epi64((const __m128i *)x)));
 }
 #ifdef HY_F16C
-#define HY_RB_Q8(n) ((n) / 32 * 34)
-
-/* The 16 bytes at off of eight q8_0 rows' blocks (row j at p + j*rb), transposed: t[i] holds
- * bytes off+4i..off+4i+3 of rows 0..3 in its low lane and of rows 4..7 in its high lane; rows
- * at or past m read as zero */
-static inline void hy_q8_transpose8x4(const uint8_t *p, long rb, int m, long off, __m256i t[4]) {
-    __m256i y[4];
-    for (int j = 0; j < 4; j++) {
-        const __m128i lo = j < m ? _mm_loadu_si128((const __m128i *)(p + j * rb + off)) : _mm_setzero_si128();
-        const __m128i hi = j + 4 < m ? _mm_loadu_si128((const __m128i *)(p + (j + 4) * rb + off)) : _mm_setzero_si128();
-        y[j] = _mm256_inserti128_si256(_mm256_castsi128_si256(lo), hi, 1);
-    }
-    hy_transpose_dwords8x4(y, t);
-}
-
-/* The float16 factors of the q8_0 blocks at p + j*rb for rows j < m (m <= 8; lanes past m give
- * 0), built in a register: eight 2-byte stores read back as one 16-byte load would stall on
- * store forwarding */
-static inline __m256 hy_q8_factors8(const uint8_t *p, long rb, int m) {
-    __m128i h = _mm_setzero_si128();
-    uint16_t x;
-#define HY_Q8_FACTOR(J) if (J < m) { memcpy(&x, p + J * rb, 2); h = _mm_insert_epi16(h, x, J); }
-    HY_Q8_FACTOR(0) HY_Q8_FACTOR(1) HY_Q8_FACTOR(2) HY_Q8_FACTOR(3)
-    HY_Q8_FACTOR(4) HY_Q8_FACTOR(5) HY_Q8_FACTOR(6) HY_Q8_FACTOR(7)
-#undef HY_Q8_FACTOR
-    return _mm256_cvtph_ps(h);
+/* The float16 factors of block b for rows j.. of a q8_0 head (kv_q8.h), lanes past m (m <= 8)
+ * read whatever follows inside the head's rows (the next factors, or the values), never used */
+static inline __m256 hy_q8_factors8(const void *head, int bs, int b, int j) {
+    return _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(hy_q8kv_factors(head) + (long)b * bs + j)));
 }
 
 /* Scores over q8_0 rows from the 8-bit queries (hy_attn_quantize_queries): s[g*ldp + j] = sum
- * over blocks b, in order, of (fk[j, b] * fq[g, b]) * (qa_g,b . k_j,b) for g < NQ (1..4), the
- * dot products exact in int32: the products and order of attention_avx512.h's VNNI pass, so the
- * AVX2 and AVX-512 builds give the same scores.  Eight keys per pass, half a block at a time
- * transposed so that a register holds four values of each key; maddubs takes |k| against q
- * carrying k's sign (both at most 127 in size, so no pair of products saturates 16 bits). */
+ * over blocks b, in order, of (fk[j, b] * fq[g, b]) * (qa_g,b . k_j,b) for g < NQ (1..4) and
+ * rows j0 .. j0+c-1 of the K head at `head` (kv_q8.h), the dot products exact in int32: the
+ * products and order of attention_avx512.h's VNNI pass, so the AVX2 and AVX-512 builds give the
+ * same scores.  Eight keys per pass: a load of the K layout holds four values of each key, and
+ * maddubs takes |k| against q carrying k's sign (both at most 127 in size, so no pair of products
+ * saturates 16 bits). */
 static inline __attribute__((always_inline)) void hy_qk_q8_int(
-        const int NQ, const int8_t *qa, const float *qd, const uint8_t *k, int c, long n, float *s,
-        int ldp) {
+        const int NQ, const int8_t *qa, const float *qd, const void *head, int j0, int bs, int c,
+        long n, float *s, int ldp) {
     const int nb = (int)(n / 32);
-    const long rb = HY_RB_Q8(n);
+    const int8_t *val = hy_q8kv_values(head, (int)n, bs);
     const __m256i ones = _mm256_set1_epi16(1);
-    for (int j0 = 0; j0 < c; j0 += 8) {
-        const int m = c - j0 < 8 ? c - j0 : 8;
-        const uint8_t *kr = k + (long)j0 * rb;
-        HY_ATTN_PREFETCH(kr, m * rb);
+    for (int jc = 0; jc < c; jc += 8) {
+        const int m = c - jc < 8 ? c - jc : 8, j = j0 + jc;
+        const __m256i live = _mm256_cmpgt_epi32(_mm256_set1_epi32(m), _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7));
         __m256 acc[4];
         for (int g = 0; g < NQ; g++) acc[g] = _mm256_setzero_ps();
         for (int b = 0; b < nb; b++) {
-            const __m256 fk = hy_q8_factors8(kr + 34 * b, rb, m);
+            HY_ATTN_PREFETCH(hy_q8kv_factors(head) + (long)b * bs + j, 16);
+            const __m256 fk = hy_q8_factors8(head, bs, b, j);
             __m256i dot[4];
             for (int g = 0; g < NQ; g++) dot[g] = _mm256_setzero_si256();
-            for (int half = 0; half < 2; half++) {  /* values 0..15, then 16..31 */
-                __m256i t[4];
-                hy_q8_transpose8x4(kr, rb, m, 34 * b + 2 + 16 * half, t);
-                for (int i = 0; i < 4; i++) {
-                    const __m256i ak = _mm256_abs_epi8(t[i]);
-                    for (int g = 0; g < NQ; g++) {
-                        int32_t x;
-                        memcpy(&x, qa + (long)g * n + 32 * b + 16 * half + 4 * i, 4);
-                        const __m256i qs = _mm256_sign_epi8(_mm256_set1_epi32(x), t[i]);
-                        dot[g] = _mm256_add_epi32(dot[g], _mm256_madd_epi16(_mm256_maddubs_epi16(ak, qs), ones));
-                    }
+            for (int i = 0; i < 8; i++) {  /* values 4i..4i+3 of the block */
+                const int *x = (const int *)(val + ((long)(8 * b + i) * bs + j) * 4);
+                HY_ATTN_PREFETCH(x, 32);
+                const __m256i t = m == 8 ? _mm256_loadu_si256((const __m256i *)x) : _mm256_maskload_epi32(x, live);
+                const __m256i ak = _mm256_abs_epi8(t);
+                for (int g = 0; g < NQ; g++) {
+                    int32_t y;
+                    memcpy(&y, qa + (long)g * n + 32 * b + 4 * i, 4);
+                    const __m256i qs = _mm256_sign_epi8(_mm256_set1_epi32(y), t);
+                    dot[g] = _mm256_add_epi32(dot[g], _mm256_madd_epi16(_mm256_maddubs_epi16(ak, qs), ones));
                 }
             }
             for (int g = 0; g < NQ; g++)
@@ -233,37 +212,40 @@ static inline __attribute__((always_inline)) void hy_qk_q8_int(
         }
         for (int g = 0; g < NQ; g++) {
             if (m == 8) {
-                _mm256_storeu_ps(s + g * ldp + j0, acc[g]);
+                _mm256_storeu_ps(s + g * ldp + jc, acc[g]);
             } else {
                 float o[8];
                 _mm256_storeu_ps(o, acc[g]);
-                memcpy(s + g * ldp + j0, o, sizeof(float) * (size_t)m);
+                memcpy(s + g * ldp + jc, o, sizeof(float) * (size_t)m);
             }
         }
     }
 }
-static inline void hy_qk4_q8(const int8_t *qa, const float *qd, const uint8_t *k, int c, long n,
-                             float *s, int ldp) { hy_qk_q8_int(4, qa, qd, k, c, n, s, ldp); }
-static inline void hy_qk1_q8(const int8_t *qa, const float *qd, const uint8_t *k, int c, long n,
-                             float *s) { hy_qk_q8_int(1, qa, qd, k, c, n, s, 0); }
+static inline void hy_qk4_q8(const int8_t *qa, const float *qd, const void *head, int j0, int bs,
+                             int c, long n, float *s, int ldp) {
+    hy_qk_q8_int(4, qa, qd, head, j0, bs, c, n, s, ldp);
+}
+static inline void hy_qk1_q8(const int8_t *qa, const float *qd, const void *head, int j0, int bs,
+                             int c, long n, float *s) {
+    hy_qk_q8_int(1, qa, qd, head, j0, bs, c, n, s, 0);
+}
 
-/* pf[(g*nb + b)*ldp + j] = p[g*ldp + j] * (row j's factor of block b), g < nq, j < c: the
+/* pf[(g*nb + b)*ldp + j] = p[g*ldp + j] * (factor of block b of V row j0 + j), g < nq, j < c: the
  * weights the q8_0 value pass takes, so it widens only the 8-bit values */
-static inline void hy_q8_weights(int nq, const float *p, int ldp, const uint8_t *v, int c, long n,
-                                 float *pf) {
+static inline void hy_q8_weights(int nq, const float *p, int ldp, const void *head, int j0, int bs,
+                                 int c, long n, float *pf) {
     const int nb = (int)(n / 32);
-    const long rb = HY_RB_Q8(n);
-    for (int j0 = 0; j0 < c; j0 += 8) {
-        const int m = c - j0 < 8 ? c - j0 : 8;
+    for (int jc = 0; jc < c; jc += 8) {
+        const int m = c - jc < 8 ? c - jc : 8;
         for (int b = 0; b < nb; b++) {
-            const __m256 f = hy_q8_factors8(v + (long)j0 * rb + 34 * b, rb, m);
+            const __m256 f = hy_q8_factors8(head, bs, b, j0 + jc);
             for (int g = 0; g < nq; g++) {
-                float *dst = pf + (long)(g * nb + b) * ldp + j0;
+                float *dst = pf + (long)(g * nb + b) * ldp + jc;
                 if (m == 8) {
-                    _mm256_storeu_ps(dst, _mm256_mul_ps(_mm256_loadu_ps(p + g * ldp + j0), f));
+                    _mm256_storeu_ps(dst, _mm256_mul_ps(_mm256_loadu_ps(p + g * ldp + jc), f));
                 } else {
                     float x[8] = {0, 0, 0, 0, 0, 0, 0, 0}, o[8];
-                    memcpy(x, p + g * ldp + j0, sizeof(float) * (size_t)m);
+                    memcpy(x, p + g * ldp + jc, sizeof(float) * (size_t)m);
                     _mm256_storeu_ps(o, _mm256_mul_ps(_mm256_loadu_ps(x), f));
                     memcpy(dst, o, sizeof(float) * (size_t)m);
                 }
@@ -282,14 +264,14 @@ static inline void hy_q8_weights(int nq, const float *p, int ldp, const uint8_t 
  * whatever the strip's width, so NQ and the strips do not change a result's bits. */
 enum { HY_PV_F32 = 0, HY_PV_F16 = 1, HY_PV_Q8 = 2 };
 static inline __attribute__((always_inline)) __m256 hy_pv_ld(const int kv, const void *row, long d) {
-    if (kv == HY_PV_Q8) return hy_q8_widen8((const uint8_t *)row + 34 * (d >> 5) + 2 + (d & 31));
+    if (kv == HY_PV_Q8) return hy_q8_widen8((const uint8_t *)row + d);
     if (kv == HY_PV_F16) return HY_LD_F16((const uint16_t *)row, d);
     return HY_LD_F32((const float *)row, d);
 }
 static inline __attribute__((always_inline)) void hy_pv_strip(
         const int NQ, const int W, const int kv, float *acc, const float *alpha, const float *p,
         int ldp, const void *v, int c, long n, long d) {
-    const long rb = kv == HY_PV_Q8 ? n / 32 * 34 : n * (kv == HY_PV_F16 ? 2 : 4);
+    const long rb = kv == HY_PV_Q8 ? n : n * (kv == HY_PV_F16 ? 2 : 4);
     const long gs = kv == HY_PV_Q8 ? n / 32 * (long)ldp : ldp; /* from query g's weights to g+1's */
     __m256 a[4][8];
     for (int g = 0; g < NQ; g++) {

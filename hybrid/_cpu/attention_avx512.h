@@ -14,12 +14,13 @@
  *   3. values   acc_g = alpha_g*acc_g + sum_j p[g, j] v_j     64 dimensions at a time held in
  *                                         registers for all NQ queries across the c rows
  *
- * q8_0 rows (34 bytes per 32 values: a float16 factor, 32 int8 values):
- *   scores  with AVX-512 VNNI, sixteen keys at a time: their 8-bit values transposed so that a
- *           register holds four values of each key, vpdpbusd against four broadcast values of the
- *           query's 8-bit copy (attention_core.h) gives every key's exact integer dot product of
- *           a block, which then takes the key's and the query's factors.  Without VNNI, the
- *           AVX2 pass of attention_avx2.h (eight keys, maddubs), which gives the same scores.
+ * q8_0 rows (ggml's 34-byte blocks of 32 values, stored in a block by plane: kv_q8.h):
+ *   scores  with AVX-512 VNNI, sixteen keys at a time: one load of the K layout holds four
+ *           values of each key, and vpdpbusd against four broadcast values of the query's 8-bit
+ *           copy (attention_core.h) gives every key's exact integer dot product of a block, which
+ *           then takes the key's and the query's factors (sixteen keys' factors in one load).
+ *           Without VNNI, the AVX2 pass of attention_avx2.h (eight keys, maddubs), which gives
+ *           the same scores.
  *   values  the probabilities times each row's block factors first (16 rows at a time), then
  *           the rows' 8-bit values widened and accumulated against them.
  *
@@ -39,9 +40,9 @@
 /* kv: what the rows hold, attention_core.h's HY_KV_F32 (0), HY_KV_F16 (1), HY_KV_Q8 (2) */
 #define HY512_Q8 2
 
-/* bytes of one row of D values */
+/* bytes of one row of D values (q8_0: of the V head's 8-bit values, kv_q8.h) */
 HY512_AI long hy512_row_bytes(const int kv, int D) {
-    return kv == HY512_Q8 ? (long)D / 32 * 34 : (long)D * (kv ? 2 : 4);
+    return kv == HY512_Q8 ? (long)D : (long)D * (kv ? 2 : 4);
 }
 
 /* the 16 values of float32 or float16 row j starting at column d (d % 16 == 0), as float32 */
@@ -53,16 +54,10 @@ HY512_AI __m512 hy512_ld(const void *base, long j, int d, int D, const int kv) {
 /* mask of the first n (0..16) lanes */
 HY512_AI __mmask16 hy512_first(int n) { return (__mmask16)((1u << n) - 1u); }
 
-/* The float16 factors of 16 q8_0 rows (rows bytes apart from base; lanes past `live` give 0) */
-HY512_AI __m512 hy512_q8_factors(const uint8_t *base, __m512i rows, __mmask16 live) {
-    const __m512i w = _mm512_mask_i32gather_epi32(_mm512_setzero_si512(), live, rows, base, 1);
-    return _mm512_cvtph_ps(_mm512_cvtepi32_epi16(w)); /* (the low 16 bits of each dword) */
-}
-
-/* byte offsets of rows 0..15 of `row` bytes each */
-HY512_AI __m512i hy512_row_offsets(long row) {
-    return _mm512_mullo_epi32(_mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15),
-                              _mm512_set1_epi32((int)row));
+/* The float16 factors of block b for the 16 rows j.. of a q8_0 head (kv_q8.h); lanes past `live`
+ * give 0 */
+HY512_AI __m512 hy512_q8_factors(const void *head, int bs, int b, int j, __mmask16 live) {
+    return _mm512_cvtph_ps(_mm256_maskz_loadu_epi16(live, hy_q8kv_factors(head) + (long)b * bs + j));
 }
 
 #if defined(__AVX512VNNI__)
@@ -75,64 +70,33 @@ HY512_AI __m512i hy512_bcast4(const int8_t *p) {
     return _mm512_set1_epi32(x);
 }
 
-/* t[i] lane j <- t[j] lane i: a 16x16 transpose of dwords */
-HY512_AI void hy512_transpose16(__m512i t[16]) {
-    __m512i a[16], b[16];
-    for (int k = 0; k < 8; k++) {
-        a[2 * k] = _mm512_unpacklo_epi32(t[2 * k], t[2 * k + 1]);
-        a[2 * k + 1] = _mm512_unpackhi_epi32(t[2 * k], t[2 * k + 1]);
-    }
-    /* b[4k + m], 128-bit lane l: rows 4k..4k+3 at column 4l + m */
-    for (int k = 0; k < 4; k++) {
-        b[4 * k] = _mm512_unpacklo_epi64(a[4 * k], a[4 * k + 2]);
-        b[4 * k + 1] = _mm512_unpackhi_epi64(a[4 * k], a[4 * k + 2]);
-        b[4 * k + 2] = _mm512_unpacklo_epi64(a[4 * k + 1], a[4 * k + 3]);
-        b[4 * k + 3] = _mm512_unpackhi_epi64(a[4 * k + 1], a[4 * k + 3]);
-    }
-    /* column 4l + m, lane L = b[4L + m] lane l: a 4x4 transpose of 128-bit lanes */
-    for (int m = 0; m < 4; m++) {
-        const __m512i c0 = _mm512_shuffle_i32x4(b[m], b[4 + m], 0x44);
-        const __m512i c1 = _mm512_shuffle_i32x4(b[m], b[4 + m], 0xEE);
-        const __m512i c2 = _mm512_shuffle_i32x4(b[8 + m], b[12 + m], 0x44);
-        const __m512i c3 = _mm512_shuffle_i32x4(b[8 + m], b[12 + m], 0xEE);
-        t[m] = _mm512_shuffle_i32x4(c0, c2, 0x88);
-        t[4 + m] = _mm512_shuffle_i32x4(c0, c2, 0xDD);
-        t[8 + m] = _mm512_shuffle_i32x4(c1, c3, 0x88);
-        t[12 + m] = _mm512_shuffle_i32x4(c1, c3, 0xDD);
-    }
-}
-
 /* Step 1 over q8_0 rows with VNNI: s[g*ldp + j] = sum over blocks b, in order, of
- * (fk[j, b] * fq[g, b]) * (qa_g,b . k_j,b), the dot product exact in int32.  Sixteen keys per
- * pass: lane j of every register is key j.  The keys' values are flipped to unsigned (k + 128)
- * for vpdpbusd, whose sums start at -128 * sum(qa_g,b) (qc) to take the offset back out. */
+ * (fk[j, b] * fq[g, b]) * (qa_g,b . k_j,b) for rows j0 .. j0+c-1 of the K head at `head`
+ * (kv_q8.h, bs rows), the dot product exact in int32.  Sixteen keys per pass: one load of the K
+ * layout holds four values of each, key j in lane j.  The keys' values are flipped to unsigned
+ * (k + 128) for vpdpbusd, whose sums start at -128 * sum(qa_g,b) (qc) to take the offset back
+ * out. */
 HY512_AI void hy512_scores_q8(const int NQ, const int8_t *qa, const float *qd, const int32_t *qc,
-                              const uint8_t *k, int c, int D, float *s, int ldp) {
+                              const void *head, int j0, int bs, int c, int D, float *s, int ldp) {
     const int nb = D / 32;
-    const long row = (long)nb * 34;
-    const __m512i offs = hy512_row_offsets(row), flip = _mm512_set1_epi8((char)0x80);
-    for (int j0 = 0; j0 < c; j0 += 16) {
-        const int n = c - j0 < 16 ? c - j0 : 16;
+    const int8_t *val = hy_q8kv_values(head, D, bs);
+    const __m512i flip = _mm512_set1_epi8((char)0x80);
+    for (int jc = 0; jc < c; jc += 16) {
+        const int n = c - jc < 16 ? c - jc : 16, j = j0 + jc;
         const __mmask16 live = hy512_first(n);
-        const uint8_t *kr = k + (long)j0 * row;
-        HY_ATTN_PREFETCH(kr, n * row);
         __m512 acc[4];
         for (int g = 0; g < NQ; g++) acc[g] = _mm512_setzero_ps();
         for (int b = 0; b < nb; b += 2) {  /* two blocks (64 values) of each key per pass */
             const int two = b + 1 < nb;
-            __m512i t[16];
-            for (int j = 0; j < 16; j++) {
-                const uint8_t *x = kr + j * row + 34 * b + 2;
-                t[j] = _mm512_setzero_si512();
-                if (j < n) {
-                    t[j] = _mm512_zextsi256_si512(_mm256_loadu_si256((const __m256i *)x));
-                    if (two) t[j] = _mm512_inserti64x4(t[j], _mm256_loadu_si256((const __m256i *)(x + 34)), 1);
-                }
+            HY_ATTN_PREFETCH(hy_q8kv_factors(head) + (long)b * bs + j, 64);
+            __m512i t[16]; /* t[i]: values 4i..4i+3 of the two blocks */
+            for (int i = 0; i < (two ? 16 : 8); i++) {
+                const int8_t *x = val + ((long)(8 * b + i) * bs + j) * 4;
+                HY_ATTN_PREFETCH(x, 64);
+                t[i] = _mm512_xor_si512(_mm512_maskz_loadu_epi32(live, x), flip);
             }
-            hy512_transpose16(t); /* t[i]: bytes 4i..4i+3 of the two blocks, key j in lane j */
-            for (int i = 0; i < 16; i++) t[i] = _mm512_xor_si512(t[i], flip);
-            const __m512 f0 = hy512_q8_factors(kr + 34 * b, offs, live);
-            const __m512 f1 = two ? hy512_q8_factors(kr + 34 * (b + 1), offs, live) : f0;
+            const __m512 f0 = hy512_q8_factors(head, bs, b, j, live);
+            const __m512 f1 = two ? hy512_q8_factors(head, bs, b + 1, j, live) : f0;
             /* per query and block one chain of 8 vpdpbusd; the queries' chains interleaved */
             __m512i i0[4], i1[4];
             for (int g = 0; g < NQ; g++) {
@@ -152,25 +116,24 @@ HY512_AI void hy512_scores_q8(const int NQ, const int8_t *qa, const float *qd, c
                     acc[g] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(i1[g]), _mm512_mul_ps(f1, _mm512_set1_ps(qd[g * nb + b + 1])), acc[g]);
             }
         }
-        for (int g = 0; g < NQ; g++) _mm512_mask_storeu_ps(s + g * ldp + j0, live, acc[g]);
+        for (int g = 0; g < NQ; g++) _mm512_mask_storeu_ps(s + g * ldp + jc, live, acc[g]);
     }
 }
 #endif
 
 /* The probabilities times the V rows' block factors: pf[(g*nb + b)*ldp + j] = p[g*ldp + j] *
- * fv[j, b], sixteen rows at a time (step 3 over q8_0 rows then widens only the 8-bit values) */
-HY512_AI void hy512_pf_q8(const int NQ, const float *p, int ldp, const uint8_t *v, int c, int D,
-                          float *pf) {
+ * fv[j0 + j, b] for the V head at `head` (kv_q8.h), sixteen rows at a time (step 3 over q8_0
+ * rows then widens only the 8-bit values) */
+HY512_AI void hy512_pf_q8(const int NQ, const float *p, int ldp, const void *head, int j0, int bs,
+                          int c, int D, float *pf) {
     const int nb = D / 32;
-    const long row = (long)nb * 34;
-    const __m512i offs = hy512_row_offsets(row);
-    for (int j0 = 0; j0 < c; j0 += 16) {
-        const __mmask16 live = hy512_first(c - j0 < 16 ? c - j0 : 16);
+    for (int jc = 0; jc < c; jc += 16) {
+        const __mmask16 live = hy512_first(c - jc < 16 ? c - jc : 16);
         for (int b = 0; b < nb; b++) {
-            const __m512 f = hy512_q8_factors(v + (long)j0 * row + 34 * b, offs, live);
+            const __m512 f = hy512_q8_factors(head, bs, b, j0 + jc, live);
             for (int g = 0; g < NQ; g++)
-                _mm512_mask_storeu_ps(pf + (long)(g * nb + b) * ldp + j0, live,
-                                      _mm512_mul_ps(_mm512_maskz_loadu_ps(live, p + g * ldp + j0), f));
+                _mm512_mask_storeu_ps(pf + (long)(g * nb + b) * ldp + jc, live,
+                                      _mm512_mul_ps(_mm512_maskz_loadu_ps(live, p + g * ldp + jc), f));
         }
     }
 }
@@ -281,14 +244,14 @@ HY512_AI void hy512_values(const int NQ, const int W, const int kv, float *acc, 
         const __m512 al = _mm512_set1_ps(alpha[g]);
         for (int t = 0; t < W; t++) a[g][t] = _mm512_mul_ps(_mm512_loadu_ps(acc + g * D + d + 16 * t), al);
     }
-    const long row = hy512_row_bytes(kv, D), at = kv == HY512_Q8 ? 34 * (d >> 5) : d * (kv ? 2 : 4);
+    const long row = hy512_row_bytes(kv, D), at = d * (kv == HY512_Q8 ? 1 : kv ? 2 : 4);
     for (int j = 0; j < c; j++) {
-        HY_ATTN_PREFETCH((const char *)v + j * row + at, kv == HY512_Q8 ? W * 17 : W * 16 * (kv ? 2 : 4));
+        HY_ATTN_PREFETCH((const char *)v + j * row + at, W * 16 * (kv == HY512_Q8 ? 1 : kv ? 2 : 4));
         if (kv == HY512_Q8) {  /* whole blocks: the 8-bit values against p times the factor */
             const int nb = D / 32;
             for (int t = 0; t < W; t += 2) {
                 const int b = (d + 16 * t) >> 5;
-                const uint8_t *x8 = (const uint8_t *)v + j * row + 34 * b + 2;
+                const int8_t *x8 = (const int8_t *)v + j * row + d + 16 * t;
                 const __m512 x0 = _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i *)x8)));
                 const __m512 x1 = _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i *)(x8 + 16))));
                 for (int g = 0; g < NQ; g++) {
@@ -310,40 +273,44 @@ HY512_AI void hy512_values(const int NQ, const int W, const int kv, float *acc, 
         for (int t = 0; t < W; t++) _mm512_storeu_ps(acc + g * D + d + 16 * t, a[g][t]);
 }
 
-/* One update of NQ query vectors i.. of the scratch (state m, l [NQ], acc [NQ, D]) by rows k, v
- * [c, D], ldp = the block size. */
+/* One update of NQ query vectors i.. of the scratch (state m, l [NQ], acc [NQ, D]) by rows
+ * j0 .. j0+c-1 of the KV head whose K and V rows start at k, v (a block of ldp rows). */
 HY512_AI void hy512_update_n(const int NQ, const int kv, hy_attn_scratch *w, int i, int ldp,
-                             const void *k, const void *v, int c, int D) {
+                             const void *k, const void *v, int j0, int c, int D) {
     float alpha[4];
     float *m = w->m + i, *l = w->l + i, *acc = w->acc + (long)i * D, *s = w->s;
     if (kv == HY512_Q8)  /* (without VNNI the AVX2 pass, which gives the same scores) */
 #ifdef HY512_VNNI
-        hy512_scores_q8(NQ, w->qa + (long)i * D, w->qd + i * (D / 32), w->qc + i * (D / 32),
-                        (const uint8_t *)k, c, D, s, ldp);
+        hy512_scores_q8(NQ, w->qa + (long)i * D, w->qd + i * (D / 32), w->qc + i * (D / 32), k, j0,
+                        ldp, c, D, s, ldp);
 #else
-        hy_qk_q8_int(NQ, w->qa + (long)i * D, w->qd + i * (D / 32), (const uint8_t *)k, c, D, s, ldp);
+        hy_qk_q8_int(NQ, w->qa + (long)i * D, w->qd + i * (D / 32), k, j0, ldp, c, D, s, ldp);
 #endif
     else
-        hy512_scores(NQ, kv, w->q + (long)i * D, k, c, D, s, ldp);
+        hy512_scores(NQ, kv, w->q + (long)i * D, (const char *)k + j0 * hy512_row_bytes(kv, D), c, D,
+                     s, ldp);
     hy512_softmax_n(NQ, s, ldp, c, m, l, alpha);
     int d = 0;
+    const char *vr = (const char *)v + j0 * hy512_row_bytes(kv, D);
     if (kv == HY512_Q8) {
-        hy512_pf_q8(NQ, s, ldp, (const uint8_t *)v, c, D, w->pf);
-        for (; d + 64 <= D; d += 64) hy512_values(NQ, 4, kv, acc, alpha, w->pf, ldp, v, c, D, d);
-        if (d < D) hy512_values(NQ, 2, kv, acc, alpha, w->pf, ldp, v, c, D, d);
+        hy512_pf_q8(NQ, s, ldp, v, j0, ldp, c, D, w->pf);
+        vr = (const char *)hy_q8kv_values(v, D, ldp) + (long)j0 * D;
+        for (; d + 64 <= D; d += 64) hy512_values(NQ, 4, kv, acc, alpha, w->pf, ldp, vr, c, D, d);
+        if (d < D) hy512_values(NQ, 2, kv, acc, alpha, w->pf, ldp, vr, c, D, d);
         return;
     }
-    for (; d + 64 <= D; d += 64) hy512_values(NQ, 4, kv, acc, alpha, s, ldp, v, c, D, d);
-    for (; d < D; d += 16) hy512_values(NQ, 1, kv, acc, alpha, s, ldp, v, c, D, d);
+    for (; d + 64 <= D; d += 64) hy512_values(NQ, 4, kv, acc, alpha, s, ldp, vr, c, D, d);
+    for (; d < D; d += 16) hy512_values(NQ, 1, kv, acc, alpha, s, ldp, vr, c, D, d);
 }
 
-/* nq (1..4) query vectors i.. of the scratch; D % 16 == 0 (q8_0 rows: D % 32 == 0) */
+/* nq (1..4) query vectors i.. of the scratch against rows j0 .. j0+c-1 of one KV head (k, v: its
+ * rows in a block of ldp); D % 16 == 0 (q8_0 rows: D % 32 == 0) */
 static inline void hy512_update(int nq, int kv, hy_attn_scratch *w, int i, int ldp, const void *k,
-                                const void *v, int c, int D) {
+                                const void *v, int j0, int c, int D) {
 #define HY512_CASE(N)                                                                    \
-    if (kv == HY512_Q8) hy512_update_n(N, HY512_Q8, w, i, ldp, k, v, c, D);              \
-    else if (kv) hy512_update_n(N, 1, w, i, ldp, k, v, c, D);                           \
-    else hy512_update_n(N, 0, w, i, ldp, k, v, c, D);                                   \
+    if (kv == HY512_Q8) hy512_update_n(N, HY512_Q8, w, i, ldp, k, v, j0, c, D);          \
+    else if (kv) hy512_update_n(N, 1, w, i, ldp, k, v, j0, c, D);                       \
+    else hy512_update_n(N, 0, w, i, ldp, k, v, j0, c, D);                               \
     return;
     switch (nq) {
     case 4: HY512_CASE(4)

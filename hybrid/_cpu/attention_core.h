@@ -60,7 +60,7 @@ typedef struct {
 
 enum { HY_ROWS_GENERIC = 0, HY_ROWS_F32 = 1, HY_ROWS_F16 = 2, HY_ROWS_Q8 = 3 };
 
-/* What a KV block holds: float32, float16, or q8_0 rows (34 bytes per 32 values) */
+/* What a KV block holds: float32, float16, or q8_0 rows (34 bytes per 32 values, by plane: kv_q8.h) */
 enum { HY_KV_F32 = 0, HY_KV_F16 = 1, HY_KV_Q8 = 2 };
 
 #include "attention_avx512.h" /* (after the scratch it updates) */
@@ -85,19 +85,25 @@ static inline size_t hy_kv_unit_bytes(int kv_type) {
     return kv_type == HY_KV_Q8 ? 1 : kv_type == HY_KV_F16 ? 2 : 4;
 }
 
-/* one row of D float32 values into a cache row of kv_type (the K/V a step writes) */
-static inline void hy_kv_store_row(int kv_type, const float *x, void *dst, int D) {
+/* one row of D float32 values into row `slot` of one KV head's K (key != 0) or V rows in a block
+ * of bs rows starting at head (the K/V a step writes; q8_0 rows in kv_q8.h's layout) */
+static inline void hy_kv_store_row(int kv_type, int key, const float *x, void *head, int slot,
+                                   int bs, int D) {
+    char *dst = (char *)head + (size_t)slot * hy_kv_row_bytes(kv_type, D);
     if (kv_type == HY_KV_F16) hy_f32_to_f16(x, (uint16_t *)dst, D);
-    else if (kv_type == HY_KV_Q8) hy_q8_row(x, (uint8_t *)dst, D);
+    else if (kv_type == HY_KV_Q8) hy_q8kv_store(key, x, head, slot, bs, D);
     else memcpy(dst, x, sizeof(float) * (size_t)D);
 }
 
-/* Online-softmax update of query vectors [i0, i0 + cnt) (cnt = 1 or 4) with the first `c` rows
- * of k and v.  mode HY_ROWS_F32/F16: k, v point into a cache block (SIMD micro-kernels);
- * HY_ROWS_GENERIC: k, v are float32 rows (portable C). */
+/* Online-softmax update of query vectors [i0, i0 + cnt) (cnt = 1 or 4) with rows j .. j+c-1 of
+ * k and v.  mode HY_ROWS_F32/F16/Q8: k, v are one KV head's rows in a cache block (SIMD
+ * micro-kernels); HY_ROWS_GENERIC: k, v are float32 rows (portable C). */
 static inline void hy_attn_update(const hy_attn_shape *sh, hy_attn_scratch *w, int i0, int cnt,
-                                  const void *k, const void *v, int c, int mode) {
+                                  const void *kh, const void *vh, int j, int c, int mode) {
     const int D = sh->head_dim, ldp = sh->block_size;
+    const size_t rb = (size_t)D * (mode == HY_ROWS_F16 ? 2 : 4); /* (float rows) */
+    const void *k = (const char *)kh + (mode == HY_ROWS_Q8 ? 0 : j * rb);
+    const void *v = (const char *)vh + (mode == HY_ROWS_Q8 ? 0 : j * rb);
     const float *q = w->q + (long)i0 * D;
     float *acc = w->acc + (long)i0 * D;
     float alpha[8] = {0, 0, 0, 0, 0, 0, 0, 0}, sums[4];
@@ -115,8 +121,8 @@ static inline void hy_attn_update(const hy_attn_shape *sh, hy_attn_scratch *w, i
     if (mode == HY_ROWS_Q8) {
         const int8_t *qa = w->qa + (long)i0 * D;
         const float *qd = w->qd + (long)i0 * (D / 32);
-        if (cnt == 4) hy_qk4_q8(qa, qd, (const uint8_t *)k, c, D, w->s, ldp);
-        else hy_qk1_q8(qa, qd, (const uint8_t *)k, c, D, w->s);
+        if (cnt == 4) hy_qk4_q8(qa, qd, kh, j, ldp, c, D, w->s, ldp);
+        else hy_qk1_q8(qa, qd, kh, j, ldp, c, D, w->s);
     } else
 #endif
     {
@@ -156,9 +162,10 @@ static inline void hy_attn_update(const hy_attn_shape *sh, hy_attn_scratch *w, i
 #endif
 #if defined(HY_AVX2) && defined(HY_F16C)
     if (mode == HY_ROWS_Q8) {  /* probabilities times the rows' factors, then the 8-bit values */
-        hy_q8_weights(cnt, w->s, ldp, (const uint8_t *)v, c, D, w->pf);
-        if (cnt == 4) hy_pv4_q8(acc, alpha, w->pf, ldp, (const uint8_t *)v, c, D);
-        else hy_pv1_q8(acc, alpha[0], w->pf, ldp, (const uint8_t *)v, c, D);
+        const uint8_t *vr = (const uint8_t *)hy_q8kv_values(vh, D, ldp) + (long)j * D;
+        hy_q8_weights(cnt, w->s, ldp, vh, j, ldp, c, D, w->pf);
+        if (cnt == 4) hy_pv4_q8(acc, alpha, w->pf, ldp, vr, c, D);
+        else hy_pv1_q8(acc, alpha[0], w->pf, ldp, vr, c, D);
         return;
     }
 #endif
@@ -208,7 +215,6 @@ static inline void hy_attn_task(const hy_attn_shape *sh, hy_attn_scratch *w, con
     const long nrows = r1 - r0;
     const int nq = (int)((g1 - g0) * nrows * G);
     const int f16 = sh->kv_type == HY_KV_F16, q8 = sh->kv_type == HY_KV_Q8;
-    const size_t rowb = hy_kv_row_bytes(sh->kv_type, D);
     const size_t stride = (size_t)sh->head_stride * hy_kv_unit_bytes(sh->kv_type); /* head g to g+1 */
     /* q8_0 rows are widened to float32 in the scratch, then take the float32 kernels */
     int mode = hy_attn_simd_ok(D, f16) ? (f16 ? HY_ROWS_F16 : HY_ROWS_F32) : HY_ROWS_GENERIC;
@@ -242,20 +248,24 @@ static inline void hy_attn_task(const hy_attn_shape *sh, hy_attn_scratch *w, con
         int c = (int)(j1 - j0);
         long base = b * bs + j0; /* position of row j0 */
         for (int g = g0; g < g1; g++) {
-            /* rows j0.. of KV head g inside block b; addresses widened before arithmetic */
-            size_t off = (size_t)g * stride + (size_t)j0 * rowb;
+            /* KV head g's rows inside block b (its rows jk.. are this chunk's); addresses widened
+             * before arithmetic */
+            size_t off = (size_t)g * stride;
             const void *k = (const char *)(intptr_t)kblk[b] + off;
             const void *v = (const char *)(intptr_t)vblk[b] + off;
+            int jk = (int)j0;
             if (widen) {  /* (the SIMD kernels widen q8_0 rows in registers) */
-                hy_q8_rows_to_f32((const uint8_t *)k, w->kbuf, c, D);
-                hy_q8_rows_to_f32((const uint8_t *)v, w->vbuf, c, D);
+                hy_q8kv_to_f32(1, k, bs, jk, c, D, w->kbuf);
+                hy_q8kv_to_f32(0, v, bs, jk, c, D, w->vbuf);
                 k = w->kbuf;
                 v = w->vbuf;
+                jk = 0;
             } else if (mode == HY_ROWS_GENERIC && f16) {
-                hy_f16_to_f32((const uint16_t *)k, w->kbuf, (long)c * D);
-                hy_f16_to_f32((const uint16_t *)v, w->vbuf, (long)c * D);
+                hy_f16_to_f32((const uint16_t *)k + (size_t)jk * D, w->kbuf, (long)c * D);
+                hy_f16_to_f32((const uint16_t *)v + (size_t)jk * D, w->vbuf, (long)c * D);
                 k = w->kbuf;
                 v = w->vbuf;
+                jk = 0;
             }
 #ifdef HY_AVX512
             if (fused512) {
@@ -270,34 +280,30 @@ static inline void hy_attn_task(const hy_attn_shape *sh, hy_attn_scratch *w, con
                     int i = (int)(((g - g0) * nrows + (r - r0)) * G), iend = i + G;
                     for (; i < iend; i += 4)
                         hy512_update(iend - i < 4 ? iend - i : 4, sh->kv_type, w, i, bs, k, v,
-                                     (int)see, D);
+                                     jk, (int)see, D);
                 }
                 int i = (int)(((g - g0) * nrows + (r - r0)) * G);
                 const int iend = (int)(((g - g0) * nrows + nrows) * G);
                 for (; i < iend; i += 4)
-                    hy512_update(iend - i < 4 ? iend - i : 4, sh->kv_type, w, i, bs, k, v, c, D);
+                    hy512_update(iend - i < 4 ? iend - i : 4, sh->kv_type, w, i, bs, k, v, jk, c, D);
                 continue;
             }
 #endif
             for (long r = r0; r < r1; r++) {
                 long see = row_pos[r] + 1 - base; /* rows of this chunk visible to row r */
                 if (see <= 0) continue;
-                int cr = see < c ? (int)see : c;
-                const void *kr = k, *vr = v;
+                int cr = see < c ? (int)see : c, jr = jk;
                 if (sh->window > 0) { /* rows before the window: skipped */
                     long skip = row_pos[r] - sh->window + 1 - base;
                     if (skip >= cr) continue;
                     if (skip > 0) {
-                        size_t eb = (size_t)skip * (widen || mode == HY_ROWS_GENERIC ? 4 * (size_t)D
-                                                                                    : rowb);
-                        kr = (const char *)k + eb;
-                        vr = (const char *)v + eb;
+                        jr += (int)skip;
                         cr -= (int)skip;
                     }
                 }
                 int i = (int)(((g - g0) * nrows + (r - r0)) * G), iend = i + G;
-                for (; i + 4 <= iend; i += 4) hy_attn_update(sh, w, i, 4, kr, vr, cr, mode);
-                for (; i < iend; i++) hy_attn_update(sh, w, i, 1, kr, vr, cr, mode);
+                for (; i + 4 <= iend; i += 4) hy_attn_update(sh, w, i, 4, k, v, jr, cr, mode);
+                for (; i < iend; i++) hy_attn_update(sh, w, i, 1, k, v, jr, cr, mode);
             }
         }
     }
