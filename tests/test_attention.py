@@ -483,6 +483,27 @@ def test_q8_0_cache_stores_ggml_blocks(rng):
             want_k, gguf.GGMLQuantizationType.Q8_0).reshape(n, kvh * d))
 
 
+@pytest.mark.parametrize("bs", [5, 8, 32])
+@pytest.mark.parametrize("head_dim,group", [(32, 4), (96, 3), (160, 1)])
+def test_q8_0_block_sizes(rng, bs, head_dim, group):
+    """A q8_0 block stores each head's factors and values by plane, with strides of block_size
+    (kv_q8.h): block sizes that are not the default 16, with rows that see part of a block, a
+    prompt, one decode row and a sliding window, unused slots poisoned."""
+    kvh, past = 2, 3 * bs + 2
+    cache = _cache(kvh, head_dim, bs, "q8_0")
+    _fill(cache, rng, past)
+    cache.commit(past)
+    for n, window in [(2 * bs + 3, 0), (1, 0), (bs + 1, bs - 2)]:
+        _fill(cache, rng, n)
+        q = rng.standard_normal((n, kvh * group * head_dim), dtype=np.float32)
+        kb, vb = cache.blocks(0)
+        expect = ref.paged_attention(q, kb, vb, cache.seq_len, kvh * group, kvh, head_dim,
+                                     window=window, kv_dtype="q8_0")
+        got = ops.paged_attention(q, cache, 0, window=window)
+        assert rel_err(got, expect) < TOL["q8_0"], (n, window)
+        cache.commit(n)
+
+
 def test_q8_0_cache_against_float64_on_the_inputs(rng):
     """Against float64 attention on the float32 inputs, q8_0 keys and values stay within a
     bound that 8-bit rounding respects (half a step of max|x|/127 per value) and that a wrong
