@@ -29,9 +29,8 @@ import numpy as np
 from .. import kernel_role
 from ..kvpool import KVBlockPool, default_kv_memory, parse_bytes
 from .kv_manager import KVCacheManager
-from .speculative import (DRAFT_VOCAB, METHODS, PRIOR_ROW_SHARE, RETRY_STEPS, DraftModelProposer,
-                          NgramIndex, drafts_worth, drift_acceptance, step_cost,
-                          update_acceptance)
+from .drafting import Drafting
+from .speculative import DRAFT_VOCAB, step_cost, update_acceptance
 from .params import GenerationParams
 from .request import Request, RequestOutput
 from .sampling import token_logprob
@@ -72,17 +71,6 @@ class Engine:
         for name, v in (("max_batch", max_batch), ("max_batched_tokens", max_batched_tokens)):
             if isinstance(v, bool) or not isinstance(v, int) or v < 1:
                 raise ValueError(f"{name} must be an integer >= 1, got {v!r}")
-        if speculative is not None and speculative not in METHODS:
-            raise ValueError(f"speculative must be one of {', '.join(METHODS)} or None, got "
-                             f"{speculative!r}")
-        if isinstance(num_speculative_tokens, bool) or not isinstance(num_speculative_tokens, int) \
-                or not 1 <= num_speculative_tokens <= 16:
-            raise ValueError(f"num_speculative_tokens must be an integer in [1, 16], got "
-                             f"{num_speculative_tokens!r}")
-        if (speculative == "draft") != (draft_model is not None):
-            raise ValueError('a draft_model goes with speculative="draft", and only with it')
-        self.speculative, self.num_speculative_tokens = speculative, num_speculative_tokens
-        self.adapt_drafts = bool(adapt_drafts)
         if kv_memory is None and num_blocks is None:
             kv_memory = default_kv_memory()
         elif kv_memory is not None:
@@ -97,13 +85,12 @@ class Engine:
         salt = f"{id(model.weights)}:{model.kv_dtype}:{model.block_size}".encode()
         self.kv = KVCacheManager(self.pool, self.max_tokens, salt, window=model.kv_window)
         self.scheduler = Scheduler(self.kv, max_batch, max_batched_tokens)
-        self._proposer = None
-        if draft_model is not None:  # its pool holds as many tokens as the target's
-            total = self.pool.num_total
-            self._proposer = DraftModelProposer(
-                draft_model, model,
-                None if total is None else -(-total * model.block_size // draft_model.block_size),
-                vocab=draft_vocab)
+        total = self.pool.num_total
+        self.drafting = Drafting(model, self.kv, self.max_tokens, speculative=speculative,
+                                 num_speculative_tokens=num_speculative_tokens,
+                                 draft_model=draft_model, adapt_drafts=adapt_drafts,
+                                 draft_vocab=draft_vocab,
+                                 pool_tokens=None if total is None else total * model.block_size)
         self._requests: dict = {}
         self._arrivals = itertools.count()
         self.prompt_tokens = 0  # counters for monitoring
@@ -118,7 +105,7 @@ class Engine:
     @property
     def draft_pool(self):
         """The draft model's KV pool (speculative="draft"), or None."""
-        return None if self._proposer is None else self._proposer.pool
+        return self.drafting.pool
 
     # -- requests ---------------------------------------------------------------------------
     def add_request(self, ids, params: "GenerationParams | None" = None,
@@ -153,9 +140,7 @@ class Engine:
         if far:
             raise ValueError(f"logit_bias names token {far[0]}; the vocabulary has "
                              f"{self.model.vocab_size} tokens")
-        if params.speculative == "draft" and self._proposer is None:
-            raise ValueError('speculative="draft" needs an engine with a draft model '
-                             '(Engine(speculative="draft", draft_model=...))')
+        self.drafting.check(params)
         stops = self.model.stop_ids(params.stop_tokens)
         req = Request(prompt, params, stops, self.model.tokenizer, arrival=next(self._arrivals))
         if params.constraint is not None:
@@ -192,8 +177,7 @@ class Engine:
 
     def _finish(self, req: Request, reason: str, error: "str | None" = None) -> RequestOutput:
         self.scheduler.remove(req)
-        if self._proposer is not None:
-            self._proposer.forget(req.request_id)
+        self.drafting.forget(req.request_id)
         self._requests.pop(req.request_id, None)
         req.finish_reason = reason
         if reason == "abort":
@@ -223,7 +207,7 @@ class Engine:
         prompt = [(r, n) for r, n, role in plan.prefills if role == kernel_role.PROMPT]
         decode = [(r, n) for r, n, role in plan.prefills if role == kernel_role.DECODE]
         decode += [(r, 1) for r in plan.decodes]
-        drafts = self._drafts(plan.decodes)
+        drafts = self.drafting.plan(plan.decodes)
         masks = self._start_masks([r for r, n in prompt + decode if r.pending == n])
         ready = []  # (request, logits row, or rows for one with drafts) ready to sample
         for items, role in ((prompt, kernel_role.PROMPT), (decode, kernel_role.DECODE)):
@@ -231,7 +215,7 @@ class Engine:
                 t0 = time.perf_counter()
                 done = self._run(items, role, outputs, drafts if role == kernel_role.DECODE else {})
                 if role == kernel_role.PROMPT:
-                    self._draft_prefill([r for r, _ in done])
+                    self.drafting.prefill([r for r, _ in done])
                 ready.extend(done)
                 if role == kernel_role.DECODE:  # what a row costs (speculative decoding)
                     rows = sum(n for _, n in items) + sum(map(len, drafts.values()))
@@ -248,83 +232,6 @@ class Engine:
             except Exception as exc:  # noqa: BLE001 - this request's fault, not the batch's
                 outputs.append(self._finish(req, "error", f"{type(exc).__name__}: {exc}"))
         return outputs
-
-    def _drafts(self, decodes: list) -> dict:
-        """{request id: draft tokens} for the decoding requests that speculate in this step (by
-        their own method, or the engine's), their slots taken (a request whose slots the pool
-        cannot give decodes one token).  Each feeds the drafts worth their cost: their chance of
-        being kept (the request's acceptance so far) against what a row adds to the step (and a
-        draft model's step), both measured as the engine runs."""
-        wants = {"ngram": [], "draft": []}  # method -> [(request, drafts to feed)]
-        row_cost = step_cost(self.model).row_share(len(decodes))
-        draft_cost = row_cost + (self._draft_share(len(decodes)) if self._proposer else 0.0)
-        for r in decodes:
-            r.shadow_draft = None
-            method = self._method(r)
-            if method is None:
-                continue
-            most = r.params.num_speculative_tokens
-            most = self.num_speculative_tokens if most is None else most
-            room = min(most, r.params.max_new_tokens - len(r.generated) - 1,
-                       self.max_tokens - len(r.prompt) - len(r.generated) - 1)
-            if room < 1:
-                continue
-            cost = draft_cost if method == "draft" else row_cost
-            k = drafts_worth(r.draft_accept, cost, room) if self.adapt_drafts else room
-            if k == 0 and method == "ngram" and cost < 1.0:  # (at a cost >= 1 no draft pays)
-                # what it would have drafted, checked for free when it samples
-                r.shadow_draft = (self._ngram_drafts(r, 1) or [None])[0]
-            elif k == 0:  # no free check: the estimate drifts up, and after RETRY_STEPS steps
-                r.draft_accept = drift_acceptance(r.draft_accept)  # one draft is fed
-                r.draft_idle += 1
-                k = int(r.draft_idle >= RETRY_STEPS)
-            if k > 0:
-                r.draft_idle = 0
-                wants[method].append((r, k))
-        found = {r.request_id: self._ngram_drafts(r, k) for r, k in wants["ngram"]}
-        if wants["draft"]:
-            found.update(self._proposer.propose([(r.request_id, r.tokens, k)
-                                                 for r, k in wants["draft"]]))
-        out = {}
-        for r, _ in wants["ngram"] + wants["draft"]:
-            d = found.get(r.request_id)
-            if not d:
-                continue
-            try:
-                self.kv.allocate_slots(r, 1 + len(d))
-            except MemoryError:
-                continue
-            out[r.request_id] = d
-        return out
-
-    def _method(self, req: Request) -> "str | None":
-        """How req drafts: its own method or the engine's; None for no drafts (none asked for,
-        or a constraint, whose requests decode one token per step)."""
-        if req.matcher is not None or req.params.num_speculative_tokens == 0:
-            return None
-        return req.params.speculative or self.speculative
-
-    def _draft_prefill(self, finished: list) -> None:
-        """The draft model reads the prompts finished in this step (their first drafts then
-        need no catch-up, and the prompt's time counts as the prompt's); a request with fewer
-        than 3 tokens to generate never drafts (one after the first and one to verify)."""
-        if self._proposer is not None:
-            self._proposer.prefill([(r.request_id, r.tokens[:r.computed]) for r in finished
-                                    if self._method(r) == "draft"
-                                    and r.params.max_new_tokens - len(r.generated) >= 3])
-
-    @staticmethod
-    def _ngram_drafts(req: Request, k: int) -> list:
-        if req.ngrams is None:
-            req.ngrams = NgramIndex()
-        req.ngrams.follow(req.prompt, req.generated)
-        return req.ngrams.drafts(k)
-
-    def _draft_share(self, rows: int) -> float:
-        """One round of the draft model's steps over a step of the target's with `rows` rows."""
-        step = step_cost(self.model).seconds(rows)
-        draft = step_cost(self._proposer.model).seconds(rows)
-        return draft / step if draft is not None and step else PRIOR_ROW_SHARE
 
     def _run(self, items: list, role: str, outputs: list, drafts: dict) -> list:
         """Feed each request its next n tokens (and its drafts) in one ragged step; if the step
