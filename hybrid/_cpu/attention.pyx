@@ -22,7 +22,6 @@ import numpy as np
 
 cdef extern from "simd.h" nogil:
     void *hy_alloc64(size_t n)
-    void hy_q8_row(const float *x, unsigned char *dst, long n)
     void hy_q8_rows_to_f32(const unsigned char *src, float *dst, int c, long n)
 
 cdef extern from "attention_core.h" nogil:
@@ -570,18 +569,6 @@ cdef class RaggedStep:
              self.pm, self.pl, self.pacc, out, self.nthreads, &failed, self.serial)
         return failed
 
-
-
-def quantize_rows_q8_0(const float[:, ::1] x,            # IN  [n, d] float32, d % 32 == 0
-                       unsigned char[:, ::1] out):       # OUT [n, d / 32 * 34] q8_0 rows
-    """Rows as the KV cache stores them in q8_0 (ggml's Q8_0 blocks; the kernels' quantizer)."""
-    cdef Py_ssize_t n = x.shape[0], d = x.shape[1], r
-    if d % 32 or out.shape[0] != n or out.shape[1] != d // 32 * 34:
-        raise ValueError(f"q8_0 rows: x [n, d] with d % 32 == 0 and out [n, d/32*34], got "
-                         f"{tuple(x.shape)[:2]} and {tuple(out.shape)[:2]}")
-    with nogil:
-        for r in range(n):
-            hy_q8_row(&x[r, 0], &out[r, 0], d)
 
 
 def store_rows_q8_0(const float[:, ::1] k,              # IN  [n, KVH*D] float32 K rows
