@@ -116,14 +116,14 @@ class HostLayerStorage:
         n = k.shape[0]
         k3 = k.reshape(n, kvh, d)
         v3 = v.reshape(n, kvh, d)
+        if self.q8:
+            from ._cpu import attention
         p = start
         while p < start + n:
             b, slot = divmod(p, bs)
             take = min(bs - slot, start + n - p)
             rows = slice(p - start, p - start + take)
             if self.q8:  # the writer of a step (kv_q8.h)
-                from ._cpu import attention
-
                 attention.store_rows_q8_0(
                     np.ascontiguousarray(k[rows], dtype=np.float32),
                     np.ascontiguousarray(v[rows], dtype=np.float32),

@@ -5,6 +5,18 @@
 #define HYBRID_QUANT_MATVEC8_H
 
 #if defined(HY_AVX2) && !defined(HY_Q512)
+/* Eight rows of 16 bytes, rows k and k+4 in the low and high lanes of y[k], to four registers of
+ * four bytes of each row: lane L of t[i] holds dword i of lane L of y[0..3], in that order (a
+ * 4x4 dword transpose inside each 128-bit lane) */
+static inline void hy_transpose_dwords8x4(const __m256i y[4], __m256i t[4]) {
+    const __m256i a0 = _mm256_unpacklo_epi32(y[0], y[1]), a1 = _mm256_unpackhi_epi32(y[0], y[1]);
+    const __m256i a2 = _mm256_unpacklo_epi32(y[2], y[3]), a3 = _mm256_unpackhi_epi32(y[2], y[3]);
+    t[0] = _mm256_unpacklo_epi64(a0, a2);
+    t[1] = _mm256_unpackhi_epi64(a0, a2);
+    t[2] = _mm256_unpacklo_epi64(a1, a3);
+    t[3] = _mm256_unpackhi_epi64(a1, a3);
+}
+
 /* Q4_0 / Q4_1 / Q5_0 / Q5_1 decode for 8 weight rows at once where the quantized kernels are
  * 256-bit (AVX2, what a Zen 3 runs): row i (rows w + i*row_bytes for i < W, the last row repeated
  * past W) in 32-bit lane i.  Per block the 8 rows' 16 nibble bytes are transposed (dword c of

@@ -176,48 +176,16 @@ static inline void hy_q8_row(const float *x, uint8_t *dst, long n) {
     }
 }
 
-/* c rows of n values in q8_0 (rows packed, n / 32 * 34 bytes each) -> float32 [c, n] */
+/* c rows of n values in q8_0 (rows packed, n / 32 * 34 bytes each) -> float32 [c, n] (rows read
+ * back from a cache block for checks; the kernels widen blocks with kv_q8.h) */
 static inline void hy_q8_rows_to_f32(const uint8_t *src, float *dst, int c, long n) {
     for (long b = 0; b < (long)c * (n / 32); b++, src += 34, dst += 32) {
         uint16_t dh;
         memcpy(&dh, src, 2);
-#ifdef HY_F16C
-        const float d = _cvtsh_ss(dh);
-#else
         const float d = hy_half_to_float(dh);
-#endif
-#if defined(HY_AVX512)
-        const __m512 dv = _mm512_set1_ps(d);
-        _mm512_storeu_ps(dst, _mm512_mul_ps(dv, _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(
-            _mm_loadu_si128((const __m128i *)(src + 2))))));
-        _mm512_storeu_ps(dst + 16, _mm512_mul_ps(dv, _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(
-            _mm_loadu_si128((const __m128i *)(src + 18))))));
-#elif defined(HY_AVX2)
-        const __m256 dv = _mm256_set1_ps(d);
-        for (int i = 0; i < 32; i += 8)
-            _mm256_storeu_ps(dst + i, _mm256_mul_ps(dv, _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(
-                _mm_loadl_epi64((const __m128i *)(src + 2 + i))))));
-#else
         for (int i = 0; i < 32; i++) dst[i] = d * (float)(int8_t)src[2 + i];
-#endif
     }
 }
-
-/* ---------------------------------------------------------------- transposes */
-
-#ifdef HY_AVX2
-/* Eight rows of 16 bytes, rows k and k+4 in the low and high lanes of y[k], to four registers of
- * four bytes of each row: lane L of t[i] holds dword i of lane L of y[0..3], in that order (a
- * 4x4 dword transpose inside each 128-bit lane) */
-static inline void hy_transpose_dwords8x4(const __m256i y[4], __m256i t[4]) {
-    const __m256i a0 = _mm256_unpacklo_epi32(y[0], y[1]), a1 = _mm256_unpackhi_epi32(y[0], y[1]);
-    const __m256i a2 = _mm256_unpacklo_epi32(y[2], y[3]), a3 = _mm256_unpackhi_epi32(y[2], y[3]);
-    t[0] = _mm256_unpacklo_epi64(a0, a2);
-    t[1] = _mm256_unpackhi_epi64(a0, a2);
-    t[2] = _mm256_unpacklo_epi64(a1, a3);
-    t[3] = _mm256_unpackhi_epi64(a1, a3);
-}
-#endif
 
 /* ---------------------------------------------------------------- reductions */
 
