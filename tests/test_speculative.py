@@ -9,9 +9,10 @@ import pytest
 
 import hybrid
 from hybrid import Engine
-from hybrid.engine.speculative import (PRIOR_ROW_SHARE, RETRY_STEPS, DraftModelProposer, NgramIndex,
-                                       StepCost, drafts_worth, ngram_drafts, parse_speculative,
-                                       step_cost, update_acceptance)
+from hybrid.engine.speculative import (NGRAM_LONG, NGRAM_SHORT, PRIOR_ACCEPT, PRIOR_ROW_SHARE,
+                                       RETRY_STEPS, DraftModelProposer, NgramIndex, StepCost,
+                                       drafts_worth, ngram_drafts, parse_speculative, step_cost,
+                                       update_acceptance)
 
 pytest.importorskip("gguf", reason="GGUF loading needs the gguf package (pip install '.[models]')")
 from hybrid.models import ModelLoadError, default_model_path  # noqa: E402
@@ -40,12 +41,20 @@ def test_ngram_drafts():
     index = NgramIndex()
     for n in range(1, len(seq) + 1, 7):
         index.follow(seq[:min(n, 50)], seq[50:n])
-        assert index.drafts(4) == ngram_drafts(seq[:n], 4) == _scan_drafts(seq[:n], 4)
+        assert index.drafts(4) == ngram_drafts(seq[:n], 4) == _scan_drafts(seq[:n], 4)[0]
+        assert index.match(4) == _scan_drafts(seq[:n], 4)
+    # how far the match runs back: 5 6 7 against 5 6 7, and 6 7 alone
+    index = NgramIndex()
+    index.follow([5, 6, 7, 8, 9, 10, 5, 6, 7], [])
+    assert index.match(4) == ([8, 9, 10, 5], 3)
+    index = NgramIndex()
+    index.follow([4, 6, 7, 8, 9, 10, 5, 6, 7], [])
+    assert index.match(2) == ([8, 9], 2)
 
 
 def _scan_drafts(seq, k, reach=16):
     """The n-gram rule by brute force: of the earlier ends of the last two tokens, the one whose
-    match runs furthest back (up to reach; the latest among equals)."""
+    match runs furthest back (up to reach; the latest among equals): (drafts, tokens matched)."""
     best, longest = -1, 0
     for i in range(len(seq) - 2, 0, -1):
         m = 0
@@ -53,7 +62,30 @@ def _scan_drafts(seq, k, reach=16):
             m += 1
         if m >= 2 and m > longest:
             best, longest = i, m
-    return seq[best + 1:best + 1 + k] if best >= 0 and k > 0 else []
+    return (seq[best + 1:best + 1 + k], longest) if best >= 0 and k > 0 else ([], 0)
+
+
+def test_ngram_drafts_take_the_estimate_of_their_match():
+    """A request keeps one acceptance estimate for n-gram drafts after a two-token match and
+    one after a longer match: with short matches failing and long ones kept, a request whose
+    text matches far back feeds its drafts, one matching only two tokens feeds none (and checks
+    its guess for free)."""
+    model = hybrid.load_model(GGUF)  # its own step costs
+    for _ in range(16):  # one more row costs 0.3 of a one-row step
+        step_cost(model).observe(1, 1.0)
+        step_cost(model).observe(2, 1.3)
+    eng = Engine(model, speculative="ngram")
+    reqs = {}
+    for name, ids in (("long", [5, 6, 7, 8, 9, 10, 5, 6, 7]), ("short", [4, 6, 7, 8, 9, 10, 5, 6, 7])):
+        req = reqs[name] = eng.prepare_request(ids, hybrid.GenerationParams(16, stop_tokens=[]))
+        eng.kv.admit(req)  # a cache to take the drafts' slots in
+        for _ in range(10):
+            req.draft_accept.update(NGRAM_SHORT, 0, 1)
+            req.draft_accept.update(NGRAM_LONG, 1, 1)
+        assert req.draft_accept[NGRAM_SHORT] < 0.1 < 0.9 < req.draft_accept[NGRAM_LONG]
+    assert eng.drafting.plan(list(reqs.values())) == {reqs["long"].request_id: [8, 9, 10, 5]}
+    assert reqs["long"].draft_kind == NGRAM_LONG
+    assert (reqs["short"].shadow_draft, reqs["short"].draft_kind) == (8, NGRAM_SHORT)
 
 
 def test_drafts_worth_their_cost():
@@ -145,8 +177,6 @@ def test_adaptive_drafts_follow_the_measured_cost():
 def test_a_request_not_drafting_still_learns_its_acceptance():
     """Where a row costs more than the prior acceptance pays for, a request feeds no drafts but
     checks each sampled token against its n-gram guess, so its acceptance estimate moves."""
-    from hybrid.engine.speculative import PRIOR_ACCEPT
-
     model = hybrid.load_model(GGUF)  # its own step costs
     for _ in range(16):  # a second row costs 0.8 of a one-row step: drafts need a > 0.8
         step_cost(model).observe(1, 1.0)
@@ -156,7 +186,7 @@ def test_a_request_not_drafting_still_learns_its_acceptance():
     eng.admit_request(req)
     while eng.has_unfinished():
         eng.step()
-    assert req.draft_accept != PRIOR_ACCEPT
+    assert req.draft_accept[NGRAM_SHORT] != PRIOR_ACCEPT or req.draft_accept[NGRAM_LONG] != PRIOR_ACCEPT
 
 
 def test_drafts_take_fewer_steps_with_stops_and_logprobs(model):

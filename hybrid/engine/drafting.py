@@ -6,8 +6,8 @@ row and keeps the drafts up to the first miss (Engine._verify)."""
 from __future__ import annotations
 
 from .request import Request
-from .speculative import (DRAFT_VOCAB, METHODS, PRIOR_ROW_SHARE, RETRY_STEPS, DraftModelProposer,
-                          NgramIndex, drafts_worth, drift_acceptance, step_cost)
+from .speculative import (DRAFT_MODEL, DRAFT_VOCAB, METHODS, PRIOR_ROW_SHARE, RETRY_STEPS,
+                          DraftModelProposer, NgramIndex, drafts_worth, ngram_kind, step_cost)
 
 
 class Drafting:
@@ -59,13 +59,15 @@ class Drafting:
         """{request id: draft tokens} for the decoding requests that speculate in this step (by
         their own method, or the engine's), their slots taken (a request whose slots the pool
         cannot give decodes one token).  Each feeds the drafts worth their cost: their chance of
-        being kept (the request's acceptance so far) against what a row adds to the step (and a
-        draft model's step), both measured as the engine runs."""
+        being kept (the request's acceptance so far for their kind: a draft model's, or n-gram
+        drafts after a match of two tokens or of more) against what a row adds to the step (and
+        a draft model's step), both measured as the engine runs."""
         wants = {"ngram": [], "draft": []}  # method -> [(request, drafts to feed)]
+        found = {}  # request id -> its n-gram drafts
         row_cost = step_cost(self.model).row_share(len(decodes))
         draft_cost = row_cost + (self._draft_share(len(decodes)) if self.proposer else 0.0)
         for r in decodes:
-            r.shadow_draft = None
+            r.shadow_draft = r.draft_kind = None
             method = self.method(r)
             if method is None:
                 continue
@@ -75,19 +77,26 @@ class Drafting:
                        self.max_tokens - len(r.prompt) - len(r.generated) - 1)
             if room < 1:
                 continue
-            cost = draft_cost if method == "draft" else row_cost
-            k = drafts_worth(r.draft_accept, cost, room) if self.adapt_drafts else room
+            if method == "ngram":  # the drafts first: how far their match runs picks the estimate
+                drafts, matched = self._ngram_match(r, room)
+                if not drafts:
+                    continue
+                kind, cost = ngram_kind(matched), row_cost
+            else:
+                kind, cost = DRAFT_MODEL, draft_cost
+            k = drafts_worth(r.draft_accept[kind], cost, room) if self.adapt_drafts else room
+            r.draft_kind = kind
             if k == 0 and method == "ngram" and cost < 1.0:  # (at a cost >= 1 no draft pays)
-                # what it would have drafted, checked for free when it samples
-                r.shadow_draft = (self._ngram_drafts(r, 1) or [None])[0]
+                r.shadow_draft = drafts[0]  # what it would have fed, checked for free when sampled
             elif k == 0:  # no free check: the estimate drifts up, and after RETRY_STEPS steps
-                r.draft_accept = drift_acceptance(r.draft_accept)  # one draft is fed
+                r.draft_accept.drift(kind)  # one draft is fed
                 r.draft_idle += 1
                 k = int(r.draft_idle >= RETRY_STEPS)
             if k > 0:
                 r.draft_idle = 0
                 wants[method].append((r, k))
-        found = {r.request_id: self._ngram_drafts(r, k) for r, k in wants["ngram"]}
+                if method == "ngram":
+                    found[r.request_id] = drafts[:k]
         if wants["draft"]:
             found.update(self.proposer.propose([(r.request_id, r.tokens, k)
                                                 for r, k in wants["draft"]]))
@@ -118,11 +127,12 @@ class Drafting:
             self.proposer.forget(request_id)
 
     @staticmethod
-    def _ngram_drafts(req: Request, k: int) -> list:
+    def _ngram_match(req: Request, k: int) -> tuple:
+        """NgramIndex.match over req's tokens: (up to k drafts, tokens their occurrence matched)."""
         if req.ngrams is None:
             req.ngrams = NgramIndex()
         req.ngrams.follow(req.prompt, req.generated)
-        return req.ngrams.drafts(k)
+        return req.ngrams.match(k)
 
     def _draft_share(self, rows: int) -> float:
         """One round of the draft model's steps over a step of the target's with `rows` rows."""

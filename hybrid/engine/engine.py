@@ -30,7 +30,7 @@ from .. import kernel_role
 from ..kvpool import KVBlockPool, default_kv_memory, parse_bytes
 from .kv_manager import KVCacheManager
 from .drafting import Drafting
-from .speculative import DRAFT_VOCAB, step_cost, update_acceptance
+from .speculative import DRAFT_VOCAB, step_cost
 from .params import GenerationParams
 from .request import Request, RequestOutput
 from .sampling import token_logprob
@@ -289,7 +289,7 @@ class Engine:
                 break
         self.draft_tokens += len(drafts)
         self.accepted_tokens += kept
-        req.draft_accept = update_acceptance(req.draft_accept, kept, len(drafts))
+        req.draft_accept.update(req.draft_kind, kept, len(drafts))
         req.computed += kept
         req.cache.truncate(req.computed)
         return self._emit(req, toks, lps if req.params.logprobs is not None else None, reason)
@@ -312,7 +312,7 @@ class Engine:
         m = req.matcher
         tok = req.sampler(logits, req.tokens, None if m is None else m.allowed())
         if req.shadow_draft is not None:
-            req.draft_accept = update_acceptance(req.draft_accept, int(tok == req.shadow_draft), 1)
+            req.draft_accept.update(req.draft_kind, int(tok == req.shadow_draft), 1)
             req.shadow_draft = None
         if m is not None:
             m.accept(tok)

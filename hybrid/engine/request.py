@@ -9,7 +9,7 @@ from dataclasses import dataclass, field
 from .output import TextOutput
 from .params import GenerationParams
 from .sampling import Sampler
-from .speculative import PRIOR_ACCEPT
+from .speculative import Acceptance
 
 _ids = itertools.count()
 
@@ -86,8 +86,11 @@ class Request:
     output: "TextOutput | None" = None
     finish_reason: "str | None" = None
     matcher: object = None  # hybrid.structured.TokenMatcher when params.constraint is set
-    draft_accept: float = PRIOR_ACCEPT  # speculative decoding: the chance a draft is kept
-    shadow_draft: "int | None" = None  # the n-gram draft it did not feed, checked when sampled
+    # speculative decoding: the chance a draft is kept, per kind of draft; the kind of this
+    # step's drafts, or of the n-gram draft it did not feed (shadow_draft, checked when sampled)
+    draft_accept: Acceptance = field(default_factory=Acceptance)
+    draft_kind: "str | None" = None
+    shadow_draft: "int | None" = None
     draft_idle: int = 0  # steps since it last fed a draft (speculative decoding)
     ngrams: object = None  # speculative.NgramIndex of its tokens, once it drafts by n-grams
 

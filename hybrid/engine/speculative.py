@@ -58,6 +58,11 @@ class NgramIndex:
         or [] when they never occurred before.  Of several occurrences (the latest `latest`),
         the one whose match with the sequence's end runs furthest back (up to `reach` tokens;
         the latest among equals): the likeliest to continue the same way."""
+        return self.match(k, reach, latest)[0]
+
+    def match(self, k: int, reach: int = 16, latest: int = 64) -> tuple:
+        """(drafts, matched): ``drafts``' tokens, and how many tokens of the sequence's end the
+        occurrence they follow matched (2 .. reach; 0 without drafts)."""
         t, length = self.tokens, len(self.tokens)
         ends = self._ends.get(tuple(t[-2:])) if k > 0 and length >= 3 else None
         best, longest = -1, 0
@@ -69,7 +74,7 @@ class NgramIndex:
                 m += 1
             if m > longest:
                 best, longest = i, m
-        return t[best + 1:best + 1 + k] if best >= 0 else []
+        return (t[best + 1:best + 1 + k], longest) if best >= 0 else ([], 0)
 
 
 def ngram_drafts(tokens, k: int) -> list:
@@ -83,6 +88,17 @@ def ngram_drafts(tokens, k: int) -> list:
 # step over a row's share of it
 PRIOR_ACCEPT = 0.6
 PRIOR_ROW_SHARE = 0.25
+# A request keeps one acceptance estimate per kind of draft: a draft model's (DRAFT_MODEL), and
+# n-gram drafts after a match of exactly two tokens (NGRAM_SHORT) or of three or more
+# (NGRAM_LONG): the longer the text they follow matched, the likelier drafts are kept.
+DRAFT_MODEL, NGRAM_SHORT, NGRAM_LONG = "model", "ngram-2", "ngram-3+"
+
+
+def ngram_kind(matched: int) -> str:
+    """The estimate an n-gram draft after a match of `matched` tokens moves."""
+    return NGRAM_SHORT if matched <= 2 else NGRAM_LONG
+
+
 # a request that feeds no drafts and has no free check of its guess (a draft model's drafts
 # cost a step) moves its estimate RETRY_DRIFT of the way up to 1 each step, and after
 # RETRY_STEPS such steps feeds one draft whatever the cost: a chance or a cost measured wrong
@@ -174,6 +190,28 @@ def update_acceptance(accept: float, kept: int, fed: int, rate: float = 0.2) -> 
     for i in range(min(fed, kept + 1)):
         accept += rate * ((1.0 if i < kept else 0.0) - accept)
     return accept
+
+
+class Acceptance:
+    """A request's estimated chance that a draft is kept, one estimate per kind of draft
+    (DRAFT_MODEL, NGRAM_SHORT, NGRAM_LONG), each PRIOR_ACCEPT until its first draft."""
+
+    def __init__(self):
+        self._by_kind: dict = {}
+
+    def __getitem__(self, kind: str) -> float:
+        return self._by_kind.get(kind, PRIOR_ACCEPT)
+
+    def update(self, kind: str, kept: int, fed: int) -> None:
+        """A step kept `kept` of `fed` drafts of this kind (update_acceptance)."""
+        self._by_kind[kind] = update_acceptance(self[kind], kept, fed)
+
+    def drift(self, kind: str) -> None:
+        """A step fed none of this kind and had no free check (drift_acceptance)."""
+        self._by_kind[kind] = drift_acceptance(self[kind])
+
+    def __repr__(self) -> str:
+        return f"Acceptance({self._by_kind})"
 
 
 def check_draft_vocab(vocab) -> None:
