@@ -23,7 +23,9 @@ from . import kernel_role, ops, registry
 from .config import DecoderConfig, LayerWeights
 from .kvcache import PagedKVCache
 from .moe import moe_forward
-from .placement import Placement, copy_between, is_device_array, to_device
+from .layer_boundary import LayerBoundary
+from .layer_buffers import LayerBuffers
+from .placement import Placement, is_device_array, to_device
 from .profile import enabled as profiling_enabled
 from .profile import region
 from .quant import QuantizedTensor, dequantize
@@ -88,54 +90,24 @@ class DecoderLayer:
                 self._stacked = None  # a backend without the fused projections
         # CPU layers with quantized projections: Q/K/V and gate/up each in one kernel call that
         # quantizes the activations once (decode)
-        self._many = self._bind_decode = None
+        many = bind_decode = None
         if not self._gpu and any(isinstance(getattr(self.weights, n), QuantizedTensor)
                                  for n in ("wq", "wk", "wv", "w_gate", "w_up")):
-            self._many = registry.optional("bind_linear_many", self.placement)
+            many = registry.optional("bind_linear_many", self.placement)
             # a decode row in two native calls around the attention (when not profiling; the
             # native epilogue knows only the dense MLP)
             if self._experts is None and not config.partial_rotary \
                     and config.mlp_activation == "silu" and self.weights.post_attn_norm is None:
-                self._bind_decode = registry.optional("bind_decode_step", self.placement)
+                bind_decode = registry.optional("bind_decode_step", self.placement)
+        # activation buffers and the native calls bound to them; the device boundary
+        self.buffers = LayerBuffers(config, self._w, self.placement, self.scratch, self._inv_freq,
+                                    many=many, bind_decode=bind_decode,
+                                    experts=self._experts is not None)
+        self._io = LayerBoundary(self.placement, self.scratch, config.hidden_size, self.index)
         self.fused_rope = bool(fused_rope) and self._gpu and self._inv_freq is not None
         self._k = ops.bind(self.placement)  # kernels resolved once; arrays are checked on entry
-        self._bufs = (None, None)  # (rows, activation buffers) of the last call
-        self.buffers_version = 0  # bumped whenever the buffers (and bound decode step) change
 
     # ------------------------------------------------------------------ validation
-    def _enter(self, hidden, out):
-        """(x, host_out): the input on this layer's device, and the host array to return the
-        result in when the caller passed host arrays to a cuda layer (else None)."""
-        if not self._gpu:
-            if type(hidden) is not np.ndarray and is_device_array(hidden):
-                hidden = hidden.to_host()
-            return self._input(hidden, out), None
-        if is_device_array(hidden):
-            x = self._input(hidden, None)
-            if out is not None and (not is_device_array(out) or out.placement != self.placement
-                                    or out.shape != x.shape or out.dtype != np.float32):
-                raise TypeError(f"out must be a float32 device array {x.shape} on {self.placement}")
-            if x.placement != self.placement:  # from another GPU
-                moved = self.scratch.get("x_in", x.shape, placement=self.placement)
-                copy_between(x, moved)
-                x = moved
-            return x, None
-        xh = self._input(hidden, out)
-        x = self.scratch.get("x_in", xh.shape, placement=self.placement)
-        copy_between(xh, x)
-        return x, (out if out is not None else np.empty(xh.shape, dtype=np.float32))
-
-    def _input(self, hidden, out, n_expected: "int | None" = None):
-        x = ops.as_f32("hidden", hidden, 2)  # [n, hidden_size] float32, a copy if converted
-        if x.shape[1] != self.config.hidden_size:
-            raise ValueError(f"hidden has {x.shape[1]} features; layer {self.index} expects "
-                             f"hidden_size={self.config.hidden_size}")
-        if n_expected is not None and x.shape[0] != n_expected:
-            raise ValueError(f"hidden has {x.shape[0]} rows for {n_expected} sequences")
-        if out is not None:
-            ops.out_array("forward", out, x.shape)
-        return x
-
     def _check_cache(self, cache: PagedKVCache, name: str = "cache") -> None:
         if not isinstance(cache, PagedKVCache):
             raise TypeError(f"{name} must be a PagedKVCache, got {type(cache).__name__}")
@@ -173,7 +145,7 @@ class DecoderLayer:
         """
         kernel_role.check(role)
         native = role != kernel_role.PROMPT and not profiling_enabled()
-        x, host_out = self._enter(hidden, out)  # [n, hidden] on this layer's device
+        x, host_out = self._io.enter(hidden, out)  # [n, hidden] on this layer's device
         n = x.shape[0]
         pos = ops.positions_array(positions, n)  # [n] int64
         private = cache is None
@@ -202,8 +174,8 @@ class DecoderLayer:
                 cache.rollback_layer(layer, start)
                 raise
         try:
-            return self._leave(self._finish(x, att, self._result(x, out, host_out), role, native),
-                               host_out)
+            return self._io.leave(
+                self._finish(x, att, self._io.result(x, out, host_out), role, native), host_out)
         except BaseException:
             cache.rollback_layer(layer, start)
             raise
@@ -217,66 +189,35 @@ class DecoderLayer:
         Returns [T, hidden_size]."""
         if not (self.placement.is_cpu and batch.pool.placements[self.index].is_cpu):
             return self._step_by_sequence(hidden, batch, out)
-        x, host_out = self._enter(hidden, out)  # [T, hidden]
+        x, host_out = self._io.enter(hidden, out)  # [T, hidden]
         T = x.shape[0]
         if T != batch.num_rows:
             raise ValueError(f"hidden has {T} rows, the step describes {batch.num_rows}")
         role, native = batch.role, batch.role != kernel_role.PROMPT and not batch.profiled
         q, k, v = self._qkv(x, batch.positions, role, native)  # [T, H*D], [T, KVH*D] x 2
         with region("Block/Attention"):  # K/V rows into their slots, then attention
-            att = self._buffers(T)["att"]  # [T, H*D]
+            att = self.buffers.rows(T)["att"]  # [T, H*D]
             self._k.attend_step(batch, self.index, q, k, v, self.config.num_heads, self._scale,
                                 att, self.config.sliding_window, self.config.attn_softcap)
             batch.wrote_layer(self.index)
-        return self._leave(self._finish(x, att, self._result(x, out, host_out), role, native),
-                           host_out)
+        return self._io.leave(self._finish(x, att, self._io.result(x, out, host_out), role, native),
+                              host_out)
 
     def _step_by_sequence(self, hidden, batch, out):
         """A step on a GPU layer, or with the cache layer off the CPU: each sequence's rows
         through ``forward`` (their blocks are already taken by the step's plan)."""
-        x, host_out = self._enter(hidden, out)  # [T, hidden] on this layer's device
+        x, host_out = self._io.enter(hidden, out)  # [T, hidden] on this layer's device
         if x.shape[0] != batch.num_rows:
             raise ValueError(f"hidden has {x.shape[0]} rows, the step describes "
                              f"{batch.num_rows}")
-        result = self._result(x, out, host_out)
+        result = self._io.result(x, out, host_out)
         rows = batch.seg_rows
         for s, cache in enumerate(batch.caches):
             lo, hi = int(rows[s]), int(rows[s + 1])
             self.forward(x[lo:hi], batch.positions[lo:hi], cache, out=result[lo:hi],
                          role=batch.role)
         batch.wrote_layer(self.index)
-        return self._leave(result, host_out)
-
-    def decode_step(self):
-        """The bound native decode step of one generated row (a CPU layer whose projections are
-        all quantized), or None: what the CPU backend runs a whole stack through in one call.
-        Bound to this layer's buffers until ``buffers_version`` changes."""
-        if not self.placement.is_cpu:
-            return None
-        return self._buffers(1).get("decode_step")
-
-    def decode_rows(self, max_rows: int):
-        """A bound native decode step for up to max_rows rows (its own [max_rows, ...] buffers
-        in the shared scratch), or None, as decode_step."""
-        if not self.placement.is_cpu or self._bind_decode is None:
-            return None
-        have = getattr(self, "_rows_step", None)
-        if have is not None and have[0] == (max_rows, self.buffers_version):
-            return have[1]
-        cfg, s = self.config, self.scratch
-        shapes = {"h": (max_rows, cfg.hidden_size), "q": (max_rows, cfg.q_size),
-                  "k": (max_rows, cfg.kv_size), "v": (max_rows, cfg.kv_size),
-                  "att": (max_rows, cfg.q_size), "o": (max_rows, cfg.hidden_size),
-                  "x1": (max_rows, cfg.hidden_size), "gate": (max_rows, cfg.intermediate_size),
-                  "up": (max_rows, cfg.intermediate_size)}
-        bufs = {name: s.get(f"rows_{name}", shape) for name, shape in shapes.items()}
-        step = self._bind_decode(cfg, self._w, bufs, self._inv_freq, max_rows)
-        self._rows_step = ((max_rows, self.buffers_version), step)
-        return step
-
-    def decode_attention_out(self) -> np.ndarray:
-        """The [1, H*D] buffer a bound decode step reads the attention output from."""
-        return self._buffers(1)["att"]
+        return self._io.leave(result, host_out)
 
     __call__ = forward
 
@@ -299,80 +240,31 @@ class DecoderLayer:
         """Append k, v to the cache and attend, on the device of the cache layer (``where``);
         returns the attention output on this layer's device."""
         n = q.shape[0]
-        att = self._buffers(n)["att"]  # [n, H*D] on this layer's device
+        att = self.buffers.rows(n)["att"]  # [n, H*D] on this layer's device
         rope = (self._inv_freq, self.config.rope_style == "neox") if fused else None
         if where == self.placement:
             append(k, v)
             return attention(q, att, rope)
         # the cache layer lives elsewhere (a cuda layer with its KV on the cpu, or the reverse)
-        moved = {}
-        for name, a in (("q", q), ("k", k), ("v", v)):
-            moved[name] = self.scratch.get(f"{name}_at_cache", a.shape, placement=where)
-            copy_between(a, moved[name])
-        append(moved["k"], moved["v"])
-        out = self.scratch.get("att_at_cache", q.shape, placement=where)
-        attention(moved["q"], out, None)
-        copy_between(out, att)
-        return att
-
-    def _result(self, x, out, host_out):
-        """Where the layer output goes: the caller's ``out``, a device scratch buffer when the
-        result is copied to ``host_out``, or a new array on the layer's device."""
-        if host_out is not None:
-            return self.scratch.get("y", x.shape, placement=self.placement)
-        if out is not None:
-            return out
-        return ops.out_array("forward", None, x.shape, self.placement)
-
-    @staticmethod
-    def _leave(y, host_out):
-        if host_out is None:
-            return y
-        copy_between(y, host_out)
-        return host_out
+        return self._io.attend_at(where, q, k, v, append, attention, att)
 
     # ------------------------------------------------------------------ steps
-    def _buffers(self, n: int) -> dict:
-        """Activation buffers for n rows, views into the shared scratch (kept for the next call
-        with the same n, so a decode step allocates nothing)."""
-        rows, bufs = self._bufs
-        if rows == n:
-            return bufs
-        cfg, s = self.config, self.scratch
-        shapes = {"h": (n, cfg.hidden_size), "q": (n, cfg.q_size), "k": (n, cfg.kv_size),
-                  "v": (n, cfg.kv_size), "att": (n, cfg.q_size), "o": (n, cfg.hidden_size),
-                  "x1": (n, cfg.hidden_size), "gate": (n, cfg.intermediate_size),
-                  "up": (n, cfg.intermediate_size)}
-        bufs = {name: s.get(name, shape, placement=self.placement) for name, shape in shapes.items()}
-        if self._many is not None:  # quantized CPU projections bound to these buffers
-            w = self._w
-            bufs["qkv_proj"] = self._many(((w.wq, w.bq, bufs["q"]), (w.wk, w.bk, bufs["k"]),
-                                           (w.wv, w.bv, bufs["v"])))
-            if self._experts is None:
-                bufs["gate_up_proj"] = self._many(((w.w_gate, None, bufs["gate"]),
-                                                   (w.w_up, None, bufs["up"])))
-        if n == 1 and self._bind_decode is not None:
-            bufs["decode_step"] = self._bind_decode(cfg, self._w, bufs, self._inv_freq)
-        self._bufs = (n, bufs)
-        self.buffers_version += 1  # a stack's remembered decode steps are stale
-        return bufs
-
     def _qkv(self, x, pos: np.ndarray, role: str, native: bool, rotate: bool = True):
         """Attention-block prologue: norm, projections, QK-norm, RoPE unless fused into
         attention (into scratch buffers on the layer's device).  ``role`` picks the projection
         kernels; ``native``: a bound decode step may run the whole prologue in one call."""
-        cfg, w, k_, b = self.config, self._w, self._k, self._buffers(x.shape[0])
+        cfg, w, k_, b = self.config, self._w, self._k, self.buffers.rows(x.shape[0])
         step = b.get("decode_step")
         if step is not None and rotate and native:
             return step.prologue(x, int(pos[0]))  # the steps below in one native call
-        n, H, KVH, D, eps = x.shape[0], cfg.num_heads, cfg.num_kv_heads, cfg.head_dim, cfg.rms_norm_eps
+        H, KVH, D, eps = cfg.num_heads, cfg.num_kv_heads, cfg.head_dim, cfg.rms_norm_eps
         with region("Block/AttnNorm"):
             h = k_.rmsnorm(x, w.attn_norm, eps, b["h"])  # [n, hidden]
         if self._stacked is not None:  # GPU: one pass over the stacked Q/K/V weights
             q, k, v = b["q"], b["k"], b["v"]
             with region("Block/QKVProj"):
                 self._split3(h, self._stacked.w_qkv, self._stacked.b_qkv, (q, k, v))
-        elif self._many is not None:  # CPU, quantized: one call for the three projections
+        elif "qkv_proj" in b:  # CPU, quantized: one call for the three projections
             q, k, v = b["q"], b["k"], b["v"]
             with region("Block/QKVProj"):
                 b["qkv_proj"](h, role)
@@ -420,7 +312,7 @@ class DecoderLayer:
     def _finish(self, x, att, result, role: str, native: bool):
         """O projection and residual, then the MLP block and its residual (into ``result``);
         ``role`` and ``native`` as for ``_qkv``."""
-        cfg, w, k_, b = self.config, self._w, self._k, self._buffers(x.shape[0])
+        cfg, w, k_, b = self.config, self._w, self._k, self.buffers.rows(x.shape[0])
         step = b.get("decode_step")
         if step is not None and native:
             return step.epilogue(att, x, result)  # the steps below in one native call
@@ -446,7 +338,7 @@ class DecoderLayer:
             with region("Block/GateUpSwiGLU"):
                 self._linear_swiglu(h2, self._stacked.w_gate_up, act, b["up"])
         else:
-            if self._many is not None:  # CPU, quantized: gate and up in one call
+            if "gate_up_proj" in b:  # CPU, quantized: gate and up in one call
                 with region("Block/GateUpProj"):
                     b["gate_up_proj"](h2, role)
                 gate, up = b["gate"], b["up"]

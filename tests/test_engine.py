@@ -393,7 +393,7 @@ def test_one_call_decode_stack_equals_layer_by_layer(tiny_q8, tiny_qwen3_q4, rng
             b = model.forward([tok], slow, role="decode")
         assert "Block/Attention" in str(prof)  # layer by layer (the remembered stack is not used)
         np.testing.assert_array_equal(a, b)
-    assert all(layer.decode_step() is not None for layer in model.layers)
+    assert all(layer.buffers.decode_step() is not None for layer in model.layers)
 
 
 def _drain(engine, limit):

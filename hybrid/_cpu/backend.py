@@ -252,7 +252,7 @@ def step_layers(layers, batch, x, memo):
                 batch.pool.placements[layer.index].is_cpu for layer in layers)):
             first = layers[0]
             lo, n = first.index, len(layers)
-            att = (first.decode_attention_out() if rows == 1
+            att = (first.buffers.rows(1)["att"] if rows == 1
                    else memo[("att", NATIVE_ROWS)][:rows])
             decode_step.decode_stack(
                 steps, _step_plan(batch, first.config.num_heads, first.config.softmax_scale,
@@ -275,18 +275,18 @@ def _bound_steps(layers, memo, max_rows: int):
     """The layers' native decode steps (decode_step.DecodeLayer) for up to max_rows rows when
     every layer has one and the layers are consecutive; else None.  The multi-row steps'
     attention output buffer is memo[("att", max_rows)]."""
-    key = tuple([layer.buffers_version for layer in layers])
+    key = tuple([layer.buffers.version for layer in layers])
     if memo.get(("key", max_rows)) != key:
         lo = layers[0].index
         # may rebuild buffers: the key after
-        steps = [layer.decode_step() if max_rows == 1 else layer.decode_rows(max_rows)
-                 for layer in layers]
+        steps = [layer.buffers.decode_step() if max_rows == 1
+                 else layer.buffers.decode_rows(max_rows) for layer in layers]
         ok = all(s is not None for s in steps) \
             and [layer.index for layer in layers] == list(range(lo, lo + len(layers)))
         memo[("steps", max_rows)] = [s.native for s in steps] if ok else None
         if ok and max_rows > 1:
             memo[("att", max_rows)] = steps[0].att
-        memo[("key", max_rows)] = tuple([layer.buffers_version for layer in layers])
+        memo[("key", max_rows)] = tuple([layer.buffers.version for layer in layers])
     return memo[("steps", max_rows)]
 
 
