@@ -10,7 +10,8 @@ import importlib.util
 import os
 
 from .errors import ModelLoadError
-from .model import GenerationStats, Model, layer_placements
+from .generation import GenerationStats
+from .model import Model, layer_placements
 from .tokenizer import Tokenizer
 from ..quant import TARGETS
 from .weights import ModelWeights, convert_weights, weight_formats
