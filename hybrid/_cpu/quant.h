@@ -3,8 +3,9 @@
  * This header includes its parts in order: quant_formats.h (build configuration, format codes,
  * decoding), quant_activations.h, the dot products by ISA (quant_dot_portable.h,
  * quant_dot_avx2.h, quant_dot_avx512.h) and quant_dot.h (each format's choice among them),
- * the multi-row kernels (quant_matvec8.h for AVX2, quant_matvec16.h for AVX-512), the
- * per-format traits table (quant_traits.h), quant_matvec.h (the dispatcher) and quant_gemm.h (the prefill int8 GEMM).
+ * the multi-row kernels (quant_matvec8.h for AVX2, quant_matvec16.h for AVX-512, and
+ * quant_stream.h, AVX-512's streaming decode kernel), the per-format traits table
+ * (quant_traits.h), quant_matvec.h (the dispatcher) and quant_gemm.h (the prefill int8 GEMM).
  *
  * A weight matrix [out, in] is stored row by row; a row is in/block_size blocks of the format's
  * GGUF layout (ggml's block structs, little-endian, packed):
@@ -70,6 +71,7 @@
 #include "quant_dot.h"
 #include "quant_matvec8.h"
 #include "quant_matvec16.h"
+#include "quant_stream.h"
 #include "quant_traits.h"
 #include "quant_matvec.h"
 #include "quant_gemm.h"

@@ -15,7 +15,7 @@ static inline long hy_q_prep_part_bytes(int part, long n) {
 #if defined(HY_Q512)
     switch (part) {
 #if defined(HY_Q45_STREAM)
-    case HY_PREP_Q45: return hy_q45_prep_bytes(n);
+    case HY_PREP_Q45: return hy_q45_prep_bytes(0, n);  /* (the larger layout) */
 #endif
     case HY_PREP_Q8: return hy_q8_prep_bytes(n);
     default: return 0;
@@ -60,7 +60,8 @@ static inline int hy_q_prep_fits(long n) {
 static inline void hy_q_prep_acts(const int8_t *qa, const float *da, const float *sa, long n,
                                   int rows, int flags, uint8_t *prep) {
 #if defined(HY_Q45_STREAM)
-    if (flags & HY_PREP_Q45) hy_q45_prep(qa, da, sa, n / 32, prep + hy_q_prep_at(HY_PREP_Q45, n));
+    if (flags & HY_PREP_Q45)  /* the layout of the passes a call of `rows` rows takes */
+        hy_q45_prep(rows >= HY_Q45_MANY, qa, da, sa, n / 32, prep + hy_q_prep_at(HY_PREP_Q45, n));
 #endif
 #if defined(HY_Q512)
     if (rows < 2 || !hy_q_prep_fits(n)) return;
@@ -204,11 +205,13 @@ static inline void hy_q_matvec_range(int type, const uint8_t *w, long row_bytes,
             return;
         }
         /* more activation rows: the 16-row kernel below (the same bits) takes the whole groups
-         * of 16 rows, reading the activations once per group; this one the rows past them */
+         * of 16 rows, reading the activations once per group; this one the rows past them, in
+         * passes of rows shared out evenly (each of more than HY_MR / 2, the "many" layout) */
         const long end = o + (o1 - o) / 16 * 16;
         for (long i = end; i < o1; i++) {
-            for (int r = 0; r < rows; r += HY_MR) {
-                const int left = rows - r < HY_MR ? rows - r : HY_MR;
+            const int passes = (rows + HY_MR - 1) / HY_MR;
+            for (int p = 0, r = 0, left; p < passes; p++, r += left) {
+                left = (rows - r + passes - p - 1) / (passes - p);
 #define HY_RS(R) case R: hy_q45_matvec_stream(&pl, w + i * row_bytes, 0, 1, nb, R, prep + r * pstride, pstride, out + r * ldo + i, 0, ldo); break;
                 switch (left) { HY_R_CASES(HY_RS) }
 #undef HY_RS
