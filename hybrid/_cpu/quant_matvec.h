@@ -7,7 +7,8 @@
 /* Prepared activations: the layouts some kernels read instead of the plain 8-bit blocks, laid
  * out once per call, one span of hy_q_prep_bytes(n) per activation row (0 where the build has
  * no such kernel).  Its parts, each at hy_q_prep_at: the stream kernel's (hy_q45_prep, any
- * number of rows), and, for several rows, the Q8_0 multi-row kernel's (hy_q8_prep).
+ * number of rows, in the layout of the arrangement a call of that many rows takes), and, for
+ * several rows, the Q8_0 multi-row kernel's (hy_q8_prep).
  * hy_q_prep_flags says which parts a format reads; hy_q_prep_acts lays out one row's. */
 enum { HY_PREP_Q45 = 1, HY_PREP_Q8 = 2 };
 
