@@ -207,7 +207,7 @@ static inline void hy_q_matvec_range(int type, const uint8_t *w, long row_bytes,
         }
         /* more activation rows: the 16-row kernel below (the same bits) takes the whole groups
          * of 16 rows, reading the activations once per group; this one the rows past them, in
-         * passes of rows shared out evenly (each of more than HY_MR / 2, the "many" layout) */
+         * passes of rows shared out evenly (four rows or more each: the "many" layout) */
         const long end = o + (o1 - o) / 16 * 16;
         for (long i = end; i < o1; i++) {
             const int passes = (rows + HY_MR - 1) / HY_MR;
