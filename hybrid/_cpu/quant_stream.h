@@ -16,7 +16,7 @@
  *        side, lane 4i+b of register j holding bytes 4j..4j+3 of block b of row i, so that an
  *        activation pattern broadcast to every 128-bit lane serves all four rows and eight
  *        vpdpbusd leave each block's sum in its own lane with no reduction.  The shuffles cost
- *        more than one activation row's reductions and less than two or more.
+ *        about as much as two activation rows' reductions (measured), so they pay from three.
  * In both, one FMA adds a step's scaled block sums into a register whose lanes keep each row's
  * running sums of blocks b, b+4, b+8, ... (b = 0..3; one more FMA the offsets), and a row's four
  * sums are added at the end, (s0 + s1) + (s2 + s3), as hy_q45_matvec16 adds its blocks.
