@@ -21,6 +21,7 @@ cdef extern from "quant.h" nogil:
         int rows_per_pass
     const hy_q_traits *hy_q_traits_of(int type)
     const char *hy_q_simd()
+    int hy_q_weight_pf()
     int hy_q_block_values(int type)
     int hy_q_block_bytes(int type)
     void hy_q_decode_row(int type, const uint8_t *row, float *y, long n)
@@ -111,6 +112,12 @@ cdef long check_weight(int qtype, const uint8_t[:, ::1] w, Py_ssize_t n_in) exce
 def simd():
     """'avx2+vnni', 'avx2' or 'portable': the instructions the quantized-weight kernels use."""
     return hy_q_simd().decode()
+
+
+def weight_prefetch():
+    """How the kernels prefetch a weight stream on this core: '' (portable builds, none), 'far
+    into L1' or 'near into L1 and far into L2 (Intel)'."""
+    return {0: "", 1: "far into L1", 2: "near into L1 and far into L2 (Intel)"}[hy_q_weight_pf()]
 
 
 def decode_rows(int qtype,

@@ -4,6 +4,16 @@
 #ifndef HYBRID_QUANT_MATVEC_H
 #define HYBRID_QUANT_MATVEC_H
 
+/* How the weight kernels prefetch their streams (quant_dot_avx2.h's HY_PREFETCH): 0 not at all
+ * (portable builds), 1 far ahead into L1, 2 near into L1 and far into L2 (Intel cores) */
+static inline int hy_q_weight_pf(void) {
+#if defined(HY_AVX2)
+    return hy_q_pf_near() ? 2 : 1;
+#else
+    return 0;
+#endif
+}
+
 /* Prepared activations: the layouts some kernels read instead of the plain 8-bit blocks, laid
  * out once per call, one span of hy_q_prep_bytes(n) per activation row (0 where the build has
  * no such kernel).  Its parts, each at hy_q_prep_at: the stream kernel's (hy_q45_prep, any

@@ -49,7 +49,9 @@ def kernel_paths():
     from .backend import SMALL_F32_GEMM  # (the backend's rule for AVX2 builds)
     return {"attention": attention,
             "elementwise (rmsnorm, swiglu, exp)": elementwise,
-            "quantized weights": f"{quant.simd()} ({_rows_per_pass(quant.kernel_traits())})",
+            "quantized weights": f"{quant.simd()} ({_rows_per_pass(quant.kernel_traits())})"
+                                 + (f"; streams prefetched {quant.weight_prefetch()}"
+                                    if quant.weight_prefetch() else ""),
             "float32 weights, prompt rows": {16: "avx512 GEMM",
                                              8: f"avx2 GEMM up to {SMALL_F32_GEMM >> 20} MiB "
                                                 "matrices, else BLAS sgemm",
