@@ -165,8 +165,10 @@ hy_q45_matvec_stream(const hy_q45_plan *pl, const uint8_t *w, long wstep, const 
         /* v[j] (j < 4: low nibbles, values 4j..; j >= 4: high, 16 + 4(j-4)..):
          *   few:  v[j] for j = i, v[4 + i] for row i, lane 4b + c: values 4c.. of block b
          *   many: lane 4i + b of v[j]: values 4j.. (16 + 4(j-4)..) of block b of row i */
-        __m512i v[8], first[4], hdr = _mm512_setzero_si512(), qh = _mm512_setzero_si512();
-        __m512i nibs[4];
+        __m512i v[8], nibs[4], first[4], hdr = _mm512_setzero_si512();
+        /* Q5's high-bit words: many, lane i of qh[0] for row i; few, qh[i] for row i */
+        __m512i qh[4] = {_mm512_setzero_si512(), _mm512_setzero_si512(), _mm512_setzero_si512(),
+                         _mm512_setzero_si512()};
         for (int i = 0; i < W; i++) {
             const uint8_t *blk = w + i * wstep + bb * g;
             /* the hardware prefetchers here do not keep a stream ahead: prefetch the lines of
@@ -183,16 +185,9 @@ hy_q45_matvec_stream(const hy_q45_plan *pl, const uint8_t *w, long wstep, const 
                     hdr = _mm512_mask_blend_epi16(0x11111111u << i, hdr, _mm512_permutex2var_epi8(x0, pl->hdr, x1));
             }
             if (five && many)
-                qh = _mm512_mask_blend_epi8(0xFFFFULL << (16 * i), qh, _mm512_permutex2var_epi8(x0, pl->qh_r, x1));
-#if defined(__AVX512BITALG__)
-            if (five && !many) {  /* value n of a block takes bit n of its word: 16 where set */
-                const __m512i b4 = _mm512_set1_epi8(0x10);
-                const __m512i q = _mm512_permutex2var_epi8(x0, pl->qh, x1);
-                const __m512i lo = _mm512_and_si512(nibs[i], m4), hi = _mm512_and_si512(_mm512_srli_epi16(nibs[i], 4), m4);
-                v[i] = _mm512_mask_add_epi8(lo, _mm512_bitshuffle_epi64_mask(q, pl->sel_lo), lo, b4);
-                v[4 + i] = _mm512_mask_add_epi8(hi, _mm512_bitshuffle_epi64_mask(q, pl->sel_hi), hi, b4);
-            }
-#endif
+                qh[0] = _mm512_mask_blend_epi8(0xFFFFULL << (16 * i), qh[0], _mm512_permutex2var_epi8(x0, pl->qh_r, x1));
+            else if (five)
+                qh[i] = _mm512_permutex2var_epi8(x0, pl->qh, x1);
         }
         for (int i = W; i < 4; i++) nibs[i] = first[i] = _mm512_setzero_si512();
         if (pl->hdr_first)  /* two permutes and a blend instead of four and four */
@@ -206,18 +201,18 @@ hy_q45_matvec_stream(const hy_q45_plan *pl, const uint8_t *w, long wstep, const 
             nibs[0] = _mm512_shuffle_i32x4(t0, t2, 0x88), nibs[1] = _mm512_shuffle_i32x4(t0, t2, 0xDD);
             nibs[2] = _mm512_shuffle_i32x4(t1, t3, 0x88), nibs[3] = _mm512_shuffle_i32x4(t1, t3, 0xDD);
         }
-        if (many || !five)
-            for (int j = 0; j < 4; j++) {
-                v[j] = _mm512_and_si512(nibs[j], m4);
-                v[4 + j] = _mm512_and_si512(_mm512_srli_epi16(nibs[j], 4), m4);
-            }
-        else
-            for (int i = W; i < 4; i++) v[i] = v[4 + i] = _mm512_setzero_si512();
+        for (int j = 0; j < 4; j++) {
+            v[j] = _mm512_and_si512(nibs[j], m4);
+            v[4 + j] = _mm512_and_si512(_mm512_srli_epi16(nibs[j], 4), m4);
+        }
 #if defined(__AVX512BITALG__)
-        if (five && many) {  /* value n of a block takes bit n of its word: 16 where set */
+        if (five) {  /* value n of a block takes bit n of its word: 16 where set */
             const __m512i b4 = _mm512_set1_epi8(0x10);
-            for (int j = 0; j < 8; j++)
-                v[j] = _mm512_mask_add_epi8(v[j], _mm512_bitshuffle_epi64_mask(qh, pl->sel_r[j]), v[j], b4);
+            for (int j = 0; j < 8; j++) {
+                const __mmask64 set = many ? _mm512_bitshuffle_epi64_mask(qh[0], pl->sel_r[j])
+                                           : _mm512_bitshuffle_epi64_mask(qh[j % 4], j < 4 ? pl->sel_lo : pl->sel_hi);
+                v[j] = _mm512_mask_add_epi8(v[j], set, v[j], b4);
+            }
         }
 #endif
         const __m512 d = _mm512_cvtph_ps(_mm512_castsi512_si256(hdr));

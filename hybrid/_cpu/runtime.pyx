@@ -47,11 +47,11 @@ def kernel_paths():
     attention += f"; q8_0 KV scored in {attention_module.q8_0_scores()}"
     elementwise = {3: "avx512", 2: "avx2+fma", 1: "avx2+fma", 0: "portable C"}[level]
     from .backend import SMALL_F32_GEMM  # (the backend's rule for AVX2 builds)
+    prefetch = quant.weight_prefetch()
     return {"attention": attention,
             "elementwise (rmsnorm, swiglu, exp)": elementwise,
             "quantized weights": f"{quant.simd()} ({_rows_per_pass(quant.kernel_traits())})"
-                                 + (f"; streams prefetched {quant.weight_prefetch()}"
-                                    if quant.weight_prefetch() else ""),
+                                 + (f"; streams prefetched {prefetch}" if prefetch else ""),
             "float32 weights, prompt rows": {16: "avx512 GEMM",
                                              8: f"avx2 GEMM up to {SMALL_F32_GEMM >> 20} MiB "
                                                 "matrices, else BLAS sgemm",
