@@ -76,8 +76,6 @@ class DecoderLayer:
         self._gpu = not self.placement.is_cpu
         self.expert_counts = None if self._experts is None else \
             np.zeros(self._experts.num_experts, dtype=np.int64)  # rows routed to each expert
-        self._linear_sets = None if self._experts is None else \
-            registry.lookup("linear_sets", self.placement)  # the experts' projections
         # the weights on the layer's device (the same arrays on the cpu); on a GPU the Q/K/V and
         # gate/up weights are stacked, so one fused kernel reads each group in one pass
         self._w, self._stacked = self.weights, None
@@ -95,14 +93,14 @@ class DecoderLayer:
                                  for n in ("wq", "wk", "wv", "w_gate", "w_up")):
             many = registry.optional("bind_linear_many", self.placement)
             # a decode row in two native calls around the attention (when not profiling; the
-            # native epilogue knows only the dense MLP)
-            if self._experts is None and not config.partial_rotary \
+            # native epilogue knows the SwiGLU MLP and the mixture of experts)
+            if not config.partial_rotary \
                     and config.mlp_activation == "silu" and self.weights.post_attn_norm is None:
                 bind_decode = registry.optional("bind_decode_step", self.placement)
         # activation buffers and the native calls bound to them; the device boundary
         self.buffers = LayerBuffers(config, self._w, self.placement, self.scratch, self._inv_freq,
                                     many=many, bind_decode=bind_decode,
-                                    experts=self._experts is not None)
+                                    expert_counts=self.expert_counts)
         self._io = LayerBoundary(self.placement, self.scratch, config.hidden_size, self.index)
         self.fused_rope = bool(fused_rope) and self._gpu and self._inv_freq is not None
         self._k = ops.bind(self.placement)  # kernels resolved once; arrays are checked on entry
@@ -330,8 +328,7 @@ class DecoderLayer:
             h2 = k_.rmsnorm(x1, w.mlp_norm, cfg.rms_norm_eps, b["h"])
         if self._experts is not None:
             with region("Block/Experts"):
-                d = moe_forward(h2, self._experts, self._linear_sets,
-                                lambda g, u: k_.swiglu(g, u, g), role, self.expert_counts)
+                d = moe_forward(h2, self._experts, k_, role, self.expert_counts)
             return k_.add(x1, d, result)
         if fused:  # GPU: gate, up and SwiGLU in one pass
             act = b["gate"]

@@ -26,24 +26,35 @@ class LayerBuffers:
     inv_freq : its RoPE frequencies (None without RoPE)
     many : the backend's bind_linear_many (quantized CPU projections), or None
     bind_decode : the backend's bind_decode_step (None: no native decode step)
-    experts : whether the MLP is a mixture of experts (no fused gate/up then)
+    expert_counts : a mixture of experts' routing counts (int64 [E], which the native decode
+        step raises as the layer's op-by-op path does), or None for a dense MLP
     """
 
     def __init__(self, config, weights, placement: Placement, scratch, inv_freq, *, many,
-                 bind_decode, experts: bool):
+                 bind_decode, expert_counts):
         self.config, self.weights, self.placement = config, weights, placement
         self.scratch, self.inv_freq = scratch, inv_freq
-        self.many, self.bind_decode, self.experts = many, bind_decode, experts
+        self.many, self.bind_decode = many, bind_decode
+        self.expert_counts = expert_counts
+        self.experts = expert_counts is not None
         self._last = (None, None)  # (rows, buffers) of the last call
         self._rows_step = None  # ((max_rows, version), the bound step of decode_rows)
         self.version = 0
 
-    def _shapes(self, n: int) -> dict:
+    def _shapes(self, n: int, native: bool = False) -> dict:
+        """Buffer shapes for n rows by name; ``native``: with those of a native decode step."""
         cfg = self.config
-        return {"h": (n, cfg.hidden_size), "q": (n, cfg.q_size), "k": (n, cfg.kv_size),
-                "v": (n, cfg.kv_size), "att": (n, cfg.q_size), "o": (n, cfg.hidden_size),
-                "x1": (n, cfg.hidden_size), "gate": (n, cfg.intermediate_size),
-                "up": (n, cfg.intermediate_size)}
+        shapes = {"h": (n, cfg.hidden_size), "q": (n, cfg.q_size), "k": (n, cfg.kv_size),
+                  "v": (n, cfg.kv_size), "att": (n, cfg.q_size), "o": (n, cfg.hidden_size),
+                  "x1": (n, cfg.hidden_size), "gate": (n, cfg.intermediate_size),
+                  "up": (n, cfg.intermediate_size)}
+        if native and self.experts:  # the native decode step's experts
+            ex = self.weights.experts
+            pairs, inter = n * ex.top_k, ex.intermediate_size
+            shapes.update(moe_scores=(n, ex.num_experts), moe_x=(pairs, cfg.hidden_size),
+                          moe_gate=(pairs, inter), moe_up=(pairs, inter),
+                          moe_down=(pairs, cfg.hidden_size))
+        return shapes
 
     def rows(self, n: int) -> dict:
         """The buffers for n rows by name (h, q, k, v, att, o, x1, gate, up), with the bound
@@ -51,8 +62,9 @@ class LayerBuffers:
         rows, bufs = self._last
         if rows == n:
             return bufs
+        native = n == 1 and self.bind_decode is not None
         bufs = {name: self.scratch.get(name, shape, placement=self.placement)
-                for name, shape in self._shapes(n).items()}
+                for name, shape in self._shapes(n, native).items()}
         if self.many is not None:
             w = self.weights
             bufs["qkv_proj"] = self.many(((w.wq, w.bq, bufs["q"]), (w.wk, w.bk, bufs["k"]),
@@ -60,7 +72,8 @@ class LayerBuffers:
             if not self.experts:
                 bufs["gate_up_proj"] = self.many(((w.w_gate, None, bufs["gate"]),
                                                   (w.w_up, None, bufs["up"])))
-        if n == 1 and self.bind_decode is not None:
+        if native:
+            bufs["expert_counts"] = self.expert_counts
             bufs["decode_step"] = self.bind_decode(self.config, self.weights, bufs, self.inv_freq)
         self._last = (n, bufs)
         self.version += 1
@@ -79,7 +92,8 @@ class LayerBuffers:
         if have is not None and have[0] == (max_rows, self.version):
             return have[1]
         bufs = {name: self.scratch.get(f"rows_{name}", shape)
-                for name, shape in self._shapes(max_rows).items()}
+                for name, shape in self._shapes(max_rows, True).items()}
+        bufs["expert_counts"] = self.expert_counts
         step = self.bind_decode(self.config, self.weights, bufs, self.inv_freq, max_rows)
         self._rows_step = ((max_rows, self.version), step)
         return step

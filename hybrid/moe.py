@@ -2,11 +2,12 @@
 SwiGLU experts for each row, and the row's output is their weighted sum.
 
     experts = ExpertWeights(router, gate, up, down, top_k=2, normalize=True)
-    y = moe_forward(h, experts, linear_sets, swiglu, role)  # h: [n, hidden] after the MLP norm
+    y = moe_forward(h, experts, kernels, role)  # h: [n, hidden] after the MLP norm
 
 Routing takes each row's router scores from the backend's float32 linear (whose sums for a row do
-not depend on the other rows) and its softmax in float64, so a row routes the same alone or in a
-batch; the experts' weights stay in their encoding (memory-mapped GGUF slices).
+not depend on the other rows) and the backend's routing of each row alone (softmax in float64),
+so a row routes the same alone or in a batch, here or in the backend's native decode step; the
+experts' weights stay in their encoding (memory-mapped GGUF slices).
 A row reads only the experts it picked; the rows of a step are grouped by expert, so each
 expert's weights are read once per step.  Each row adds its experts' outputs in the order of
 its own ranking, which keeps a row's bits independent of the other rows.
@@ -73,32 +74,19 @@ class ExpertWeights:
         return [*self.gate, *self.up, *self.down]
 
 
-def route(scores: np.ndarray, experts: ExpertWeights):
-    """(ids [n, k] int64, weights [n, k] float32): each row's experts, best first (ties: the
-    lower id), and their weights, from its router scores [n, E] (softmax in float64; every
-    operation is per row, so a row routes the same alone or in a batch)."""
-    s = np.asarray(scores, dtype=np.float64)
-    p = np.exp(s - s.max(axis=1, keepdims=True))
-    p /= p.sum(axis=1, keepdims=True)
-    ids = np.argsort(-s, axis=1, kind="stable")[:, :experts.top_k]
-    w = p[np.arange(len(p))[:, None], ids]
-    if experts.normalize:
-        w /= w.sum(axis=1, keepdims=True)
-    return ids, w.astype(np.float32)
-
-
-def moe_forward(h: np.ndarray, experts: ExpertWeights, linear_sets, swiglu, role: str,
+def moe_forward(h: np.ndarray, experts: ExpertWeights, kernels, role: str,
                 counts: "np.ndarray | None" = None) -> np.ndarray:
     """[n, hidden] float32: the experts' weighted outputs for the rows of ``h``.
-    ``linear_sets(sets, role)`` (sets of (x, [(W, out), ...])) and ``swiglu(gate, up)`` are the
-    backend's kernels; ``counts`` (int64 [E]), when given, is incremented by how many rows
-    picked each expert.  Every chosen expert's gate and up go to the backend in one call, then
-    every down: at decode one parallel region each, however many experts."""
+    ``kernels`` are the backend's (hybrid.ops.bind): linear_sets(sets, role) (sets of
+    (x, [(W, out), ...])), moe_route(scores, top_k, normalize) and swiglu(gate, up, out);
+    ``counts`` (int64 [E]), when given, is incremented by how many rows picked each expert.
+    Every chosen expert's gate and up go to the backend in one call, then every down: at decode
+    one parallel region each, however many experts."""
     n, hidden = h.shape
     k = experts.top_k
     scores = np.empty((n, experts.num_experts), dtype=np.float32)
-    linear_sets([(h, [(experts.router, scores)])], role)  # each row's own mat-vec at decode
-    ids, weights = route(scores, experts)
+    kernels.linear_sets([(h, [(experts.router, scores)])], role)  # each row's own mat-vec
+    ids, weights = kernels.moe_route(scores, k, experts.normalize)
     if n == 1:  # one row: its experts already distinct, taken in its ranking's order
         order = rank = np.arange(k)
         rows = np.zeros(k, dtype=np.int64)
@@ -115,14 +103,15 @@ def moe_forward(h: np.ndarray, experts: ExpertWeights, linear_sets, swiglu, role
     up = np.empty_like(gate)
     down = np.empty((n * k, hidden), dtype=np.float32)
     if n == 1:  # every chosen expert reads the one row: one set, the row quantized once
-        linear_sets([(h, [m for e, a, b in spans for m in ((experts.gate[e], gate[a:b]),
-                                                           (experts.up[e], up[a:b]))])], role)
+        kernels.linear_sets([(h, [m for e, a, b in spans
+                                  for m in ((experts.gate[e], gate[a:b]),
+                                            (experts.up[e], up[a:b]))])], role)
     else:
         x = h[rows]  # [n*k, hidden]: each expert's rows together
-        linear_sets([(x[a:b], [(experts.gate[e], gate[a:b]), (experts.up[e], up[a:b])])
-                     for e, a, b in spans], role)
-    act = swiglu(gate, up)
-    linear_sets([(act[a:b], [(experts.down[e], down[a:b])]) for e, a, b in spans], role)
+        kernels.linear_sets([(x[a:b], [(experts.gate[e], gate[a:b]), (experts.up[e], up[a:b])])
+                             for e, a, b in spans], role)
+    act = kernels.swiglu(gate, up, gate)
+    kernels.linear_sets([(act[a:b], [(experts.down[e], down[a:b])]) for e, a, b in spans], role)
     down *= weights.ravel()[order][:, None]  # each (row, rank) output times its weight
     parts = np.empty((k, n, hidden), dtype=np.float32)  # [rank, row, hidden]
     parts[rank, rows] = down

@@ -263,8 +263,9 @@ class BoundOps:
         self._quantized = {}  # format name -> that format's linear kernel
 
     def __getattr__(self, name):
-        """Kernels only some devices have (the ragged step's), resolved on first use."""
-        if name == "attend_step":
+        """Kernels only some devices have (the ragged step's, the experts'), resolved on first
+        use."""
+        if name in ("attend_step", "linear_sets", "moe_route"):
             fn = registry.lookup(name, self.device)
             setattr(self, name, fn)
             return fn

@@ -101,6 +101,18 @@ def attention(q, k, v, q_positions, num_heads: int, num_kv_heads: int, head_dim:
     return out.reshape(-1, num_heads * head_dim)
 
 
+def moe_route(scores, top_k: int, normalize: bool):
+    """(ids [n, top_k], weights [n, top_k] float64): each row's top_k experts by router score
+    [n, E], best first (ties: the lower id), and their softmax probabilities, rescaled to sum
+    to 1 when ``normalize``."""
+    s = _f64(scores)
+    p = np.exp(s - s.max(axis=1, keepdims=True))
+    p /= p.sum(axis=1, keepdims=True)
+    ids = np.argsort(-s, axis=1, kind="stable")[:, :top_k]
+    w = np.take_along_axis(p, ids, 1)
+    return ids, (w / w.sum(axis=1, keepdims=True) if normalize else w)
+
+
 def gather_blocks(blocks, kv_len: int) -> np.ndarray:
     """Walk a block table: blocks is the list of [KVH, block_size, D] arrays in position order;
     returns the first kv_len positions as [kv_len, KVH*D] float64."""

@@ -9,7 +9,7 @@ import pytest
 from hybrid import Engine
 from hybrid.models import Model, load_model, read_weights
 from hybrid import ops
-from hybrid.moe import ExpertWeights, moe_forward, route
+from hybrid.moe import ExpertWeights, moe_forward
 from hybrid.quant import QuantizedTensor
 from conftest import rel_err
 
@@ -178,40 +178,17 @@ def test_a_row_alone_equals_its_row_in_a_batch(moe, rng, weights):
     kind, hf, folder = moe
     model = load_model(folder, weights=weights, kv_dtype="float32")
     layer = model.layers[1]
-    ex = layer._experts
+    ex = layer.weights.experts
     hidden = ex.router.shape[1]
     h = rng.standard_normal((5, hidden), dtype=np.float32)
 
     def run(x, counts):
-        return moe_forward(x, ex, layer._linear_sets, lambda g, u: ops.swiglu(g, u, out=g),
-                           "decode", counts)
+        return moe_forward(x, ex, ops.bind("cpu"), "decode", counts)
     counts_batch, counts_alone = np.zeros(len(ex.gate), np.int64), np.zeros(len(ex.gate), np.int64)
     batch = run(h, counts_batch)
     alone = np.concatenate([run(h[i:i + 1], counts_alone) for i in range(len(h))])
     assert np.array_equal(alone, batch)
     assert np.array_equal(counts_alone, counts_batch) and counts_batch.sum() == 5 * ex.top_k
-
-
-def test_a_decode_row_reads_only_its_experts(moe, rng):
-    """Every expert the row did not pick is replaced by NaN weights: the row's logits do not
-    change (they would be NaN had any of them been read)."""
-    kind, hf, folder = moe
-    model = load_model(folder, kv_dtype="float32")
-    ids = [int(t) for t in rng.integers(3, VOCAB, 9)]
-    cache = model.new_cache()
-    model.forward(ids[:8], cache)
-    before = [layer.expert_counts.copy() for layer in model.layers]
-    want = model.forward(ids[8:], cache)
-    cache.truncate(8)
-    picked = [layer.expert_counts - b for layer, b in zip(model.layers, before)]
-    assert all(p.sum() == layer.weights.experts.top_k for p, layer in zip(picked, model.layers))
-    for layer, p in zip(model.layers, picked):
-        ex = layer._experts
-        for e in np.flatnonzero(p == 0):
-            for mats in (ex.gate, ex.up, ex.down):
-                mats[e] = np.full_like(mats[e], np.nan)
-    got = model.forward(ids[8:], cache)
-    assert np.array_equal(got, want)
 
 
 def test_routing_and_checks():
@@ -220,16 +197,6 @@ def test_routing_and_checks():
     router = rng.standard_normal((e, h)).astype(np.float32)
     mats = [np.zeros((4, h), np.float32) for _ in range(e)]
     down = [np.zeros((h, 4), np.float32) for _ in range(e)]
-    ex = ExpertWeights(router, mats, mats, down, top_k=2, normalize=True).validated(h)
-    x = rng.standard_normal((3, h)).astype(np.float32)
-    s = x.astype(np.float64) @ router.T.astype(np.float64)
-    ids, w = route(s, ex)
-    p = np.exp(s - s.max(1, keepdims=True))
-    p /= p.sum(1, keepdims=True)
-    want_ids = np.argsort(-s, axis=1, kind="stable")[:, :2]
-    assert (ids == want_ids).all()
-    top = np.take_along_axis(p, want_ids, 1)
-    assert np.allclose(w, top / top.sum(1, keepdims=True), rtol=1e-6)
     with pytest.raises(ValueError, match="top_k must be in"):
         ExpertWeights(router, mats, mats, down, top_k=6).validated(h)
     with pytest.raises(ValueError, match="router has shape"):
@@ -244,3 +211,126 @@ def test_moe_layers_refuse_a_gpu(moe):
     with pytest.raises(ValueError, match="mixture-of-experts layers run on the cpu"):
         from hybrid.layer import DecoderLayer
         DecoderLayer(mw.config, mw.layers[0], placement="cuda:0")
+
+
+def _native_q8_model(folder):
+    """The model with q8_0 weights (float16 where a width is not a multiple of 32), whose
+    decode rows run the native decode step."""
+    model = load_model(folder, weights="q8_0", kv_dtype="float32")
+    assert all(layer.buffers.decode_step() is not None for layer in model.layers)
+    return model
+
+
+def test_backend_routing_against_float64():
+    """moe_route (the routing of every step, native or op-by-op) picks each row's experts as
+    the float64 reference does, ties to the lower id and NaN last, with its weights (a row
+    with a NaN score gets NaN weights: its hidden state is broken, and that shows)."""
+    from hybrid import reference as ref
+
+    rng = np.random.default_rng()
+    k_ = ops.bind("cpu")
+    for n, e, top in ((7, 13, 3), (1, 128, 8), (4, 6, 6), (3, 5, 1)):
+        s = rng.standard_normal((n, e), dtype=np.float32) * 3
+        s[0, :3] = s[0, 3]  # a four-way tie
+        s[-1, 1] = np.nan
+        for normalize in (True, False):
+            ids, w = k_.moe_route(s, top, normalize)
+            want_ids, want_w = ref.moe_route(np.where(np.isnan(s), -np.inf, s), top, normalize)
+            assert ids.dtype == np.int64 and w.dtype == np.float32
+            np.testing.assert_array_equal(ids, want_ids)
+            assert rel_err(w[:-1], want_w[:-1]) < 1e-6 and np.isnan(w[-1]).all()
+    with pytest.raises(ValueError, match="top_k must be in"):
+        k_.moe_route(s, 6, True)
+
+
+def test_the_native_step_equals_the_op_by_op_path(moe, rng):
+    """Decode rows through the native decode step (DecodeLayer with a MoeBlock) give the logits
+    and routing counts of the layer-by-layer path (moe_forward, taken while profiling)."""
+    import hybrid
+
+    kind, hf, folder = moe
+    model = _native_q8_model(folder)
+    ids = [int(t) for t in rng.integers(3, VOCAB, 14)]
+
+    def run(profiled):
+        cache = model.new_cache()
+        before = [layer.expert_counts.copy() for layer in model.layers]
+        if profiled:
+            with hybrid.profiling():
+                got = _steps(model, cache, ids)
+        else:
+            got = _steps(model, cache, ids)
+        return got, [layer.expert_counts - b for layer, b in zip(model.layers, before)]
+
+    native, counts = run(False)
+    op_by_op, op_counts = run(True)
+    assert np.array_equal(native, op_by_op)
+    for a, b in zip(counts, op_counts):
+        assert np.array_equal(a, b) and a.sum() > 0
+
+
+def _steps(model, cache, ids):
+    return np.stack([model.forward(ids[:6], cache)] + [model.forward([t], cache) for t in ids[6:]])
+
+
+@pytest.mark.parametrize("top_k", [None, 3])
+def test_the_native_block_groups_rows_by_expert(moe, rng, top_k):
+    """MoeBlock on several rows (pairs grouped by expert) gives each row the bits it gets
+    alone and the bits of moe_forward on the same rows, and counts the same experts (also with
+    3 experts a row, where the order of a row's sum shows in its bits)."""
+    from hybrid._cpu.decode_step import MoeBlock
+
+    kind, hf, folder = moe
+    model = _native_q8_model(folder)
+    ex = model.layers[1].weights.experts
+    if top_k is not None:
+        ex = ExpertWeights(ex.router, ex.gate, ex.up, ex.down, top_k, ex.normalize)
+    hidden, inter, rows, k = ex.router.shape[1], ex.intermediate_size, 5, ex.top_k
+    scratch = [np.full(shape, np.nan, np.float32) for shape in
+               ((rows, len(ex.gate)), (rows * k, hidden), (rows * k, inter), (rows * k, inter),
+                (rows * k, hidden))]
+    counts = np.zeros(len(ex.gate), np.int64)
+    enc = [[(m.format.kernel_code, m.data) for m in mats] for mats in (ex.gate, ex.up, ex.down)]
+    block = MoeBlock(ex.router, *enc, k, ex.normalize, counts, *scratch, rows)
+    h = rng.standard_normal((rows, hidden), dtype=np.float32)
+    together = np.full((rows, hidden), np.nan, np.float32)
+    block.forward(h, together, 1)
+    alone = np.full((rows, hidden), np.nan, np.float32)
+    for r in range(rows):
+        block.forward(h[r:r + 1], alone[r:r + 1], 2)
+    op_counts = np.zeros_like(counts)
+    want = moe_forward(h, ex, ops.bind("cpu"), "decode", op_counts)
+    assert np.array_equal(together, want) and np.array_equal(alone, want)
+    assert np.array_equal(counts, 2 * op_counts) and op_counts.sum() == rows * k
+    assert (op_counts > 0).sum() < rows * k  # some expert served several rows
+
+
+@pytest.mark.parametrize("weights", [None, "q8_0"])
+def test_a_decode_row_reads_only_its_experts(moe, rng, weights):
+    """Every expert the row did not pick is poisoned with NaN: float32 experts replaced (the
+    op-by-op path), q8_0 ones' factors (float16 values where a width is not a multiple of 32)
+    overwritten in place (the native decode step).  The row's logits do not change."""
+    kind, hf, folder = moe
+    model = load_model(folder, kv_dtype="float32") if weights is None \
+        else _native_q8_model(folder)
+    ids = [int(t) for t in rng.integers(3, VOCAB, 9)]
+    cache = model.new_cache()
+    model.forward(ids[:8], cache)
+    before = [layer.expert_counts.copy() for layer in model.layers]
+    want = model.forward(ids[8:], cache)
+    cache.truncate(8)
+    for layer, b in zip(model.layers, before):
+        picked = layer.expert_counts - b
+        assert picked.sum() == layer.weights.experts.top_k
+        ex = layer.weights.experts
+        for e in np.flatnonzero(picked == 0):
+            for mats in (ex.gate, ex.up, ex.down):
+                m = mats[e]
+                if weights is None:
+                    mats[e] = np.full_like(m, np.nan)
+                elif m.format.name == "q8_0":
+                    m.data.reshape(m.shape[0], -1, 34)[:, :, :2] = 0xFF
+                else:
+                    m.data[...] = 0xFF
+    got = model.forward(ids[8:], cache)
+    assert np.array_equal(got, want)

@@ -182,12 +182,24 @@ class DecodeStep:
             return (weight.format.kernel_code, weight.data, bias, out)
 
         mats = [arg(w.wq, w.bq, bufs["q"]), arg(w.wk, w.bk, bufs["k"]), arg(w.wv, w.bv, bufs["v"]),
-                arg(w.wo, None, bufs["o"]), arg(w.w_gate, None, bufs["gate"]),
-                arg(w.w_up, None, bufs["up"]), arg(w.w_down, None, bufs["o"])]
+                arg(w.wo, None, bufs["o"])]
+        moe = None
+        if w.experts is None:
+            mats += [arg(w.w_gate, None, bufs["gate"]), arg(w.w_up, None, bufs["up"]),
+                     arg(w.w_down, None, bufs["o"])]
+        else:  # the experts' matrices and the layer's routing counts (bufs["expert_counts"])
+            ex = w.experts
+            enc = [[(m.format.kernel_code, m.data) for m in mats_]
+                   for mats_ in (ex.gate, ex.up, ex.down)]
+            moe = decode_step.MoeBlock(ex.router, *enc, ex.top_k, ex.normalize,
+                                       bufs["expert_counts"], bufs["moe_scores"], bufs["moe_x"],
+                                       bufs["moe_gate"], bufs["moe_up"], bufs["moe_down"],
+                                       max_rows)
         self.native = decode_step.DecodeLayer(mats, w.attn_norm, w.mlp_norm, w.q_norm, w.k_norm,
                                         inv_freq, bufs["h"], bufs["o"], bufs["x1"],
                                         cfg.rms_norm_eps, cfg.rope_style == "neox",
-                                        cfg.num_heads, cfg.num_kv_heads, cfg.head_dim, max_rows)
+                                        cfg.num_heads, cfg.num_kv_heads, cfg.head_dim, max_rows,
+                                        moe)
         self.qkv = (bufs["q"], bufs["k"], bufs["v"])
         self.att = bufs["att"]  # [max_rows, H*D]: what decode_stack reads attention into
 
@@ -201,12 +213,22 @@ class DecodeStep:
 
 
 def bind_decode_step(cfg, weights, bufs, inv_freq, max_rows: int = 1):
-    """A DecodeStep for up to max_rows rows (bufs: [max_rows, ...]) when every projection is a
-    QuantizedTensor (else None)."""
-    names = ("wq", "wk", "wv", "wo", "w_gate", "w_up", "w_down")
-    if all(type(getattr(weights, n)) is QuantizedTensor for n in names):
+    """A DecodeStep for up to max_rows rows (bufs: [max_rows, ...]) when every projection, and
+    every expert's matrix of a mixture of experts, is a QuantizedTensor (else None)."""
+    ex = weights.experts
+    mats = [getattr(weights, n) for n in ("wq", "wk", "wv", "wo")]
+    mats += [weights.w_gate, weights.w_up, weights.w_down] if ex is None else ex.matrices()
+    if all(type(m) is QuantizedTensor for m in mats):
         return DecodeStep(cfg, weights, bufs, inv_freq, max_rows)
     return None
+
+
+def moe_route(scores, top_k: int, normalize: bool):
+    """(ids [n, top_k] int64, weights [n, top_k] float32): each row's experts, best first
+    (ties: the lower id), and their weights, from its router scores [n, E] (float32); the
+    routing the native decode step uses too."""
+    return decode_step.moe_route(np.ascontiguousarray(scores, dtype=np.float32), top_k,
+                                 normalize)
 
 
 def paged_attention(q, start_pos, k_ptrs, v_ptrs, num_heads, num_kv_heads, head_dim,
@@ -299,9 +321,9 @@ def to_device(array, placement):
 
 
 def register(registrar):
-    for name in ("rmsnorm", "rope", "swiglu", "add", "linear", "linear_sets", "bind_linear_many",
-                 "bind_decode_step", "paged_attention", "attend_step", "step_layers",
-                 "to_device"):
+    for name in ("rmsnorm", "rope", "swiglu", "add", "linear", "linear_sets", "moe_route",
+                 "bind_linear_many", "bind_decode_step", "paged_attention", "attend_step",
+                 "step_layers", "to_device"):
         registrar.op(name, globals()[name])
     from ..quant.formats import FORMATS
 

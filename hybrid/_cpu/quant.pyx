@@ -611,55 +611,72 @@ def matvec_sets(list sets,   # [(x [rows_i, in_i] float32, [(code, w, bias or No
     one parallel region over the rows of all the matrices (mixture-of-experts decode: each
     expert's gate and up, or down, read their own rows).  Each output row has the bits that
     matvec gives it."""
-    cdef int ns = len(sets), nm = 0, i, k, m, integer = 0
+    cdef int ns = len(sets), nm = 0, i, m, failed
     for x_, mats_ in sets:
         nm += len(mats_)
     if nm == 0:
         return
     cdef QuantMat *ms = <QuantMat *> malloc(sizeof(QuantMat) * nm)
-    cdef int *act_of = <int *> malloc(sizeof(int) * nm)
-    cdef QuantActs *acts = <QuantActs *> malloc(sizeof(QuantActs) * ns)
-    cdef ActNeeds *needs = <ActNeeds *> malloc(sizeof(ActNeeds) * ns)
-    cdef uint8_t *buf = NULL
-    cdef const uint8_t[:, ::1] w
+    cdef int *set_of = <int *> malloc(sizeof(int) * nm)
+    cdef SetInput *ins = <SetInput *> malloc(sizeof(SetInput) * ns)
     cdef const float[:, ::1] x
-    cdef float[:, ::1] o
-    cdef Py_ssize_t nbytes = 0, off, rows, n_in
     try:
-        if ms == NULL or act_of == NULL or acts == NULL or needs == NULL:
+        if ms == NULL or set_of == NULL or ins == NULL:
             raise MemoryError()
         m = 0
         for i in range(ns):
             x, mats_ = sets[i]
-            rows, n_in = x.shape[0], x.shape[1]
-            acts[i].n_in, acts[i].rows, acts[i].x = n_in, <int> rows, &x[0, 0] if rows else NULL
-            _place_acts(&acts[i], NULL)
-            needs[i].kinds = needs[i].prep[0] = needs[i].prep[1] = 0
-            for code, w, bias, o in mats_:
-                _fill_mat(&ms[m], code, w, bias, o, n_in, rows, f"set {i}: ")
-                act_of[m] = i
-                _need(&needs[i], code)
-                m += 1
-            if rows == 0:
+            if x.shape[0] == 0:
                 raise ValueError(f"set {i} has no rows")
-            if needs[i].kinds:
-                integer = 1
-                nbytes += acts_bytes(rows, n_in)
-        if integer:
-            buf = <uint8_t *> hy_alloc64(nbytes)
-            if buf == NULL:
-                raise MemoryError()
-            off = 0
-            for i in range(ns):
-                if needs[i].kinds:
-                    _place_acts(&acts[i], buf + off)
-                    off += acts_bytes(acts[i].rows, acts[i].n_in)
+            ins[i].x, ins[i].rows, ins[i].n_in = &x[0, 0], <int> x.shape[0], x.shape[1]
+            for code, w, bias, o in mats_:
+                _fill_mat(&ms[m], code, w, bias, o, x.shape[1], x.shape[0], f"set {i}: ")
+                set_of[m] = i
+                m += 1
         with nogil:
-            for i in range(ns):
-                _quantize_acts(&acts[i], &needs[i])
-            _matvec_run(ms, nm, acts, act_of, num_threads)
+            failed = matvec_sets_run(ms, nm, set_of, ins, ns, num_threads)
+        if failed:
+            raise MemoryError()
     finally:
-        free(ms); free(act_of); free(acts); free(needs); free(buf)
+        free(ms); free(set_of); free(ins)
+
+
+cdef int matvec_sets_run(const QuantMat *mats, int count, const int *set_of,
+                         const SetInput *ins, int ns, int num_threads) noexcept nogil:
+    """matvec_sets from C: matrix i reads ins[set_of[i]]; each set's x quantized once (in the
+    forms its matrices read), then one parallel region over the rows of every matrix.
+    Returns -1 when there is no memory for the 8-bit activations (nothing is written), else 0."""
+    cdef QuantActs *acts = <QuantActs *> malloc(sizeof(QuantActs) * ns)
+    cdef ActNeeds *needs = <ActNeeds *> malloc(sizeof(ActNeeds) * ns)
+    cdef uint8_t *buf = NULL
+    cdef Py_ssize_t nbytes = 0, off = 0
+    cdef int i
+    if acts == NULL or needs == NULL:
+        free(acts); free(needs)
+        return -1
+    for i in range(ns):
+        acts[i].n_in, acts[i].rows, acts[i].x = ins[i].n_in, ins[i].rows, ins[i].x
+        _place_acts(&acts[i], NULL)
+        needs[i].kinds = needs[i].prep[0] = needs[i].prep[1] = 0
+    for i in range(count):
+        _need(&needs[set_of[i]], mats[i].code)
+    for i in range(ns):
+        if needs[i].kinds:
+            nbytes += acts_bytes(ins[i].rows, ins[i].n_in)
+    if nbytes:
+        buf = <uint8_t *> hy_alloc64(nbytes)
+        if buf == NULL:
+            free(acts); free(needs)
+            return -1
+        for i in range(ns):
+            if needs[i].kinds:
+                _place_acts(&acts[i], buf + off)
+                off += acts_bytes(ins[i].rows, ins[i].n_in)
+    for i in range(ns):
+        _quantize_acts(&acts[i], &needs[i])
+    _matvec_run(mats, count, acts, set_of, num_threads)
+    free(acts); free(needs); free(buf)
+    return 0
 
 
 cdef extern from "simd.h" nogil:
