@@ -203,7 +203,7 @@ hy_dot_q45_k_avx2_rows(const uint8_t *w, long wstep, const int W, long nsb, cons
     for (long s = 0; s < nsb; s++) {
         const long a0 = 8 * s;
         __m256i sc[2], hbits[2], is[4];
-        __m256 mnf[2];
+        uint32_t mn_lo[2], mn_hi[2];
         float d[2];
         for (int i = 0; i < W; i++) {
             const uint8_t *blk = w + i * wstep + bb * s;
@@ -212,9 +212,10 @@ hy_dot_q45_k_avx2_rows(const uint8_t *w, long wstep, const int W, long nsb, cons
             HY_PREFETCH_L2(pf);
             HY_PREFETCH_L2(pf + 64);
             HY_PREFETCH_L2(pf + 128);
-            sc[i] = _mm256_broadcastsi128_si256(hy_k4_unpack(blk, &mnf[i]));
+            uint32_t sc_lo, sc_hi;
+            hy_k4_scales_u32(blk + 4, &sc_lo, &sc_hi, &mn_lo[i], &mn_hi[i]);
+            sc[i] = _mm256_broadcastsi128_si256(_mm_cvtepu8_epi16(_mm_set_epi32(0, 0, (int)sc_hi, (int)sc_lo)));
             d[i] = hy_f16(blk);
-            mnf[i] = _mm256_mul_ps(mnf[i], _mm256_set1_ps(-hy_f16(blk + 2)));  /* -dmin * min_j, exact */
             hbits[i] = five ? _mm256_loadu_si256((const __m256i *)(blk + 16)) : _mm256_setzero_si256();
         }
         for (int k = 0; k < W * R; k++) is[k] = _mm256_setzero_si256();
@@ -238,12 +239,17 @@ hy_dot_q45_k_avx2_rows(const uint8_t *w, long wstep, const int W, long nsb, cons
                     is[k] = hy_madd_acc(is[k], _mm256_maddubs_epi16(hi, _mm256_loadu_si256((const __m256i *)(ar + 32))), s1);
                 }
             }
-        for (int i = 0; i < W; i++)
+        for (int i = 0; i < W; i++) {
+            /* -dmin * min_j (exact), made here so that it holds no register in the loop above */
+            const __m256 mnf = _mm256_mul_ps(
+                _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_set_epi32(0, 0, (int)mn_hi[i], (int)mn_lo[i]))),
+                _mm256_set1_ps(-hy_f16(w + i * wstep + bb * s + 2)));
             for (int r = 0; r < R; r++) {
                 const int k = i * R + r;
                 acc[k] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(is[k]), _mm256_set1_ps(d[i] * da[r * ldd + a0]), acc[k]);
-                acc[k] = _mm256_fmadd_ps(mnf[i], _mm256_loadu_ps(sa + r * ldd + a0), acc[k]);
+                acc[k] = _mm256_fmadd_ps(mnf, _mm256_loadu_ps(sa + r * ldd + a0), acc[k]);
             }
+        }
     }
     for (int i = 0; i < W; i++)
         for (int r = 0; r < R; r++) out[r * ldo + i] = hy_hsum256(acc[i * R + r]);
