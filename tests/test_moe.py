@@ -243,6 +243,11 @@ def test_backend_routing_against_float64():
         k_.moe_route(s, 6, True)
 
 
+def _steps(model, cache, ids):
+    """The logits after ids[:6] as a prompt, then after each further token alone."""
+    return np.stack([model.forward(ids[:6], cache)] + [model.forward([t], cache) for t in ids[6:]])
+
+
 def test_the_native_step_equals_the_op_by_op_path(moe, rng):
     """Decode rows through the native decode step (DecodeLayer with a MoeBlock) give the logits
     and routing counts of the layer-by-layer path (moe_forward, taken while profiling)."""
@@ -267,10 +272,6 @@ def test_the_native_step_equals_the_op_by_op_path(moe, rng):
     assert np.array_equal(native, op_by_op)
     for a, b in zip(counts, op_counts):
         assert np.array_equal(a, b) and a.sum() > 0
-
-
-def _steps(model, cache, ids):
-    return np.stack([model.forward(ids[:6], cache)] + [model.forward([t], cache) for t in ids[6:]])
 
 
 @pytest.mark.parametrize("top_k", [None, 3])

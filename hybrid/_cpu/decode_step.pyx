@@ -219,8 +219,8 @@ cdef class MoeBlock:
             raise MemoryError("mixture of experts: no memory for the 8-bit activations")
 
     cdef int run(self, const float *h, int rows, float *out, int nt) noexcept nogil:
-        """forward's work; -1 when the activations' memory could not be had (out untouched,
-        the counts already raised), else 0."""
+        """forward's work; -1 when the activations' memory could not be had (out and the
+        counts untouched), else 0."""
         cdef int E = self.E, k = self.k, P = rows * k, r, j, e, p, a, b, s, ns = 0
         cdef long c, dim = self.dim, inter = self.inter
         cdef float wp
@@ -230,8 +230,6 @@ cdef class MoeBlock:
         matvec_group(&self.router, 1, h, dim, rows, NULL, nt)
         for r in range(rows):
             route_row(self.scores + r * E, E, k, self.normalize, self.ids + r * k, self.w + r * k)
-        for p in range(P):
-            self.counts[self.ids[p]] += 1
         if rows == 1:  # the row's experts are distinct: a span per rank, in rank order
             for j in range(k):
                 self.pair_row[j], self.pair_rank[j], self.pair_of[j] = 0, j, j
@@ -285,6 +283,8 @@ cdef class MoeBlock:
                 src = self.d + self.pair_of[r * k + j] * dim
                 for c in range(dim):
                     o[c] += src[c]
+        for p in range(P):  # (last: a failed call leaves the counts as they were)
+            self.counts[self.ids[p]] += 1
         return 0
 
 
