@@ -15,7 +15,7 @@ import numpy as np
 
 from hybrid._cpu.attention cimport RaggedStep
 from hybrid._cpu.quant cimport (QuantMat, SetInput, acts_bytes, check_weight, matvec_group,
-                                matvec_sets_run)
+                                matvec_sets_run, sets_work_bytes)
 
 cdef extern from "quant.h" nogil:
     enum: HY_Q_F32
@@ -127,6 +127,8 @@ cdef class MoeBlock:
     cdef QuantMat *call            # [2P] one call's matrices
     cdef int *set_of               # [2P]
     cdef SetInput *ins             # [P]
+    cdef uint8_t *work             # matvec_sets_run's activations for P rows
+    cdef Py_ssize_t work_bytes
 
     def __cinit__(self):
         self.mats = NULL
@@ -136,6 +138,7 @@ cdef class MoeBlock:
         self.span_first = self.span_expert = NULL
         self.call = NULL
         self.ins = NULL
+        self.work = NULL
 
     def __init__(self, router,        # [E, dim] float32
                  list gate, list up, list down,   # E x (code, w [out, row_bytes] uint8)
@@ -182,10 +185,12 @@ cdef class MoeBlock:
         self.call = <QuantMat *> malloc(sizeof(QuantMat) * 2 * P)
         self.set_of = <int *> malloc(sizeof(int) * 2 * P)
         self.ins = <SetInput *> malloc(sizeof(SetInput) * P)
+        self.work_bytes = sets_work_bytes(P, P, max(dim, self.inter))
+        self.work = <uint8_t *> hy_alloc64(self.work_bytes)
         if self.mats == NULL or self.ids == NULL or self.w == NULL or self.pair_row == NULL \
                 or self.pair_rank == NULL or self.pair_of == NULL or self.first == NULL \
                 or self.span_first == NULL or self.span_expert == NULL or self.call == NULL \
-                or self.set_of == NULL or self.ins == NULL:
+                or self.set_of == NULL or self.ins == NULL or self.work == NULL:
             raise MemoryError()
         for i, (mats, n_in, n_out) in enumerate(((gate, dim, self.inter), (up, dim, self.inter),
                                                  (down, self.inter, dim))):
@@ -203,7 +208,7 @@ cdef class MoeBlock:
     def __dealloc__(self):
         free(self.mats); free(self.ids); free(self.w); free(self.pair_row); free(self.pair_rank)
         free(self.pair_of); free(self.first); free(self.span_first); free(self.span_expert)
-        free(self.call); free(self.set_of); free(self.ins)
+        free(self.call); free(self.set_of); free(self.ins); free(self.work)
 
     def forward(self, const float[:, ::1] h,   # IN  [rows, dim] after the MLP norm
                 float[:, ::1] out,             # OUT [rows, dim]
@@ -219,8 +224,8 @@ cdef class MoeBlock:
             raise MemoryError("mixture of experts: no memory for the 8-bit activations")
 
     cdef int run(self, const float *h, int rows, float *out, int nt) noexcept nogil:
-        """forward's work; -1 when the activations' memory could not be had (out and the
-        counts untouched), else 0."""
+        """forward's work (its activations in the block's own work buffer); -1 when memory for
+        them could not be had (out and the counts untouched), else 0."""
         cdef int E = self.E, k = self.k, P = rows * k, r, j, e, p, a, b, s, ns = 0
         cdef long c, dim = self.dim, inter = self.inter
         cdef float wp
@@ -261,7 +266,8 @@ cdef class MoeBlock:
             self.set_of[2 * s] = self.set_of[2 * s + 1] = 0 if rows == 1 else s
             self.ins[s].x, self.ins[s].n_in = (h if rows == 1 else self.xg + a * dim), dim
             self.ins[s].rows = self.span_first[s + 1] - a
-        if matvec_sets_run(self.call, 2 * ns, self.set_of, self.ins, 1 if rows == 1 else ns, nt):
+        if matvec_sets_run(self.call, 2 * ns, self.set_of, self.ins, 1 if rows == 1 else ns,
+                           self.work, self.work_bytes, nt):
             return -1
         hy_silu_mul(self.g, self.u, self.g, P * inter)
         for s in range(ns):  # down of every span, on its SwiGLU rows
@@ -270,7 +276,8 @@ cdef class MoeBlock:
             self.call[s].out = self.d + a * dim
             self.set_of[s] = s
             self.ins[s].x, self.ins[s].rows, self.ins[s].n_in = self.g + a * inter, b - a, inter
-        if matvec_sets_run(self.call, ns, self.set_of, self.ins, ns, nt):
+        if matvec_sets_run(self.call, ns, self.set_of, self.ins, ns, self.work,
+                           self.work_bytes, nt):
             return -1
         for p in range(P):  # each pair's output times its weight
             wp = self.w[self.pair_row[p] * k + self.pair_rank[p]]

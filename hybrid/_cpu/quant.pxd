@@ -18,5 +18,7 @@ cdef long check_weight(int qtype, const uint8_t[:, ::1] w, Py_ssize_t n_in) exce
 cdef Py_ssize_t acts_bytes(long rows, long n_in) noexcept nogil
 cdef void matvec_group(const QuantMat *mats, int count, const float *x, long n_in, int rows,
                        uint8_t *acts, int num_threads) noexcept nogil
+cdef Py_ssize_t sets_work_bytes(int ns, long rows, long n_in) noexcept nogil
 cdef int matvec_sets_run(const QuantMat *mats, int count, const int *set_of,
-                         const SetInput *ins, int ns, int num_threads) noexcept nogil
+                         const SetInput *ins, int ns, uint8_t *work, Py_ssize_t work_bytes,
+                         int num_threads) noexcept nogil

@@ -634,26 +634,46 @@ def matvec_sets(list sets,   # [(x [rows_i, in_i] float32, [(code, w, bias or No
                 set_of[m] = i
                 m += 1
         with nogil:
-            failed = matvec_sets_run(ms, nm, set_of, ins, ns, num_threads)
+            failed = matvec_sets_run(ms, nm, set_of, ins, ns, NULL, 0, num_threads)
         if failed:
             raise MemoryError()
     finally:
         free(ms); free(set_of); free(ins)
 
 
+cdef Py_ssize_t sets_work_bytes(int ns, long rows, long n_in) noexcept nogil:
+    """Bytes of a matvec_sets_run work buffer that serves up to ns sets of `rows` rows in all,
+    each at most n_in wide (each set's 8-bit activations round up by less than 128 bytes)."""
+    return ((sizeof(QuantActs) + sizeof(ActNeeds)) * ns + 63) // 64 * 64 \
+        + acts_bytes(rows, n_in) + 128 * ns
+
+
 cdef int matvec_sets_run(const QuantMat *mats, int count, const int *set_of,
-                         const SetInput *ins, int ns, int num_threads) noexcept nogil:
+                         const SetInput *ins, int ns, uint8_t *work, Py_ssize_t work_bytes,
+                         int num_threads) noexcept nogil:
     """matvec_sets from C: matrix i reads ins[set_of[i]]; each set's x quantized once (in the
-    forms its matrices read), then one parallel region over the rows of every matrix.
-    Returns -1 when there is no memory for the 8-bit activations (nothing is written), else 0."""
-    cdef QuantActs *acts = <QuantActs *> malloc(sizeof(QuantActs) * ns)
-    cdef ActNeeds *needs = <ActNeeds *> malloc(sizeof(ActNeeds) * ns)
-    cdef uint8_t *buf = NULL
-    cdef Py_ssize_t nbytes = 0, off = 0
+    forms its matrices read), then one parallel region over the rows of every matrix.  ``work``
+    (64-byte aligned, work_bytes long; sets_work_bytes) holds the activations when it is large
+    enough, else (or NULL) they are allocated here.  Returns -1 when there is no memory for the
+    8-bit activations (nothing is written), else 0."""
+    cdef Py_ssize_t head = ((sizeof(QuantActs) + sizeof(ActNeeds)) * ns + 63) // 64 * 64
+    cdef Py_ssize_t off = 0
+    cdef uint8_t *own = NULL
+    cdef uint8_t *buf
+    cdef QuantActs *acts
+    cdef ActNeeds *needs
+    cdef long rows = 0, n_in = 0
     cdef int i
-    if acts == NULL or needs == NULL:
-        free(acts); free(needs)
-        return -1
+    for i in range(ns):
+        rows += ins[i].rows
+        n_in = max(n_in, ins[i].n_in)
+    if work == NULL or work_bytes < sets_work_bytes(ns, rows, n_in):
+        own = work = <uint8_t *> hy_alloc64(sets_work_bytes(ns, rows, n_in))
+        if work == NULL:
+            return -1
+    acts = <QuantActs *> work
+    needs = <ActNeeds *> (work + sizeof(QuantActs) * ns)
+    buf = work + head
     for i in range(ns):
         acts[i].n_in, acts[i].rows, acts[i].x = ins[i].n_in, ins[i].rows, ins[i].x
         _place_acts(&acts[i], NULL)
@@ -662,20 +682,12 @@ cdef int matvec_sets_run(const QuantMat *mats, int count, const int *set_of,
         _need(&needs[set_of[i]], mats[i].code)
     for i in range(ns):
         if needs[i].kinds:
-            nbytes += acts_bytes(ins[i].rows, ins[i].n_in)
-    if nbytes:
-        buf = <uint8_t *> hy_alloc64(nbytes)
-        if buf == NULL:
-            free(acts); free(needs)
-            return -1
-        for i in range(ns):
-            if needs[i].kinds:
-                _place_acts(&acts[i], buf + off)
-                off += acts_bytes(ins[i].rows, ins[i].n_in)
+            _place_acts(&acts[i], buf + off)
+            off += acts_bytes(ins[i].rows, ins[i].n_in)
     for i in range(ns):
         _quantize_acts(&acts[i], &needs[i])
     _matvec_run(mats, count, acts, set_of, num_threads)
-    free(acts); free(needs); free(buf)
+    free(own)
     return 0
 
 

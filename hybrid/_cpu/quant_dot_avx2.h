@@ -158,12 +158,20 @@ static inline void hy_k4_scales_u32(const uint8_t *s, uint32_t *sc_lo, uint32_t 
     *mn_hi = ((c >> 4) & 0x0f0f0f0fu) | (((b >> 6) & 0x03030303u) << 4);
 }
 
+/* the 8 six-bit values of two words from hy_k4_scales_u32 as int16 (scales) or floats (mins) */
+static inline __m128i hy_k4_i16(uint32_t lo, uint32_t hi) {
+    return _mm_cvtepu8_epi16(_mm_set_epi32(0, 0, (int)hi, (int)lo));
+}
+static inline __m256 hy_k4_f32(uint32_t lo, uint32_t hi) {
+    return _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_set_epi32(0, 0, (int)hi, (int)lo)));
+}
+
 /* a super-block's 8 scales as int16 (returned) and 8 mins as floats (mnf) */
 static inline __m128i hy_k4_unpack(const uint8_t *blk, __m256 *mnf) {
     uint32_t sc_lo, sc_hi, mn_lo, mn_hi;
     hy_k4_scales_u32(blk + 4, &sc_lo, &sc_hi, &mn_lo, &mn_hi);
-    *mnf = _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_set_epi32(0, 0, (int)mn_hi, (int)mn_lo)));
-    return _mm_cvtepu8_epi16(_mm_set_epi32(0, 0, (int)sc_hi, (int)sc_lo));
+    *mnf = hy_k4_f32(mn_lo, mn_hi);
+    return hy_k4_i16(sc_lo, sc_hi);
 }
 
 /* the mins term of one activation row: *accm += dmin * mnf * sa (one FMA per super-block) */
@@ -214,7 +222,7 @@ hy_dot_q45_k_avx2_rows(const uint8_t *w, long wstep, const int W, long nsb, cons
             HY_PREFETCH_L2(pf + 128);
             uint32_t sc_lo, sc_hi;
             hy_k4_scales_u32(blk + 4, &sc_lo, &sc_hi, &mn_lo[i], &mn_hi[i]);
-            sc[i] = _mm256_broadcastsi128_si256(_mm_cvtepu8_epi16(_mm_set_epi32(0, 0, (int)sc_hi, (int)sc_lo)));
+            sc[i] = _mm256_broadcastsi128_si256(hy_k4_i16(sc_lo, sc_hi));
             d[i] = hy_f16(blk);
             hbits[i] = five ? _mm256_loadu_si256((const __m256i *)(blk + 16)) : _mm256_setzero_si256();
         }
@@ -241,9 +249,8 @@ hy_dot_q45_k_avx2_rows(const uint8_t *w, long wstep, const int W, long nsb, cons
             }
         for (int i = 0; i < W; i++) {
             /* -dmin * min_j (exact), made here so that it holds no register in the loop above */
-            const __m256 mnf = _mm256_mul_ps(
-                _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_set_epi32(0, 0, (int)mn_hi[i], (int)mn_lo[i]))),
-                _mm256_set1_ps(-hy_f16(w + i * wstep + bb * s + 2)));
+            const __m256 mnf = _mm256_mul_ps(hy_k4_f32(mn_lo[i], mn_hi[i]),
+                                             _mm256_set1_ps(-hy_f16(w + i * wstep + bb * s + 2)));
             for (int r = 0; r < R; r++) {
                 const int k = i * R + r;
                 acc[k] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(is[k]), _mm256_set1_ps(d[i] * da[r * ldd + a0]), acc[k]);
