@@ -185,7 +185,11 @@ static inline __m256i hy_madd_acc(__m256i acc, __m256i p16, __m256i sc) {
 #if defined(HY_DPWSSD)
     return HY_DPWSSD(acc, p16, sc);
 #else
-    return _mm256_add_epi32(acc, _mm256_madd_epi16(p16, sc));
+    __m256i r = _mm256_add_epi32(acc, _mm256_madd_epi16(p16, sc));
+    /* one chain of adds: GCC would otherwise regroup a super-block's integer sums into a tree
+     * whose partial sums leave the 16 registers for the stack */
+    __asm__("" : "+x"(r));
+    return r;
 #endif
 }
 
@@ -323,26 +327,25 @@ hy_dot_q6_k_avx2_rows(const uint8_t *w, long wstep, const int W, long nsb, const
                 const uint8_t *blk = w + i * wstep + 210 * s;
                 const uint8_t *ql = blk + 64 * n, *qh = blk + 128 + 32 * n;
                 const long a0 = 8 * s + 4 * n;
-                const __m256i l0 = _mm256_loadu_si256((const __m256i *)ql);
-                const __m256i l1 = _mm256_loadu_si256((const __m256i *)(ql + 32));
                 const __m256i h = _mm256_loadu_si256((const __m256i *)qh);
                 const __m256i s16x = _mm256_broadcastsi128_si256(_mm_cvtepi8_epi16(_mm_loadl_epi64((const __m128i *)(blk + 192 + 8 * n))));
-                __m256i v[4];
-                v[0] = _mm256_or_si256(_mm256_and_si256(l0, low4),
-                                       _mm256_slli_epi16(_mm256_and_si256(h, _mm256_set1_epi8(0x03)), 4));
-                v[1] = _mm256_or_si256(_mm256_and_si256(l1, low4),
-                                       _mm256_slli_epi16(_mm256_and_si256(h, _mm256_set1_epi8(0x0C)), 2));
-                v[2] = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(l0, 4), low4),
-                                       _mm256_and_si256(h, _mm256_set1_epi8(0x30)));
-                v[3] = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(l1, 4), low4),
-                                       _mm256_srli_epi16(_mm256_and_si256(h, _mm256_set1_epi8((char)0xC0)), 2));
-                for (int k = 0; k < 4; k++) {
-                    /* int16 scale 2k of 8 in the low lane, 2k+1 in the high lane */
-                    const __m256i sck = _mm256_shuffle_epi8(s16x, hy_scale_pair_ctrl(k));
-                    for (int r = 0; r < R; r++) {
-                        const __m256i p16 = _mm256_maddubs_epi16(
-                            v[k], _mm256_loadu_si256((const __m256i *)(qa + r * lda + 32 * (a0 + k))));
-                        is[i * R + r] = hy_madd_acc(is[i * R + r], p16, sck);
+                /* 32 values k (0..3): nibbles of ql's 32 bytes k & 1 (low for k < 2, high after),
+                 * bits 2k, 2k+1 of qh on top; one 32-byte half of ql at a time (k, k + 2), so few
+                 * vectors stay live (the integer sums' order does not change them) */
+                for (int half = 0; half < 2; half++) {
+                    const __m256i l = _mm256_loadu_si256((const __m256i *)(ql + 32 * half));
+                    for (int up = 0; up < 2; up++) {
+                        const int k = half + 2 * up;
+                        const __m256i lo = up ? _mm256_and_si256(_mm256_srli_epi16(l, 4), low4) : _mm256_and_si256(l, low4);
+                        const __m256i hs = k < 2 ? _mm256_slli_epi16(h, 4 - 2 * k) : k == 2 ? h : _mm256_srli_epi16(h, 2);
+                        const __m256i v = _mm256_or_si256(lo, _mm256_and_si256(hs, _mm256_set1_epi8(0x30)));
+                        /* int16 scale 2k of 8 in the low lane, 2k+1 in the high lane */
+                        const __m256i sck = _mm256_shuffle_epi8(s16x, hy_scale_pair_ctrl(k));
+                        for (int r = 0; r < R; r++) {
+                            const __m256i p16 = _mm256_maddubs_epi16(
+                                v, _mm256_loadu_si256((const __m256i *)(qa + r * lda + 32 * (a0 + k))));
+                            is[i * R + r] = hy_madd_acc(is[i * R + r], p16, sck);
+                        }
                     }
                 }
             }
