@@ -203,7 +203,7 @@ static inline __attribute__((always_inline)) void hy_qk_q8_int(
                     int32_t y;
                     memcpy(&y, qa + (long)g * n + 32 * b + 4 * i, 4);
                     const __m256i qs = _mm256_sign_epi8(_mm256_set1_epi32(y), t);
-                    dot[g] = _mm256_add_epi32(dot[g], _mm256_madd_epi16(_mm256_maddubs_epi16(ak, qs), ones));
+                    dot[g] = hy_chain256(_mm256_add_epi32(dot[g], _mm256_madd_epi16(_mm256_maddubs_epi16(ak, qs), ones)));
                 }
             }
             for (int g = 0; g < NQ; g++)

@@ -185,11 +185,7 @@ static inline __m256i hy_madd_acc(__m256i acc, __m256i p16, __m256i sc) {
 #if defined(HY_DPWSSD)
     return HY_DPWSSD(acc, p16, sc);
 #else
-    __m256i r = _mm256_add_epi32(acc, _mm256_madd_epi16(p16, sc));
-    /* one chain of adds: GCC would otherwise regroup a super-block's integer sums into a tree
-     * whose partial sums leave the 16 registers for the stack */
-    __asm__("" : "+x"(r));
-    return r;
+    return hy_chain256(_mm256_add_epi32(acc, _mm256_madd_epi16(p16, sc)));
 #endif
 }
 

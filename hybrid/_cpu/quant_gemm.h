@@ -593,7 +593,7 @@ static inline __attribute__((always_inline)) void hy_q_gemm_tile(const int RB, c
                         memcpy(&a4, qa + r * lda + 32 * b + 4 * jj, 4);
                         __m256i a = _mm256_set1_epi32(a4);
                         if (is_signed) a = _mm256_sign_epi8(a, w);
-                        s16[r] = _mm256_add_epi16(s16[r], _mm256_maddubs_epi16(wa, a));
+                        s16[r] = hy_chain256(_mm256_add_epi16(s16[r], _mm256_maddubs_epi16(wa, a)));
                     }
                 }
                 for (int r = 0; r < RB; r++)

@@ -190,6 +190,13 @@ static inline void hy_q8_rows_to_f32(const uint8_t *src, float *dst, int c, long
 /* ---------------------------------------------------------------- reductions */
 
 #ifdef HY_AVX2
+/* v, opaque to the compiler: a loop's chain of integer adds through it stays a chain (GCC
+ * otherwise regroups the adds into a tree whose partial sums can leave the 16 registers) */
+static inline __attribute__((always_inline)) __m256i hy_chain256(__m256i v) {
+    __asm__("" : "+x"(v));
+    return v;
+}
+
 static inline float hy_hsum256(__m256 v) {
     __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
     s = _mm_add_ps(s, _mm_movehl_ps(s, s));
