@@ -641,11 +641,15 @@ def matvec_sets(list sets,   # [(x [rows_i, in_i] float32, [(code, w, bias or No
         free(ms); free(set_of); free(ins)
 
 
+cdef inline Py_ssize_t _sets_head_bytes(int ns) noexcept nogil:
+    """Bytes at the front of a matvec_sets_run work buffer: ns QuantActs and ActNeeds, to 64."""
+    return ((sizeof(QuantActs) + sizeof(ActNeeds)) * ns + 63) // 64 * 64
+
+
 cdef Py_ssize_t sets_work_bytes(int ns, long rows, long n_in) noexcept nogil:
     """Bytes of a matvec_sets_run work buffer that serves up to ns sets of `rows` rows in all,
     each at most n_in wide (each set's 8-bit activations round up by less than 128 bytes)."""
-    return ((sizeof(QuantActs) + sizeof(ActNeeds)) * ns + 63) // 64 * 64 \
-        + acts_bytes(rows, n_in) + 128 * ns
+    return _sets_head_bytes(ns) + acts_bytes(rows, n_in) + 128 * ns
 
 
 cdef int matvec_sets_run(const QuantMat *mats, int count, const int *set_of,
@@ -656,8 +660,7 @@ cdef int matvec_sets_run(const QuantMat *mats, int count, const int *set_of,
     (64-byte aligned, work_bytes long; sets_work_bytes) holds the activations when it is large
     enough, else (or NULL) they are allocated here.  Returns -1 when there is no memory for the
     8-bit activations (nothing is written), else 0."""
-    cdef Py_ssize_t head = ((sizeof(QuantActs) + sizeof(ActNeeds)) * ns + 63) // 64 * 64
-    cdef Py_ssize_t off = 0
+    cdef Py_ssize_t off = 0, need
     cdef uint8_t *own = NULL
     cdef uint8_t *buf
     cdef QuantActs *acts
@@ -667,13 +670,14 @@ cdef int matvec_sets_run(const QuantMat *mats, int count, const int *set_of,
     for i in range(ns):
         rows += ins[i].rows
         n_in = max(n_in, ins[i].n_in)
-    if work == NULL or work_bytes < sets_work_bytes(ns, rows, n_in):
-        own = work = <uint8_t *> hy_alloc64(sets_work_bytes(ns, rows, n_in))
+    need = sets_work_bytes(ns, rows, n_in)
+    if work == NULL or work_bytes < need:
+        own = work = <uint8_t *> hy_alloc64(need)
         if work == NULL:
             return -1
     acts = <QuantActs *> work
     needs = <ActNeeds *> (work + sizeof(QuantActs) * ns)
-    buf = work + head
+    buf = work + _sets_head_bytes(ns)
     for i in range(ns):
         acts[i].n_in, acts[i].rows, acts[i].x = ins[i].n_in, ins[i].rows, ins[i].x
         _place_acts(&acts[i], NULL)
