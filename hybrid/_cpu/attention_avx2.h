@@ -11,11 +11,13 @@
 #define HY_ATTN_PF_L2 0      /* into L2, 12 KiB ahead */
 #define HY_ATTN_PF_L1_NTA 1  /* into L1, non-temporal, 6 KiB ahead */
 #define HY_ATTN_PF_L1 2      /* into L1 (T0), 2 KiB ahead */
+#define HY_ATTN_PF_L1_L2 3   /* into L2 12 KiB ahead, and again into L1 (T0) 4 KiB ahead */
 static int hy_attn_pf_ = -1;  /* (set on first use; every thread computes the same value) */
 static inline int hy_attn_pf_mode(void) {
     if (hy_attn_pf_ < 0)
         hy_attn_pf_ = hy_cpu_is_intel() ? HY_ATTN_PF_L1
-                      : hy_l1d_bytes() >= 48 * 1024 ? HY_ATTN_PF_L1_NTA : HY_ATTN_PF_L2;
+                      : hy_l1d_bytes() >= 48 * 1024 ? HY_ATTN_PF_L1_NTA
+                      : hy_cpu_has_avx512f() ? HY_ATTN_PF_L1_L2 : HY_ATTN_PF_L2;
     return hy_attn_pf_;
 }
 
@@ -54,26 +56,29 @@ static inline int hy_attn_simd_ok(long n, int f16) {
  * stream.  Each pass over rows prefetches the bytes it reads itself, a fixed distance further
  * on: the scoring passes ahead of their K rows, the value passes ahead of their V rows, so every
  * line of the stream is prefetched once and the prefetches are spread evenly over the work.
- * Where the prefetched lines go depends on the core, read once at run time (hy_attn_pf_mode).
- * Measured from memory, 2 threads, 32q/8kv heads, head_dim 128, context 16k, ns per key and KV
- * head per core:
- *   - AMD, L1D of 48 KiB or more: 6 KiB ahead into L1, non-temporal.  On a Zen 5-class core:
- *     float16 26-28, float32 55-60; 3 to 20 KiB ahead alike, into L2 slower.
- *   - AMD, smaller L1D: 12 KiB ahead into L2.  On a Zen 4 core (32 KiB L1D) lines prefetched
- *     into L1 were partly evicted before their use: non-temporal 6 KiB ahead float16 47-82,
- *     float32 72-91 (into L1 with T0 alike); into L2 12 KiB ahead float16 32-35, float32 63-69
- *     (8 to 32 KiB alike; cache-resident runs unchanged).
- *   - Intel: 2 KiB ahead into L1 (T0).  On a Xeon with AMX (48 KiB L1D) non-temporal prefetches
- *     held the core to about half the memory's rate whatever their distance: float16 98-105;
- *     T0 2 KiB ahead 56-58, at the memory's rate; into L2 12 KiB ahead 63-65. */
+ * Where the prefetched lines go depends on the core, read once at run time (hy_attn_pf_mode);
+ * each choice was the fastest from memory at 16k keys on such a core (docs/performance.md):
+ *   - AMD, L1D of 48 KiB or more (Zen 5-class): 6 KiB ahead into L1, non-temporal.
+ *   - AMD, 32 KiB L1D with AVX-512 (Zen 4): 12 KiB ahead into L2 and again 4 KiB ahead into
+ *     L1.  Into L2 alone, the q8_0 passes (more work per byte) wait on L2; into L1 alone, the
+ *     float16 passes lose lines before their use.
+ *   - AMD, 32 KiB L1D without AVX-512 (Zen 3): 12 KiB ahead into L2.
+ *   - Intel: 2 KiB ahead into L1 (T0); non-temporal prefetches held a Xeon to about half the
+ *     memory's rate. */
 #define HY_ATTN_PF_L1_T0_AHEAD 2048
 #define HY_ATTN_PF_L1_AHEAD 6144
 #define HY_ATTN_PF_L2_AHEAD 12288
+#define HY_ATTN_PF_L1_T0_FAR 4096
 #define HY_ATTN_PREFETCH(p, bytes)                                                               \
     do {                                                                                         \
         const char *p_ = (const char *)(p);                                                      \
         const int pf_ = hy_attn_pf_mode();                                                       \
-        if (pf_ == HY_ATTN_PF_L1)                                                                \
+        if (pf_ == HY_ATTN_PF_L1_L2)                                                             \
+            for (long o_ = 0; o_ < (bytes); o_ += 64) {                                          \
+                _mm_prefetch(p_ + HY_ATTN_PF_L2_AHEAD + o_, _MM_HINT_T1);                        \
+                _mm_prefetch(p_ + HY_ATTN_PF_L1_T0_FAR + o_, _MM_HINT_T0);                       \
+            }                                                                                    \
+        else if (pf_ == HY_ATTN_PF_L1)                                                           \
             for (long o_ = 0; o_ < (bytes); o_ += 64)                                            \
                 _mm_prefetch(p_ + HY_ATTN_PF_L1_T0_AHEAD + o_, _MM_HINT_T0);                     \
         else if (pf_ == HY_ATTN_PF_L1_NTA)                                                       \

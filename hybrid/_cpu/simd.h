@@ -75,6 +75,20 @@ static inline int hy_cpu_is_intel(void) {
 #endif
 }
 
+/* Whether the running core has AVX-512F (CPUID leaf 7, EBX bit 16; the OS's saving of the
+ * 512-bit state is not checked: this only picks a prefetch distance, never an instruction) */
+static inline int hy_cpu_has_avx512f(void) {
+#if defined(__x86_64__) || defined(__i386__)
+    unsigned int a, b, c, d;
+    __asm__ volatile("cpuid" : "=a"(a), "=b"(b), "=c"(c), "=d"(d) : "a"(0), "c"(0));
+    if (a < 7) return 0;
+    __asm__ volatile("cpuid" : "=a"(a), "=b"(b), "=c"(c), "=d"(d) : "a"(7), "c"(0));
+    return (b >> 16) & 1u;
+#else
+    return 0;
+#endif
+}
+
 /* n bytes (at least one) on a 64-byte boundary, released with free(); NULL when out of memory.
  * Kernel scratch that vector loads read over and over (attention's scaled queries and
  * accumulators, the 8-bit activations of the quantized kernels) must not straddle cache lines:
