@@ -13,12 +13,16 @@
 #define HY_ATTN_PF_L1 2      /* into L1 (T0), 2 KiB ahead */
 #define HY_ATTN_PF_L1_L2 3   /* into L2 12 KiB ahead, and again into L1 (T0) 4 KiB ahead */
 static int hy_attn_pf_ = -1;  /* (set on first use; every thread computes the same value) */
-static inline int hy_attn_pf_mode(void) {
-    if (hy_attn_pf_ < 0)
-        hy_attn_pf_ = hy_cpu_is_intel() ? HY_ATTN_PF_L1
-                      : hy_l1d_bytes() >= 48 * 1024 ? HY_ATTN_PF_L1_NTA
-                      : hy_cpu_has_avx512f() ? HY_ATTN_PF_L1_L2 : HY_ATTN_PF_L2;
+static __attribute__((noinline, cold)) int hy_attn_pf_first(void) {
+    hy_attn_pf_ = hy_cpu_is_intel() ? HY_ATTN_PF_L1
+                  : hy_l1d_bytes() >= 48 * 1024 ? HY_ATTN_PF_L1_NTA
+                  : hy_cpu_has_avx512f() ? HY_ATTN_PF_L1_L2 : HY_ATTN_PF_L2;
     return hy_attn_pf_;
+}
+/* (the first call out of line, so that the passes' loops stay small around it) */
+static inline __attribute__((always_inline)) int hy_attn_pf_mode(void) {
+    const int m = hy_attn_pf_;
+    return m >= 0 ? m : hy_attn_pf_first();
 }
 
 /* Scores and weighted value sums of up to four query vectors against `c` rows of one KV head,

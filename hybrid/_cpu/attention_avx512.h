@@ -63,11 +63,11 @@ HY512_AI __m512 hy512_q8_factors(const void *head, int bs, int b, int j, __mmask
 #if defined(__AVX512VNNI__)
 #define HY512_VNNI 1
 
-/* four bytes at p in every dword */
-HY512_AI __m512i hy512_bcast4(const int8_t *p) {
-    int32_t x;
-    memcpy(&x, p, 4);
-    return _mm512_set1_epi32(x);
+/* *acc += t (unsigned bytes) . the four signed bytes at p, in every dword: vpdpbusd with the
+ * four bytes broadcast by its memory operand (a separate broadcast would take a vector pipe
+ * slot of its own) */
+HY512_AI void hy512_dpbusd_bcast4(__m512i *acc, __m512i t, const int8_t *p) {
+    __asm__("vpdpbusd %2%{1to16%}, %1, %0" : "+v"(*acc) : "v"(t), "m"(*(const int32_t *)p));
 }
 
 /* Step 1 over q8_0 rows with VNNI: s[g*ldp + j] = sum over blocks b, in order, of
@@ -105,11 +105,11 @@ HY512_AI void hy512_scores_q8(const int NQ, const int8_t *qa, const float *qd, c
             }
             for (int i = 0; i < 8; i++)
                 for (int g = 0; g < NQ; g++)
-                    i0[g] = _mm512_dpbusd_epi32(i0[g], t[i], hy512_bcast4(qa + (long)g * D + 32 * b + 4 * i));
+                    hy512_dpbusd_bcast4(&i0[g], t[i], qa + (long)g * D + 32 * b + 4 * i);
             if (two)
                 for (int i = 8; i < 16; i++)
                     for (int g = 0; g < NQ; g++)
-                        i1[g] = _mm512_dpbusd_epi32(i1[g], t[i], hy512_bcast4(qa + (long)g * D + 32 * b + 4 * i));
+                        hy512_dpbusd_bcast4(&i1[g], t[i], qa + (long)g * D + 32 * b + 4 * i);
             for (int g = 0; g < NQ; g++) {
                 acc[g] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(i0[g]), _mm512_mul_ps(f0, _mm512_set1_ps(qd[g * nb + b])), acc[g]);
                 if (two)
@@ -235,6 +235,12 @@ HY512_AI void hy512_softmax_n(const int NQ, float *s, int ldp, int c, float *m, 
     _mm_mask_storeu_ps(alpha, live, a);
 }
 
+/* *a += x * (*w in every lane), the weight broadcast by the FMA's memory operand: a separate
+ * broadcast into a register would take a vector pipe slot of its own */
+HY512_AI void hy512_fma_bcast(__m512 *a, __m512 x, const float *w) {
+    __asm__("vfmadd231ps %2%{1to16%}, %1, %0" : "+v"(*a) : "v"(x), "m"(*w));
+}
+
 /* Step 3 over W vectors (16*W dimensions starting at d) for NQ queries, accumulators in registers.
  * q8_0 rows: W even, weights pf (hy512_pf_q8) in place of p. */
 HY512_AI void hy512_values(const int NQ, const int W, const int kv, float *acc, const float *alpha,
@@ -255,9 +261,9 @@ HY512_AI void hy512_values(const int NQ, const int W, const int kv, float *acc, 
                 const __m512 x0 = _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i *)x8)));
                 const __m512 x1 = _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i *)(x8 + 16))));
                 for (int g = 0; g < NQ; g++) {
-                    const __m512 w = _mm512_set1_ps(p[(long)(g * nb + b) * ldp + j]);
-                    a[g][t] = _mm512_fmadd_ps(w, x0, a[g][t]);
-                    a[g][t + 1] = _mm512_fmadd_ps(w, x1, a[g][t + 1]);
+                    const float *w = p + (long)(g * nb + b) * ldp + j;
+                    hy512_fma_bcast(&a[g][t], x0, w);
+                    hy512_fma_bcast(&a[g][t + 1], x1, w);
                 }
             }
         } else {
