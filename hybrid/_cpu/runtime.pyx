@@ -41,9 +41,11 @@ def kernel_paths():
     else:
         attention = "portable C"
     if level > 0:  # the SIMD paths' software prefetch, chosen by the core (attention_avx2.h)
-        attention += {0: "; stream prefetched into L2 (AMD, L1D < 48 KiB)",
+        attention += {0: "; stream prefetched into L2 (AMD, L1D < 48 KiB, no AVX-512)",
                       1: "; stream prefetched into L1, non-temporal (AMD, L1D >= 48 KiB)",
-                      2: "; stream prefetched into L1 (Intel)"}[hy_attn_pf_mode()]
+                      2: "; stream prefetched into L1 (Intel)",
+                      3: "; stream prefetched into L2, then L1 (AMD, L1D < 48 KiB, AVX-512)",
+                      }[hy_attn_pf_mode()]
     attention += f"; q8_0 KV scored in {attention_module.q8_0_scores()}"
     elementwise = {3: "avx512", 2: "avx2+fma", 1: "avx2+fma", 0: "portable C"}[level]
     from .backend import SMALL_F32_GEMM  # (the backend's rule for AVX2 builds)
