@@ -64,12 +64,19 @@ static inline long hy_l1d_bytes(void) {
     return hy_l1d_bytes_;
 }
 
+#if defined(__x86_64__) || defined(__i386__)
+/* r = EAX, EBX, ECX, EDX of CPUID leaf `leaf`, subleaf 0 */
+static inline void hy_cpuid(unsigned int leaf, unsigned int r[4]) {
+    __asm__ volatile("cpuid" : "=a"(r[0]), "=b"(r[1]), "=c"(r[2]), "=d"(r[3]) : "a"(leaf), "c"(0));
+}
+#endif
+
 /* 1 on an Intel core (CPUID vendor GenuineIntel) */
 static inline int hy_cpu_is_intel(void) {
 #if defined(__x86_64__) || defined(__i386__)
-    unsigned int a, b, c, d;
-    __asm__ volatile("cpuid" : "=a"(a), "=b"(b), "=c"(c), "=d"(d) : "a"(0), "c"(0));
-    return b == 0x756e6547u && d == 0x49656e69u && c == 0x6c65746eu; /* "Genu" "ineI" "ntel" */
+    unsigned int r[4];
+    hy_cpuid(0, r);
+    return r[1] == 0x756e6547u && r[3] == 0x49656e69u && r[2] == 0x6c65746eu; /* "Genu" "ineI" "ntel" */
 #else
     return 0;
 #endif
@@ -79,11 +86,11 @@ static inline int hy_cpu_is_intel(void) {
  * 512-bit state is not checked: this only picks a prefetch distance, never an instruction) */
 static inline int hy_cpu_has_avx512f(void) {
 #if defined(__x86_64__) || defined(__i386__)
-    unsigned int a, b, c, d;
-    __asm__ volatile("cpuid" : "=a"(a), "=b"(b), "=c"(c), "=d"(d) : "a"(0), "c"(0));
-    if (a < 7) return 0;
-    __asm__ volatile("cpuid" : "=a"(a), "=b"(b), "=c"(c), "=d"(d) : "a"(7), "c"(0));
-    return (b >> 16) & 1u;
+    unsigned int r[4];
+    hy_cpuid(0, r);
+    if (r[0] < 7) return 0;
+    hy_cpuid(7, r);
+    return (r[1] >> 16) & 1u;
 #else
     return 0;
 #endif
