@@ -23,7 +23,8 @@ static inline void hy_transpose_dwords8x4(const __m256i y[4], __m256i t[4]) {
  * every row in one register), each activation dword is broadcast and one maddubs per dword
  * serves all 8 rows; the block's float work (scale, offset) is then one vector operation for the
  * 8 rows, where one row at a time paid it per row (and a scalar conversion of d).  The 8 rows'
- * headers (d, and m for Q4_1 / Q5_1) and Q5's high-bit words come in with one gather each.
+ * headers (d, and m for Q4_1 / Q5_1) and Q5's high-bit words come in with 128-bit loads and
+ * unpacks, as the nibbles do (a gather each was slower on AMD cores).
  * Lane i's sums do not depend on the other lanes, so a row gets the same bits in whichever group
  * it falls, and every row of these formats takes this kernel in such builds; each activation
  * row takes the same operations whatever R is.  Per row: acc += float(block sum) * (d * da),
@@ -36,9 +37,6 @@ hy_q45_matvec8(const uint8_t *w, long row_bytes, int W, long nb, const int R, co
     const int qoff = hoff + (five ? 4 : 0), bb = qoff + 16;  /* nibbles' offset, block bytes */
     const long n = 32 * nb;
     const __m256i m4 = _mm256_set1_epi8(0x0F), ones = _mm256_set1_epi16(1);
-    const __m256i idx = _mm256_mullo_epi32(
-        _mm256_min_epi32(_mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7), _mm256_set1_epi32(W - 1)),
-        _mm256_set1_epi32((int)row_bytes));
     /* low (d) or high (m) 16 bits of each dword, packed into the low 64 bits of each half */
     const __m256i pick_lo = _mm256_setr_epi8(0, 1, 4, 5, 8, 9, 12, 13, -1, -1, -1, -1, -1, -1, -1, -1,
                                              0, 1, 4, 5, 8, 9, 12, 13, -1, -1, -1, -1, -1, -1, -1, -1);
@@ -81,8 +79,20 @@ hy_q45_matvec8(const uint8_t *w, long row_bytes, int W, long nb, const int R, co
             lo[c] = _mm256_and_si256(wc[c], m4);
             hi[c] = _mm256_and_si256(_mm256_srli_epi16(wc[c], 4), m4);
         }
+        /* the 8 rows' first 8 bytes: dwords 0 and 1 of row i in lane i of hdr and dw1 (half the
+         * nibbles' transpose) */
+        __m256i h[4];
+        for (int k = 0; k < 4; k++)
+            h[k] = _mm256_inserti128_si256(
+                _mm256_castsi128_si256(_mm_loadu_si128((const __m128i *)(row[k] + at))),
+                _mm_loadu_si128((const __m128i *)(row[k + 4] + at)), 1);
+        const __m256i h01 = _mm256_unpacklo_epi32(h[0], h[1]), h23 = _mm256_unpacklo_epi32(h[2], h[3]);
+        /* d in the low 16 bits, m (Q4_1, Q5_1) in the high */
+        const __m256i hdr = _mm256_unpacklo_epi64(h01, h23);
         if (five) {  /* value j takes bit j of its row's 32-bit word: 16 where it is set */
-            const __m256i qh = _mm256_i32gather_epi32((const int *)(w + at + hoff), idx, 1);
+            const __m256i dw1 = _mm256_unpackhi_epi64(h01, h23);  /* bytes 4..7 */
+            const __m256i qh = with_min ? dw1 : _mm256_or_si256(_mm256_srli_epi32(hdr, 16),
+                                                                  _mm256_slli_epi32(dw1, 16));
             for (int c = 0; c < 4; c++) {
                 const __m256i l16 = _mm256_cmpeq_epi8(_mm256_and_si256(_mm256_shuffle_epi8(qh, q5_lo[c]), q5_bit[c]), q5_bit[c]);
                 const __m256i h16 = _mm256_cmpeq_epi8(_mm256_and_si256(_mm256_shuffle_epi8(qh, q5_hi[c]), q5_bit[c]), q5_bit[c]);
@@ -90,8 +100,6 @@ hy_q45_matvec8(const uint8_t *w, long row_bytes, int W, long nb, const int R, co
                 hi[c] = _mm256_or_si256(hi[c], _mm256_and_si256(h16, b4));
             }
         }
-        /* the 8 rows' first dwords: d in the low 16 bits, m (Q4_1, Q5_1) in the high */
-        const __m256i hdr = _mm256_i32gather_epi32((const int *)(w + at), idx, 1);
         const __m256 d = _mm256_cvtph_ps(_mm256_castsi256_si128(
             _mm256_permute4x64_epi64(_mm256_shuffle_epi8(hdr, pick_lo), 0x08)));
         const __m256 mn = with_min ? _mm256_cvtph_ps(_mm256_castsi256_si128(
