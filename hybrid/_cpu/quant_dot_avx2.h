@@ -60,43 +60,55 @@ static inline int hy_q_pf_near(void) {
 #define HY_PREFETCH_L2(p) _mm_prefetch((const char *)(p) + HY_PREFETCH_AHEAD, _MM_HINT_T1)
 #define HY_LOADA(i) _mm256_loadu_si256((const __m256i *)(qa + 32 * (i)))
 
-/* Q8_0: the whole groups of four blocks of R activation rows into sum[r] (assigned); returns the
- * first block left for the portable tail.  Per block and row the integer products (sign trick,
- * maddubs, madd) give 8 int32 partial sums; two rounds of hadd fold four blocks' partials into
- * one vector (block k in lanes k and 4+k), so the conversion, the factor product and the FMA run
- * once per four blocks instead of once per block. */
+/* Q8_0: one group of t (1..4) blocks from b0 of R activation rows (block k of row r at
+ * a + r*n + 32*k, its da at dar + r*nb + k) into acc[r].  Per block and row the integer products
+ * (sign trick, maddubs, madd) give 8 int32 partial sums; two rounds of hadd fold four blocks'
+ * partials into one vector (block k in lanes k and 4+k), so the conversion, the factor product
+ * and the FMA run once per four blocks instead of once per block.  Blocks past t count as zero
+ * (nothing past them is read). */
+static inline __attribute__((always_inline)) void
+hy_q8_0_group_avx2(const uint8_t *b0, const long t, const int R, const int8_t *a, long n,
+                   const float *dar, long nb, __m256 *acc) {
+    HY_PREFETCH(b0);
+    HY_PREFETCH(b0 + 64);
+    HY_PREFETCH(b0 + 128);
+    __m256i wv[4], wa[4];
+    for (int k = 0; k < 4; k++) {
+        wv[k] = k < t ? _mm256_loadu_si256((const __m256i *)(b0 + 34 * k + 2)) : _mm256_setzero_si256();
+        wa[k] = _mm256_abs_epi8(wv[k]);
+    }
+    /* the four blocks' d in lanes k and 4+k */
+    const __m128 d4 = _mm_set_ps(t > 3 ? hy_f16(b0 + 102) : 0.0f, t > 2 ? hy_f16(b0 + 68) : 0.0f,
+                                 t > 1 ? hy_f16(b0 + 34) : 0.0f, hy_f16(b0));
+    const __m256 dw = _mm256_set_m128(d4, d4);
+    const __m128i live = _mm_cmpgt_epi32(_mm_set1_epi32((int)t), _mm_setr_epi32(0, 1, 2, 3));
+    for (int r = 0; r < R; r++) {
+        __m256i m[4];
+        for (int k = 0; k < 4; k++)
+            m[k] = k < t ? hy_dot_u8s8(wa[k], _mm256_sign_epi8(
+                               _mm256_loadu_si256((const __m256i *)(a + r * n + 32 * k)), wv[k]))
+                         : _mm256_setzero_si256();
+        const __m256i h = _mm256_hadd_epi32(_mm256_hadd_epi32(m[0], m[1]), _mm256_hadd_epi32(m[2], m[3]));
+        const __m128 da4 = t == 4 ? _mm_loadu_ps(dar + r * nb) : _mm_maskload_ps(dar + r * nb, live);
+        acc[r] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(h), _mm256_mul_ps(dw, _mm256_set_m128(da4, da4)),
+                                 acc[r]);
+    }
+}
+
+/* Q8_0: all blocks of R activation rows into sum[r] (assigned), four at a time
+ * (hy_q8_0_group_avx2), the last group holding the 1-3 blocks left; returns past the last
+ * block. */
 static inline __attribute__((always_inline)) long
 hy_q8_0_blocks_avx2(const uint8_t *w, long nb, const int R, const int8_t *qa, const float *da,
                     float *sum) {
     const long n = 32 * nb;
     long b = 0;
-#define HY_QA(r, i) _mm256_loadu_si256((const __m256i *)(qa + (r) * n + 32 * (i)))
     __m256 acc[HY_MR];
     for (int r = 0; r < R; r++) acc[r] = _mm256_setzero_ps();
-    for (; b + 4 <= nb; b += 4) {
-        const uint8_t *b0 = w + 34 * b;
-        HY_PREFETCH(b0);
-        HY_PREFETCH(b0 + 64);
-        HY_PREFETCH(b0 + 128);
-        __m256i wv[4], wa[4];
-        for (int k = 0; k < 4; k++) {
-            wv[k] = _mm256_loadu_si256((const __m256i *)(b0 + 34 * k + 2));
-            wa[k] = _mm256_abs_epi8(wv[k]);
-        }
-        /* the four blocks' d in lanes k and 4+k */
-        const __m128 d4 = _mm_set_ps(hy_f16(b0 + 102), hy_f16(b0 + 68), hy_f16(b0 + 34), hy_f16(b0));
-        const __m256 dw = _mm256_set_m128(d4, d4);
-        for (int r = 0; r < R; r++) {
-            __m256i m[4];
-            for (int k = 0; k < 4; k++) m[k] = hy_dot_u8s8(wa[k], _mm256_sign_epi8(HY_QA(r, b + k), wv[k]));
-            const __m256i h = _mm256_hadd_epi32(_mm256_hadd_epi32(m[0], m[1]), _mm256_hadd_epi32(m[2], m[3]));
-            acc[r] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(h),
-                                     _mm256_mul_ps(dw, _mm256_broadcast_ps((const __m128 *)(da + r * nb + b))), acc[r]);
-        }
-    }
+    for (; b + 4 <= nb; b += 4) hy_q8_0_group_avx2(w + 34 * b, 4, R, qa + 32 * b, n, da + b, nb, acc);
+    if (b < nb) hy_q8_0_group_avx2(w + 34 * b, nb - b, R, qa + 32 * b, n, da + b, nb, acc);
     for (int r = 0; r < R; r++) sum[r] = hy_hsum256(acc[r]);
-#undef HY_QA
-    return b;
+    return nb;
 }
 
 /* Q4_0 / Q4_1 / Q5_0 / Q5_1: the whole pairs of blocks of R activation rows, the integer products
