@@ -77,9 +77,13 @@ hy_q8_0_group_avx2(const uint8_t *b0, const long t, const int R, const int8_t *a
         wv[k] = k < t ? _mm256_loadu_si256((const __m256i *)(b0 + 34 * k + 2)) : _mm256_setzero_si256();
         wa[k] = _mm256_abs_epi8(wv[k]);
     }
-    /* the four blocks' d in lanes k and 4+k */
-    const __m128 d4 = _mm_set_ps(t > 3 ? hy_f16(b0 + 102) : 0.0f, t > 2 ? hy_f16(b0 + 68) : 0.0f,
-                                 t > 1 ? hy_f16(b0 + 34) : 0.0f, hy_f16(b0));
+    /* the four blocks' d in lanes k and 4+k: their float16 bits packed in a general register
+     * (integer work, beside the vector pipes), then one conversion */
+    uint64_t h4 = hy_u16(b0);
+    if (t > 1) h4 |= (uint64_t)hy_u16(b0 + 34) << 16;
+    if (t > 2) h4 |= (uint64_t)hy_u16(b0 + 68) << 32;
+    if (t > 3) h4 |= (uint64_t)hy_u16(b0 + 102) << 48;
+    const __m128 d4 = _mm_cvtph_ps(_mm_cvtsi64_si128((long long)h4));
     const __m256 dw = _mm256_set_m128(d4, d4);
     const __m128i live = _mm_cmpgt_epi32(_mm_set1_epi32((int)t), _mm_setr_epi32(0, 1, 2, 3));
     for (int r = 0; r < R; r++) {

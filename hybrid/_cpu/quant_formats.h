@@ -87,6 +87,12 @@ static inline float hy_f16(const uint8_t *p) {
 #endif
 }
 
+static inline uint16_t hy_u16(const uint8_t *p) {
+    uint16_t v;
+    memcpy(&v, p, 2);
+    return v;
+}
+
 static inline uint32_t hy_u32(const uint8_t *p) {
     uint32_t v;
     memcpy(&v, p, 4);
