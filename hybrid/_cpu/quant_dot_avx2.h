@@ -62,7 +62,7 @@ static inline int hy_q_pf_near(void) {
 
 /* Q8_0: one group of t (1..4) blocks from b0 of R activation rows (block k of row r at
  * a + r*n + 32*k, its da at dar + r*nb + k) into acc[r].  Per block and row the integer products
- * (sign trick, maddubs, madd) give 8 int32 partial sums; two rounds of hadd fold four blocks'
+ * (sign trick, maddubs, madd) give 8 int32 partial sums; unpacks and adds fold four blocks'
  * partials into one vector (block k in lanes k and 4+k), so the conversion, the factor product
  * and the FMA run once per four blocks instead of once per block.  Blocks past t count as zero
  * (nothing past them is read). */
@@ -92,7 +92,13 @@ hy_q8_0_group_avx2(const uint8_t *b0, const long t, const int R, const int8_t *a
             m[k] = k < t ? hy_dot_u8s8(wa[k], _mm256_sign_epi8(
                                _mm256_loadu_si256((const __m256i *)(a + r * n + 32 * k)), wv[k]))
                          : _mm256_setzero_si256();
-        const __m256i h = _mm256_hadd_epi32(_mm256_hadd_epi32(m[0], m[1]), _mm256_hadd_epi32(m[2], m[3]));
+        /* (exact integers: the same sums as three hadds, in fewer micro-ops) */
+        const __m256i m01 = _mm256_add_epi32(_mm256_unpacklo_epi32(m[0], m[1]),
+                                             _mm256_unpackhi_epi32(m[0], m[1]));
+        const __m256i m23 = _mm256_add_epi32(_mm256_unpacklo_epi32(m[2], m[3]),
+                                             _mm256_unpackhi_epi32(m[2], m[3]));
+        const __m256i h = _mm256_add_epi32(_mm256_unpacklo_epi64(m01, m23),
+                                           _mm256_unpackhi_epi64(m01, m23));
         const __m128 da4 = t == 4 ? _mm_loadu_ps(dar + r * nb) : _mm_maskload_ps(dar + r * nb, live);
         acc[r] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(h), _mm256_mul_ps(dw, _mm256_set_m128(da4, da4)),
                                  acc[r]);
