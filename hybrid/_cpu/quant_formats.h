@@ -77,20 +77,19 @@ enum {
 static const int8_t hy_iq4_values[16] = {-127, -104, -83, -65, -49, -35, -22, -10,
                                          1, 13, 25, 38, 53, 69, 89, 113};
 
+static inline uint16_t hy_u16(const uint8_t *p) {
+    uint16_t v;
+    memcpy(&v, p, 2);
+    return v;
+}
+
 static inline float hy_f16(const uint8_t *p) {
-    uint16_t h;
-    memcpy(&h, p, 2);
+    const uint16_t h = hy_u16(p);
 #ifdef HY_F16C
     return _cvtsh_ss(h);
 #else
     return hy_half_to_float(h);
 #endif
-}
-
-static inline uint16_t hy_u16(const uint8_t *p) {
-    uint16_t v;
-    memcpy(&v, p, 2);
-    return v;
 }
 
 static inline uint32_t hy_u32(const uint8_t *p) {
