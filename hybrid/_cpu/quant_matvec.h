@@ -172,7 +172,7 @@ HY_R_CASES(HY_ROWS16)
                                 with_min, out + o, ldo);                                       \
         }                                                                                      \
     }
-HY_R_CASES(HY_ROWS8)
+HY_R8_CASES(HY_ROWS8)
 #undef HY_ROWS8
 #endif
 
@@ -379,14 +379,15 @@ static inline void hy_q_matvec_range(int type, const uint8_t *w, long row_bytes,
     if (per_pass == 8 && qa != NULL) {
         const int mn = type == HY_Q_Q4_1 || type == HY_Q_Q5_1;
         const int five = type == HY_Q_Q5_0 || type == HY_Q_Q5_1;
-        /* up to HY_MR activation rows: one call over every weight row; more: each group of 8
-         * weight rows for HY_MR activation rows at a time, then the rest */
-        const long span = rows <= HY_MR ? o1 - o : 8;
+        /* up to HY_Q45_R8_MAX activation rows: one call over every weight row; more: each group
+         * of 8 weight rows for the rows in as few passes as that allows, shared out evenly */
+        const long span = rows <= HY_Q45_R8_MAX ? o1 - o : 8;
+        const int passes = (rows + HY_Q45_R8_MAX - 1) / HY_Q45_R8_MAX;
         for (long og = o; og < o1; og += span)
-            for (int r = 0; r < rows; r += HY_MR) {
-                const int left = rows - r < HY_MR ? rows - r : HY_MR;
+            for (int p = 0, r = 0, left; p < passes; p++, r += left) {
+                left = (rows - r + passes - p - 1) / (passes - p);
 #define HY_R8(R) case R: hy_rows8_##R(w, row_bytes, og, og + span < o1 ? og + span : o1, nb, qa + r * n, da + r * nb, sa + r * nb, five, mn, out + r * ldo, ldo); break;
-                switch (left) { HY_R_CASES(HY_R8) }
+                switch (left) { HY_R8_CASES(HY_R8) }
 #undef HY_R8
             }
         if (bias)
