@@ -157,6 +157,29 @@ HY_R_CASES(HY_ROWS16)
 #undef HY_ROWS16
 #endif
 
+/* Weight rows [o, o1) of Q8_0 / Q4_0 / Q4_1 / Q5_0 / Q5_1 against R activation rows, through
+ * the dot products' multi-row form (each row the same bits as alone): out[r*ldo + i].  One
+ * function per R, kept out of line. */
+#define HY_MULTI_ROWS(R)                                                                        \
+    static __attribute__((noinline)) void hy_multi_rows_##R(                                   \
+        int type, const uint8_t *w, long row_bytes, long o, long o1, long nb, const int8_t *q, \
+        const float *d, const float *sb, float *out, long ldo) {                               \
+        for (long i = o; i < o1; i++) {                                                        \
+            const uint8_t *wr = w + i * row_bytes;                                             \
+            float v[R];                                                                        \
+            switch (type) {                                                                    \
+            case HY_Q_Q8_0: hy_dot_q8_0_rows(wr, nb, R, q, d, v); break;                       \
+            case HY_Q_Q4_0: hy_dot_q4q5_rows(wr, nb, R, q, d, sb, 0, 0, v); break;             \
+            case HY_Q_Q4_1: hy_dot_q4q5_rows(wr, nb, R, q, d, sb, 0, 1, v); break;             \
+            case HY_Q_Q5_0: hy_dot_q4q5_rows(wr, nb, R, q, d, sb, 1, 0, v); break;             \
+            default: hy_dot_q4q5_rows(wr, nb, R, q, d, sb, 1, 1, v); break;                    \
+            }                                                                                  \
+            for (int r = 0; r < R; r++) out[r * ldo + i] = v[r];                               \
+        }                                                                                      \
+    }
+HY_R_CASES(HY_MULTI_ROWS)
+#undef HY_MULTI_ROWS
+
 #if defined(HY_AVX2) && !defined(HY_Q512)
 /* Weight rows [o, o1) 8 at a time (hy_q45_matvec8) for R activation rows, one function per R kept
  * out of line as the AVX-512 stream kernel's */
@@ -409,32 +432,34 @@ static inline void hy_q_matvec_range(int type, const uint8_t *w, long row_bytes,
         return;
     }
 #endif
+    /* several activation rows: up to HY_MR per pass, shared out evenly, over each chunk of
+     * weight rows in turn (in cache again for the passes after the first) */
+    if (multi && rows > 1) {
+        for (; o < o1; o += HY_PREP_CHUNK) {
+            const long oe = o1 - o < HY_PREP_CHUNK ? o1 : o + HY_PREP_CHUNK;
+            const int passes = (rows + HY_MR - 1) / HY_MR;
+            for (int p = 0, r = 0, left; p < passes; p++, r += left) {
+                left = (rows - r + passes - p - 1) / (passes - p);
+                switch (left) {
+#define HY_RM(R) case R: hy_multi_rows_##R(type, w, row_bytes, o, oe, nb, qa + r * n, da + r * nb, sa + r * nb, out + r * ldo, ldo); break;
+                HY_R_CASES(HY_RM)
+#undef HY_RM
+                }
+            }
+            if (bias)
+                for (int r = 0; r < rows; r++)
+                    for (long i = o; i < oe; i++) out[r * ldo + i] += bias[i];
+        }
+        return;
+    }
     const hy_q_dot_fn dot = hy_q_table[type].dot;
     for (; o < o1; o++) {
         const uint8_t *wr = w + o * row_bytes;
-        float bo = bias ? bias[o] : 0.0f;
-        int r = 0;
-        if (multi) {  /* HY_MR activation rows per pass over the weight row */
-            for (; r + HY_MR <= rows; r += HY_MR) {
-                float v[HY_MR];
-                const int8_t *q = qa + r * n;
-                const float *d = da + r * nb, *sb = sa + r * nb;
-                switch (type) {
-                case HY_Q_Q8_0: hy_dot_q8_0_rows(wr, nb, HY_MR, q, d, v); break;
-                case HY_Q_Q4_0: hy_dot_q4q5_rows(wr, nb, HY_MR, q, d, sb, 0, 0, v); break;
-                case HY_Q_Q4_1: hy_dot_q4q5_rows(wr, nb, HY_MR, q, d, sb, 0, 1, v); break;
-                case HY_Q_Q5_0: hy_dot_q4q5_rows(wr, nb, HY_MR, q, d, sb, 1, 0, v); break;
-                default: hy_dot_q4q5_rows(wr, nb, HY_MR, q, d, sb, 1, 1, v); break;
-                }
-                for (int i = 0; i < HY_MR; i++) out[(r + i) * ldo + o] = v[i] + bo;
-            }
-        }
-        for (; r < rows; r++) {
-            float v = dot(wr, n, qa ? qa + r * n : NULL, da ? da + r * nb : NULL,
-                          sa ? sa + r * nb : NULL, s16 ? s16 + 2 * r * nb : NULL,
-                          x ? x + r * n : NULL);
-            out[r * ldo + o] = v + bo;
-        }
+        const float bo = bias ? bias[o] : 0.0f;
+        for (int r = 0; r < rows; r++)
+            out[r * ldo + o] = dot(wr, n, qa ? qa + r * n : NULL, da ? da + r * nb : NULL,
+                                   sa ? sa + r * nb : NULL, s16 ? s16 + 2 * r * nb : NULL,
+                                   x ? x + r * n : NULL) + bo;
     }
 }
 
