@@ -1,7 +1,8 @@
 """The serving engine on the embedded SmolLM2, 2 threads.
 
-- Aggregate decode tokens/s with 1, 4, 16 and 64 concurrent requests (16-token prompts, 32 new
-  tokens each; only steps where every request decodes are timed), and the share of a step that
+- Aggregate decode tokens/s with 1, 4, 16 and 64 concurrent requests (16-token prompts, 64 new
+  tokens each; only steps where every request decodes are timed; the best of three rounds, so
+  that a moment of the machine's noise does not decide a ratio), and the share of a step that
   is not model computation (scheduling, sampling, bookkeeping).  Targets: 16 requests >= 3x the
   single-request tokens/s; engine overhead < 10% of a step at 16 requests.
 - Time to first token for a 1000-token prompt, cold and with its first 900 tokens in the prefix
@@ -16,7 +17,8 @@ import pytest
 import hybrid
 from conftest import RESULTS, record_ratio
 
-NEW_TOKENS = 32
+NEW_TOKENS = 64
+ROUNDS = 3
 _single = {}
 
 
@@ -45,8 +47,9 @@ class _Timed:
         del self.model.forward_step
 
 
-@pytest.mark.parametrize("concurrent", [1, 4, 16, 64])
-def test_decode_throughput(benchmark, model, concurrent):
+def _decode_round(model, concurrent: int) -> tuple:
+    """(decode tokens/s, share of the time outside the model's steps) of one engine serving
+    `concurrent` requests, timed after every request has its first token."""
     rng = np.random.default_rng(0)
     engine = hybrid.Engine(model, max_batch=concurrent, max_batched_tokens=2048)
     params = hybrid.GenerationParams(max_new_tokens=NEW_TOKENS, stop_tokens=[])
@@ -62,9 +65,13 @@ def test_decode_throughput(benchmark, model, concurrent):
     finally:
         timed.restore()
     wall = time.perf_counter() - t0
+    return tokens / wall, 1 - timed.seconds / wall
+
+
+@pytest.mark.parametrize("concurrent", [1, 4, 16, 64])
+def test_decode_throughput(benchmark, model, concurrent):
+    tps, overhead = max(_decode_round(model, concurrent) for _ in range(ROUNDS))
     benchmark.pedantic(lambda: None, rounds=1)
-    tps = tokens / wall
-    overhead = 1 - timed.seconds / wall
     benchmark.extra_info.update(decode_tps=tps, engine_overhead=overhead)
     _single.setdefault(concurrent, tps)
     RESULTS.append(("engine", f"decode {concurrent} concurrent", tps, "tok/s",
