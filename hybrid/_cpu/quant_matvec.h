@@ -153,7 +153,7 @@ HY_R_CASES(HY_Q45_STREAM_RANGE)
                                  with_min, out + o, ldo);                                      \
         }                                                                                      \
     }
-HY_R_CASES(HY_ROWS16)
+HY_R16_CASES(HY_ROWS16)
 #undef HY_ROWS16
 #endif
 
@@ -259,14 +259,16 @@ static inline void hy_q_matvec_range(int type, const uint8_t *w, long row_bytes,
     if (rows16 && qa != NULL) {  /* 16 weight rows per pass */
         const int mn = type == HY_Q_Q4_1 || type == HY_Q_Q5_1;
         const long end = o + (o1 - o) / 16 * 16;
-        /* up to HY_MR activation rows: one call over every group of 16 weight rows; more: each
-         * group for HY_MR activation rows at a time, then the rest (while its weights are in L1) */
-        const long span = rows <= HY_MR ? end - o : 16;
+        /* up to HY_R16_MAX activation rows: one call over every group of 16 weight rows; more:
+         * each group for the rows in as few passes as that allows, shared out evenly (the
+         * passes after the first find its weights in L1) */
+        const long span = rows <= HY_R16_MAX ? end - o : 16;
+        const int passes = (rows + HY_R16_MAX - 1) / HY_R16_MAX;
         for (long og = o; og < end; og += span)
-            for (int r = 0; r < rows; r += HY_MR) {
-                const int left = rows - r < HY_MR ? rows - r : HY_MR;
+            for (int p = 0, r = 0, left; p < passes; p++, r += left) {
+                left = (rows - r + passes - p - 1) / (passes - p);
 #define HY_R16(R) case R: hy_rows16_##R(type, w, row_bytes, og, og + span, nb, qa + r * n, da + r * nb, sa + r * nb, five, mn, out + r * ldo, ldo); break;
-                switch (left) { HY_R_CASES(HY_R16) }
+                switch (left) { HY_R16_CASES(HY_R16) }
 #undef HY_R16
             }
         if (bias)
