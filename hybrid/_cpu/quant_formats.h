@@ -46,6 +46,21 @@
 /* (HY_R_CASES(X): X(R) for every R <= HY_MR, the cases of a switch that makes the number of
  * activation rows a compile-time constant in each) */
 
+/* Activation rows one pass of the multi-weight-row mat-vecs takes (hy_q45_matvec8 on AVX2, the
+ * 16-row kernels on AVX-512): their weights' unpacking or transposes, which cost as much as a few
+ * rows' products, are done once for all of them; the sums of rows past the registers' room live
+ * on the stack.  HY_PASS_CASES(X): X(R) for every R <= HY_PASS_ROWS. */
+#define HY_PASS_ROWS 16
+#define HY_PASS_CASES(X) X(1) X(2) X(3) X(4) X(5) X(6) X(7) X(8) X(9) X(10) X(11) X(12) X(13) \
+    X(14) X(15) X(16)
+
+/* The rows 0..rows-1 in as few passes of at most `most` rows as cover them, shared out evenly
+ * (passes differ by a row at most): the statement after it runs once per pass, with r the
+ * pass's first row and left its number of rows. */
+#define HY_EVEN_PASSES(rows, most, r, left)                                                     \
+    for (int p_ = 0, n_ = ((rows) + (most) - 1) / (most), r = 0, left = 0;                      \
+         p_ < n_ && ((left = ((rows) - r + n_ - p_ - 1) / (n_ - p_)), 1); p_++, r += left)
+
 /* the instruction set the quantized kernels were built for (+vbmi: the streaming Q4_0/Q4_1/Q5_0/
  * Q5_1 decode kernel, hy_q45_matvec_stream) */
 static inline const char *hy_q_simd(void) {

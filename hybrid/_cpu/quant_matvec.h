@@ -97,9 +97,7 @@ static inline void hy_q_prep_acts(const int8_t *qa, const float *da, const float
 #define HY_PREP_LOOP(ROW)                                                                      \
     for (; o < o1; o += HY_PREP_CHUNK) {                                                       \
         const long oe_ = o1 - o < HY_PREP_CHUNK ? o1 : o + HY_PREP_CHUNK;                      \
-        const int passes_ = (rows + HY_PREP_ROWS - 1) / HY_PREP_ROWS;                          \
-        for (int p_ = 0, r_ = 0, left_; p_ < passes_; p_++, r_ += left_) {                     \
-            left_ = (rows - r_ + passes_ - p_ - 1) / (passes_ - p_);                           \
+        HY_EVEN_PASSES(rows, HY_PREP_ROWS, r_, left_) {                                        \
             for (long i_ = o; i_ < oe_; i_++)                                                  \
                 switch (left_) {                                                               \
                 case 1: ROW(1, i_, r_); break;                                                 \
@@ -153,7 +151,7 @@ HY_R_CASES(HY_Q45_STREAM_RANGE)
                                  with_min, out + o, ldo);                                      \
         }                                                                                      \
     }
-HY_R16_CASES(HY_ROWS16)
+HY_PASS_CASES(HY_ROWS16)
 #undef HY_ROWS16
 #endif
 
@@ -195,7 +193,7 @@ HY_R_CASES(HY_MULTI_ROWS)
                                 with_min, out + o, ldo);                                       \
         }                                                                                      \
     }
-HY_R8_CASES(HY_ROWS8)
+HY_PASS_CASES(HY_ROWS8)
 #undef HY_ROWS8
 #endif
 
@@ -243,9 +241,7 @@ static inline void hy_q_matvec_range(int type, const uint8_t *w, long row_bytes,
          * passes of rows shared out evenly (four rows or more each: the "many" layout) */
         const long end = o + (o1 - o) / 16 * 16;
         for (long i = end; i < o1; i++) {
-            const int passes = (rows + HY_MR - 1) / HY_MR;
-            for (int p = 0, r = 0, left; p < passes; p++, r += left) {
-                left = (rows - r + passes - p - 1) / (passes - p);
+            HY_EVEN_PASSES(rows, HY_MR, r, left) {
 #define HY_RS(R) case R: hy_q45_matvec_stream(&pl, w + i * row_bytes, 0, 1, nb, R, prep + r * pstride, pstride, out + r * ldo + i, 0, ldo); break;
                 switch (left) { HY_R_CASES(HY_RS) }
 #undef HY_RS
@@ -259,16 +255,14 @@ static inline void hy_q_matvec_range(int type, const uint8_t *w, long row_bytes,
     if (rows16 && qa != NULL) {  /* 16 weight rows per pass */
         const int mn = type == HY_Q_Q4_1 || type == HY_Q_Q5_1;
         const long end = o + (o1 - o) / 16 * 16;
-        /* up to HY_R16_MAX activation rows: one call over every group of 16 weight rows; more:
+        /* up to HY_PASS_ROWS activation rows: one call over every group of 16 weight rows; more:
          * each group for the rows in as few passes as that allows, shared out evenly (the
          * passes after the first find its weights in L1) */
-        const long span = rows <= HY_R16_MAX ? end - o : 16;
-        const int passes = (rows + HY_R16_MAX - 1) / HY_R16_MAX;
+        const long span = rows <= HY_PASS_ROWS ? end - o : 16;
         for (long og = o; og < end; og += span)
-            for (int p = 0, r = 0, left; p < passes; p++, r += left) {
-                left = (rows - r + passes - p - 1) / (passes - p);
+            HY_EVEN_PASSES(rows, HY_PASS_ROWS, r, left) {
 #define HY_R16(R) case R: hy_rows16_##R(type, w, row_bytes, og, og + span, nb, qa + r * n, da + r * nb, sa + r * nb, five, mn, out + r * ldo, ldo); break;
-                switch (left) { HY_R16_CASES(HY_R16) }
+                switch (left) { HY_PASS_CASES(HY_R16) }
 #undef HY_R16
             }
         if (bias)
@@ -282,9 +276,7 @@ static inline void hy_q_matvec_range(int type, const uint8_t *w, long row_bytes,
      * (the odd row left over takes the one-row path).  Each pair takes the operations of a
      * single row (the same bits). */
 #define HY_K_PASSES(CASE)                                                                       \
-    for (int p_ = 0, passes_ = (rows + HY_K_MAX_R - 1) / HY_K_MAX_R, r = 0, left; p_ < passes_; \
-         p_++, r += left) {                                                                     \
-        left = (rows - r + passes_ - p_ - 1) / (passes_ - p_);                                  \
+    HY_EVEN_PASSES(rows, HY_K_MAX_R, r, left) {                                                 \
         switch (left) { CASE(1) CASE(2) CASE(3) CASE(4) CASE(5) CASE(6) }                       \
     }
     if (per_pass == 2 && qa != NULL && type == HY_Q_Q6_K && rows > 1) {
@@ -404,15 +396,13 @@ static inline void hy_q_matvec_range(int type, const uint8_t *w, long row_bytes,
     if (per_pass == 8 && qa != NULL) {
         const int mn = type == HY_Q_Q4_1 || type == HY_Q_Q5_1;
         const int five = type == HY_Q_Q5_0 || type == HY_Q_Q5_1;
-        /* up to HY_Q45_R8_MAX activation rows: one call over every weight row; more: each group
+        /* up to HY_PASS_ROWS activation rows: one call over every weight row; more: each group
          * of 8 weight rows for the rows in as few passes as that allows, shared out evenly */
-        const long span = rows <= HY_Q45_R8_MAX ? o1 - o : 8;
-        const int passes = (rows + HY_Q45_R8_MAX - 1) / HY_Q45_R8_MAX;
+        const long span = rows <= HY_PASS_ROWS ? o1 - o : 8;
         for (long og = o; og < o1; og += span)
-            for (int p = 0, r = 0, left; p < passes; p++, r += left) {
-                left = (rows - r + passes - p - 1) / (passes - p);
+            HY_EVEN_PASSES(rows, HY_PASS_ROWS, r, left) {
 #define HY_R8(R) case R: hy_rows8_##R(w, row_bytes, og, og + span < o1 ? og + span : o1, nb, qa + r * n, da + r * nb, sa + r * nb, five, mn, out + r * ldo, ldo); break;
-                switch (left) { HY_R8_CASES(HY_R8) }
+                switch (left) { HY_PASS_CASES(HY_R8) }
 #undef HY_R8
             }
         if (bias)
@@ -439,9 +429,7 @@ static inline void hy_q_matvec_range(int type, const uint8_t *w, long row_bytes,
     if (multi && rows > 1) {
         for (; o < o1; o += HY_PREP_CHUNK) {
             const long oe = o1 - o < HY_PREP_CHUNK ? o1 : o + HY_PREP_CHUNK;
-            const int passes = (rows + HY_MR - 1) / HY_MR;
-            for (int p = 0, r = 0, left; p < passes; p++, r += left) {
-                left = (rows - r + passes - p - 1) / (passes - p);
+            HY_EVEN_PASSES(rows, HY_MR, r, left) {
                 switch (left) {
 #define HY_RM(R) case R: hy_multi_rows_##R(type, w, row_bytes, o, oe, nb, qa + r * n, da + r * nb, sa + r * nb, out + r * ldo, ldo); break;
                 HY_R_CASES(HY_RM)

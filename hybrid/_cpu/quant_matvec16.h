@@ -4,12 +4,6 @@
 #define HYBRID_QUANT_MATVEC16_H
 
 #if defined(HY_Q512)
-/* Activation rows one pass of the 16-row mat-vecs takes: the block transposes are done once for
- * all of them (the Q4/Q5 kernel's sums live on the stack for eight rows already).
- * HY_R16_CASES(X): X(R) for every R <= HY_R16_MAX. */
-#define HY_R16_MAX 16
-#define HY_R16_CASES(X) X(1) X(2) X(3) X(4) X(5) X(6) X(7) X(8) X(9) X(10) X(11) X(12) X(13) X(14) \
-    X(15) X(16)
 /* The 16-row mat-vecs prefetch the group after the next into L2, not L1: that group, the next
  * and the one being read are three times 16 rows (30 KB at 576 values per Q8_0 row), more than
  * fits beside everything else in a 32 KB L1, so lines prefetched there would be evicted before
@@ -74,7 +68,7 @@ static inline int hy_q45_rows16(int type) {
 }
 
 /* Q4_0 / Q4_1 / Q5_0 / Q5_1 for 16 weight rows at once (rows o..o+15, row_bytes apart) against
- * R (<= HY_R16_MAX) activation rows: out[r*ldo + o + i] = row o+i . activation row r.
+ * R (<= HY_PASS_ROWS) activation rows: out[r*ldo + o + i] = row o+i . activation row r.
  * The 16 rows' nibbles of a block are transposed in registers so that 32-bit lane i holds
  * row i: one vpdpbusd per 4 values then serves all 16 rows with the activations broadcast, and
  * the block's float work (scale, offset) is one vector operation for the 16 rows instead of
@@ -106,7 +100,7 @@ hy_q45_matvec16(const uint8_t *w, long row_bytes, long nb, const int R, const in
 #endif
     /* block b adds into sums set b % 4: the order in which hy_q45_matvec_stream's lanes add up
      * blocks (both give the same bits); the four sets are combined at the end */
-    __m512 acc[4][HY_R16_MAX], off[4][HY_R16_MAX];
+    __m512 acc[4][HY_PASS_ROWS], off[4][HY_PASS_ROWS];
     for (int k = 0; k < 4; k++)
         for (int r = 0; r < R; r++) acc[k][r] = off[k][r] = _mm512_setzero_ps();
     const uint8_t *pf = w + 32 * row_bytes;  /* two groups ahead */
@@ -213,7 +207,7 @@ hy_q8_matvec16(const uint8_t *w, long row_bytes, long nb, const int R, const int
                const float *da, const float *sa, float *out, long ldo) {
     const long n = 32 * nb;
     const __m512i flip = _mm512_set1_epi8((char)0x80);
-    __m512 acc[HY_R16_MAX], off[HY_R16_MAX];
+    __m512 acc[HY_PASS_ROWS], off[HY_PASS_ROWS];
     for (int r = 0; r < R; r++) acc[r] = off[r] = _mm512_setzero_ps();
     const uint8_t *pf = w + 32 * row_bytes;  /* two groups ahead, one forward stream, into L2 */
     const int pf_lines = (int)((16 * row_bytes / 64 + nb - 1) / nb);

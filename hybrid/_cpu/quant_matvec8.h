@@ -5,13 +5,6 @@
 #define HYBRID_QUANT_MATVEC8_H
 
 #if defined(HY_AVX2) && !defined(HY_Q512)
-/* Activation rows one pass of hy_q45_matvec8 takes (the weights of a block are unpacked once for
- * all of them): more than the four whose sums fit in registers, since unpacking costs as much as
- * three rows' products; the rest of the rows' sums then live on the stack.  HY_R8_CASES(X):
- * X(R) for every R <= HY_Q45_R8_MAX. */
-#define HY_Q45_R8_MAX 16
-#define HY_R8_CASES(X) X(1) X(2) X(3) X(4) X(5) X(6) X(7) X(8) X(9) X(10) X(11) X(12) X(13) X(14) \
-    X(15) X(16)
 /* Eight rows of 16 bytes, rows k and k+4 in the low and high lanes of y[k], to four registers of
  * four bytes of each row: lane L of t[i] holds dword i of lane L of y[0..3], in that order (a
  * 4x4 dword transpose inside each 128-bit lane) */
@@ -64,7 +57,7 @@ hy_q45_matvec8(const uint8_t *w, long row_bytes, int W, long nb, const int R, co
     const __m256i b4 = _mm256_set1_epi8(0x10);
     const uint8_t *row[8];
     for (int i = 0; i < 8; i++) row[i] = w + (i < W ? i : W - 1) * row_bytes;
-    __m256 acc[HY_Q45_R8_MAX], off[HY_Q45_R8_MAX];
+    __m256 acc[HY_PASS_ROWS], off[HY_PASS_ROWS];
     for (int r = 0; r < R; r++) acc[r] = off[r] = _mm256_setzero_ps();
     /* two groups ahead, front to back, into L2 (as hy_q45_matvec16): eight rows' streams
      * prefetched into L1 would evict lines before they are read */
