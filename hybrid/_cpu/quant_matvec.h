@@ -82,6 +82,14 @@ static inline void hy_q_prep_acts(const int8_t *qa, const float *da, const float
 #endif
 }
 
+/* out[r*ldo + i] += bias[i] for the rows r < rows and the weight rows i in [o, o1) (nothing
+ * without a bias) */
+static inline void hy_add_bias(const float *bias, int rows, long o, long o1, float *out, long ldo) {
+    if (bias)
+        for (int r = 0; r < rows; r++)
+            for (long i = o; i < o1; i++) out[r * ldo + i] += bias[i];
+}
+
 /* weight rows per chunk where the multi-row kernels take a chunk (kept in L2) for each group of
  * four prepared activation rows (kept in L1) in turn */
 #ifndef HY_PREP_CHUNK
@@ -110,9 +118,7 @@ static inline void hy_q_prep_acts(const int8_t *qa, const float *da, const float
                 default: ROW(8, i_, r_); break;                                                \
                 }                                                                              \
         }                                                                                      \
-        if (bias)                                                                              \
-            for (int r_ = 0; r_ < rows; r_++)                                                  \
-                for (long i_ = o; i_ < oe_; i_++) out[r_ * ldo + i_] += bias[i_];              \
+        hy_add_bias(bias, rows, o, oe_, out, ldo);                                             \
     }
 
 #if defined(HY_Q45_STREAM)
@@ -231,9 +237,7 @@ static inline void hy_q_matvec_range(int type, const uint8_t *w, long row_bytes,
             HY_R_CASES(HY_RS)
 #undef HY_RS
             }
-            if (bias)
-                for (int r = 0; r < rows; r++)
-                    for (long i = o; i < o1; i++) out[r * ldo + i] += bias[i];
+            hy_add_bias(bias, rows, o, o1, out, ldo);
             return;
         }
         /* more activation rows: the 16-row kernel below (the same bits) takes the whole groups
@@ -246,8 +250,7 @@ static inline void hy_q_matvec_range(int type, const uint8_t *w, long row_bytes,
                 switch (left) { HY_R_CASES(HY_RS) }
 #undef HY_RS
             }
-            if (bias)
-                for (int r = 0; r < rows; r++) out[r * ldo + i] += bias[i];
+            hy_add_bias(bias, rows, i, i + 1, out, ldo);
         }
         o1 = end;
     }
@@ -265,9 +268,7 @@ static inline void hy_q_matvec_range(int type, const uint8_t *w, long row_bytes,
                 switch (left) { HY_PASS_CASES(HY_R16) }
 #undef HY_R16
             }
-        if (bias)
-            for (int r = 0; r < rows; r++)
-                for (long i = o; i < end; i++) out[r * ldo + i] += bias[i];
+        hy_add_bias(bias, rows, o, end, out, ldo);
         o = end;
     }
     /* Q4_K / Q5_K / Q6_K: several activation rows take one weight row per pass, unpacked once
@@ -285,8 +286,7 @@ static inline void hy_q_matvec_range(int type, const uint8_t *w, long row_bytes,
                                               da + r * nb, s16 + 2 * r * nb, nb, out + r * ldo + o, ldo); break;
             HY_K_PASSES(HY_R6)
 #undef HY_R6
-            if (bias)
-                for (int r = 0; r < rows; r++) out[r * ldo + o] += bias[o];
+            hy_add_bias(bias, rows, o, o + 1, out, ldo);
         }
     }
     if (per_pass == 2 && qa != NULL && (type == HY_Q_Q4_K || type == HY_Q_Q5_K) && rows > 1) {
@@ -298,8 +298,7 @@ static inline void hy_q_matvec_range(int type, const uint8_t *w, long row_bytes,
             break;
             HY_K_PASSES(HY_RK)
 #undef HY_RK
-            if (bias)
-                for (int r = 0; r < rows; r++) out[r * ldo + o] += bias[o];
+            hy_add_bias(bias, rows, o, o + 1, out, ldo);
         }
     }
 #undef HY_K_PASSES
@@ -353,9 +352,7 @@ static inline void hy_q_matvec_range(int type, const uint8_t *w, long row_bytes,
                 }
 #undef HY_HALF_PASS
             }
-            if (bias)
-                for (int r = 0; r < rows; r++)
-                    for (int i = 0; i < W; i++) out[r * ldo + o + i] += bias[o + i];
+            hy_add_bias(bias, rows, o, o + W, out, ldo);
         }
     }
 #endif
@@ -387,8 +384,7 @@ static inline void hy_q_matvec_range(int type, const uint8_t *w, long row_bytes,
                 switch (left) { HY_RK2(1) HY_RK2(2) HY_RK2(3) HY_RK2(4) }
 #undef HY_RK2
             }
-            if (bias)
-                for (int r = 0; r < rows; r++) out[r * ldo + o] += bias[o];
+            hy_add_bias(bias, rows, o, o + 1, out, ldo);
         }
         return;
     }
@@ -405,9 +401,7 @@ static inline void hy_q_matvec_range(int type, const uint8_t *w, long row_bytes,
                 switch (left) { HY_PASS_CASES(HY_R8) }
 #undef HY_R8
             }
-        if (bias)
-            for (int r = 0; r < rows; r++)
-                for (long i = o; i < o1; i++) out[r * ldo + i] += bias[i];
+        hy_add_bias(bias, rows, o, o1, out, ldo);
         return;
     }
 #endif
@@ -436,9 +430,7 @@ static inline void hy_q_matvec_range(int type, const uint8_t *w, long row_bytes,
 #undef HY_RM
                 }
             }
-            if (bias)
-                for (int r = 0; r < rows; r++)
-                    for (long i = o; i < oe; i++) out[r * ldo + i] += bias[i];
+            hy_add_bias(bias, rows, o, oe, out, ldo);
         }
         return;
     }
