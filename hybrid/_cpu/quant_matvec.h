@@ -90,33 +90,24 @@ static inline void hy_add_bias(const float *bias, int rows, long o, long o1, flo
             for (long i = o; i < o1; i++) out[r * ldo + i] += bias[i];
 }
 
-/* weight rows per chunk where the multi-row kernels take a chunk (kept in L2) for each group of
- * four prepared activation rows (kept in L1) in turn */
+/* weight rows per chunk where the multi-row loops take a chunk (kept in cache) for each pass of
+ * activation rows in turn (HY_CHUNK_LOOP) */
 #ifndef HY_PREP_CHUNK
 #define HY_PREP_CHUNK 32
 #endif
 
-/* That loop over weight rows [o, o1) for `rows` activation rows, bias added: ROW(R, i, r) runs
- * weight row i against activation rows r..r+R-1, R a constant 1..HY_PREP_ROWS in each expansion
- * (so every format keeps its own inlined kernel).  The rows go in as few passes as
- * HY_PREP_ROWS per pass allows, shared out evenly: a pass costs nearly its weights' unpacking
- * whatever its rows. */
-#define HY_PREP_ROWS 8
-#define HY_PREP_LOOP(ROW)                                                                      \
+/* The loop over weight rows [o, o1) for `rows` activation rows, bias added, chunk by chunk of
+ * HY_PREP_CHUNK weight rows: in each chunk the rows go in as few passes of up to HY_MR as cover
+ * them, shared out evenly (a pass costs nearly its weights' unpacking whatever its rows), and
+ * HY_CHUNK(R, r), which the caller defines, runs the chunk's weight rows [o, oe_) against
+ * activation rows r..r+R-1, R a constant in each expansion (so every kernel keeps its sums in
+ * registers). */
+#define HY_CHUNK_CASE_(R) case R: HY_CHUNK(R, r_); break;
+#define HY_CHUNK_LOOP                                                                          \
     for (; o < o1; o += HY_PREP_CHUNK) {                                                       \
         const long oe_ = o1 - o < HY_PREP_CHUNK ? o1 : o + HY_PREP_CHUNK;                      \
-        HY_EVEN_PASSES(rows, HY_PREP_ROWS, r_, left_) {                                        \
-            for (long i_ = o; i_ < oe_; i_++)                                                  \
-                switch (left_) {                                                               \
-                case 1: ROW(1, i_, r_); break;                                                 \
-                case 2: ROW(2, i_, r_); break;                                                 \
-                case 3: ROW(3, i_, r_); break;                                                 \
-                case 4: ROW(4, i_, r_); break;                                                 \
-                case 5: ROW(5, i_, r_); break;                                                 \
-                case 6: ROW(6, i_, r_); break;                                                 \
-                case 7: ROW(7, i_, r_); break;                                                 \
-                default: ROW(8, i_, r_); break;                                                \
-                }                                                                              \
+        HY_EVEN_PASSES(rows, HY_MR, r_, left_) {                                               \
+            switch (left_) { HY_R_CASES(HY_CHUNK_CASE_) }                                      \
         }                                                                                      \
         hy_add_bias(bias, rows, o, oe_, out, ldo);                                             \
     }
@@ -406,32 +397,27 @@ static inline void hy_q_matvec_range(int type, const uint8_t *w, long row_bytes,
     }
 #endif
 #if defined(HY_Q512)
-    /* Q8_0 for several activation rows: the prepared activations (hy_q8_prep), up to four
+    /* Q8_0 for several activation rows: the prepared activations (hy_q8_prep), up to HY_MR
      * activation rows per pass over each weight row (the same bits as the one-row dot) */
     if (type == HY_Q_Q8_0 && rows > 1 && prep != NULL && hy_q_prep_fits(n)) {
         const long pstride = hy_q_prep_bytes(n);
         const uint8_t *p8 = prep + hy_q_prep_at(HY_PREP_Q8, n);
-#define HY_R8P(R, i, r) hy_q8_0_rows_prep(w + (i) * row_bytes, nb, R, p8 + (r) * pstride, pstride, \
-                                          out + (r) * ldo + (i), ldo)
-        HY_PREP_LOOP(HY_R8P)
-#undef HY_R8P
+#define HY_CHUNK(R, r)                                                                         \
+    for (long i_ = o; i_ < oe_; i_++)                                                          \
+        hy_q8_0_rows_prep(w + i_ * row_bytes, nb, R, p8 + (r) * pstride, pstride,              \
+                          out + (r) * ldo + i_, ldo)
+        HY_CHUNK_LOOP
+#undef HY_CHUNK
         return;
     }
 #endif
-    /* several activation rows: up to HY_MR per pass, shared out evenly, over each chunk of
-     * weight rows in turn (in cache again for the passes after the first) */
+    /* several activation rows: the multi-row dot products, chunk by chunk (the weight rows in
+     * cache again for the passes after the first) */
     if (multi && rows > 1) {
-        for (; o < o1; o += HY_PREP_CHUNK) {
-            const long oe = o1 - o < HY_PREP_CHUNK ? o1 : o + HY_PREP_CHUNK;
-            HY_EVEN_PASSES(rows, HY_MR, r, left) {
-                switch (left) {
-#define HY_RM(R) case R: hy_multi_rows_##R(type, w, row_bytes, o, oe, nb, qa + r * n, da + r * nb, sa + r * nb, out + r * ldo, ldo); break;
-                HY_R_CASES(HY_RM)
-#undef HY_RM
-                }
-            }
-            hy_add_bias(bias, rows, o, oe, out, ldo);
-        }
+#define HY_CHUNK(R, r) hy_multi_rows_##R(type, w, row_bytes, o, oe_, nb, qa + (r) * n, da + (r) * nb, \
+                                         sa + (r) * nb, out + (r) * ldo, ldo)
+        HY_CHUNK_LOOP
+#undef HY_CHUNK
         return;
     }
     const hy_q_dot_fn dot = hy_q_table[type].dot;
