@@ -324,6 +324,38 @@ def test_each_row_is_independent_of_the_batch(rng, name):
                 assert np.array_equal(part, full[rows]), (kernel.__name__, n, rows)
 
 
+@pytest.mark.parametrize("name", ["q4_0", "q4_1", "q5_0", "q5_1"])
+def test_stream_arrangements_give_the_same_bits(rng, name):
+    """The AVX-512 stream kernel's two arrangements (quant_stream.h: which one a call takes
+    depends on the core) give every row the bits it gets alone, for any number of rows: up to 8
+    rows in one pass, more around the 16-row kernel (37 weight rows: 5 past its groups)."""
+    from hybrid._cpu import quant as kernels
+
+    if not kernels.stream_arrangement(3):
+        pytest.skip("this build has no stream kernel (AVX-512 with VBMI)")
+    n = 224  # 7 blocks: the last step of 4 is partial
+    w = random_blocks(name, 37, n, rng)
+    x = rng.standard_normal((21, n)).astype(np.float32)
+    outs = {}
+    try:
+        for many in (False, True):
+            kernels._force_stream_arrangement(many)
+            assert kernels.stream_arrangement(3) == ("many" if many else "few")
+            for rows in (1, 2, 3, 5, 8, 9, 21):
+                out = np.full((rows, 37), np.nan, np.float32)
+                kernels.matvec(w.format.kernel_code, w.data, x[:rows], None, out, 2)
+                outs[many, rows] = out
+    finally:
+        kernels._force_stream_arrangement(None)
+    for rows in (1, 2, 3, 5, 8, 9, 21):
+        for many in (False, True):
+            assert np.array_equal(outs[many, rows], outs[False, 21][:rows]), (many, rows)
+    # and right: float64 products of the 8-bit activations with gguf's decoding of the weights
+    wd = oracle(w).astype(np.float64)
+    xq, _ = _act_quantized(x, 32)
+    assert np.all(np.abs(outs[True, 21] - xq @ wd.T) <= 2e-6 * (np.abs(xq) @ np.abs(wd).T))
+
+
 @pytest.mark.parametrize("name", [n for n in NAMES if not FORMATS[n].integer] + ["float32"])
 def test_each_float_row_is_independent_of_the_batch(rng, name):
     """The float formats' mat-vec serves one, two, three to six, and more activation rows with

@@ -22,6 +22,8 @@ cdef extern from "quant.h" nogil:
     const hy_q_traits *hy_q_traits_of(int type)
     const char *hy_q_simd()
     int hy_q_weight_pf()
+    int hy_q_stream_many(int rows)
+    void hy_q_stream_force(int many)
     int hy_q_block_values(int type)
     int hy_q_block_bytes(int type)
     void hy_q_decode_row(int type, const uint8_t *row, float *y, long n)
@@ -118,6 +120,18 @@ def weight_prefetch():
     """How the kernels prefetch a weight stream on this core: '' (portable builds, none), 'far
     into L1' or 'near into L1 and far into L2 (Intel)'."""
     return {0: "", 1: "far into L1", 2: "near into L1 and far into L2 (Intel)"}[hy_q_weight_pf()]
+
+
+def stream_arrangement(int rows):
+    """The arrangement of the AVX-512 Q4_0/Q4_1/Q5_0/Q5_1 stream kernel (quant_stream.h) for a
+    call of `rows` activation rows on this core: 'few', 'many', or '' (no such kernel here)."""
+    return {-1: "", 0: "few", 1: "many"}[hy_q_stream_many(rows)]
+
+
+def _force_stream_arrangement(many):
+    """For tests: later calls take the "many" arrangement from three rows (True), "few" always
+    (False), or the core's choice (None)."""
+    hy_q_stream_force(-1 if many is None else int(bool(many)))
 
 
 def decode_rows(int qtype,

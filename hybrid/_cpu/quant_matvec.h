@@ -14,10 +14,30 @@ static inline int hy_q_weight_pf(void) {
 #endif
 }
 
+/* The stream kernel's arrangement (quant_stream.h) for a call of `rows` activation rows: 1
+ * "many", 0 "few", -1 where the build has no stream kernel.  hy_q_stream_force makes later
+ * calls take "many" from HY_Q45_MANY rows (1), "few" always (0) or the core's choice (-1): tests
+ * run both on any core. */
+static inline int hy_q_stream_many(int rows) {
+#if defined(HY_Q45_STREAM)
+    return hy_q45_many(rows);
+#else
+    (void)rows;
+    return -1;
+#endif
+}
+static inline void hy_q_stream_force(int many) {
+#if defined(HY_Q45_STREAM)
+    hy_q45_many_ = many < 0 ? hy_cpu_is_intel() : many != 0;
+#else
+    (void)many;
+#endif
+}
+
 /* Prepared activations: the layouts some kernels read instead of the plain 8-bit blocks, laid
  * out once per call, one span of hy_q_prep_bytes(n) per activation row (0 where the build has
  * no such kernel).  Its parts, each at hy_q_prep_at: the stream kernel's (hy_q45_prep, any
- * number of rows, in the layout of the arrangement a call of that many rows takes), and, for
+ * number of rows, in the layout of the arrangement a call of that many rows takes: hy_q45_many), and, for
  * several rows, the Q8_0 multi-row kernel's (hy_q8_prep).
  * hy_q_prep_flags says which parts a format reads; hy_q_prep_acts lays out one row's. */
 enum { HY_PREP_Q45 = 1, HY_PREP_Q8 = 2 };
@@ -72,7 +92,7 @@ static inline void hy_q_prep_acts(const int8_t *qa, const float *da, const float
                                   int rows, int flags, uint8_t *prep) {
 #if defined(HY_Q45_STREAM)
     if (flags & HY_PREP_Q45)  /* the layout of the passes a call of `rows` rows takes */
-        hy_q45_prep(rows >= HY_Q45_MANY, qa, da, sa, n / 32, prep + hy_q_prep_at(HY_PREP_Q45, n));
+        hy_q45_prep(hy_q45_many(rows), qa, da, sa, n / 32, prep + hy_q_prep_at(HY_PREP_Q45, n));
 #endif
 #if defined(HY_Q512)
     if (rows < 2 || !hy_q_prep_fits(n)) return;
@@ -116,22 +136,27 @@ static inline void hy_add_bias(const float *bias, int rows, long o, long o1, flo
 /* Weight rows [o, o1) of a stream-kernel format for R activation rows: four weight rows per
  * pass, one from each quarter of the range, so each quarter is one forward stream through
  * consecutive rows (prefetches running past a row's end fetch the next row read); then the rows
- * past the quarters.  One function per R, kept out of line: inlined into the dispatcher the
- * kernel's loop lost its registers to the dispatcher's other paths. */
-#define HY_Q45_STREAM_RANGE(R)                                                                  \
-    static __attribute__((noinline)) void hy_q45_stream_range_##R(                             \
+ * past the quarters.  One function per R and arrangement (hy_q45_stream_range_R "few",
+ * hy_q45_stream_many_R "many"), kept out of line: inlined into the dispatcher the kernel's loop
+ * lost its registers to the dispatcher's other paths. */
+#define HY_Q45_STREAM_RANGE_(NAME, R, MANY)                                                     \
+    static __attribute__((noinline)) void NAME(                                                \
         const hy_q45_plan *pl, const uint8_t *w, long row_bytes, long o, long o1, long nb,     \
         const uint8_t *prep, long pstride, float *out, long ldo) {                            \
         const long q = (o1 - o) / 4;                                                           \
         for (long k = 0; k < q; k++)                                                           \
-            hy_q45_matvec_stream(pl, w + (o + k) * row_bytes, q * row_bytes, 4, nb, R, prep,   \
-                                 pstride, out + o + k, q, ldo);                                \
+            hy_q45_matvec_stream(pl, w + (o + k) * row_bytes, q * row_bytes, 4, nb, R, MANY,   \
+                                 prep, pstride, out + o + k, q, ldo);                          \
         for (long i = o + 4 * q; i < o1; i++)                                                  \
-            hy_q45_matvec_stream(pl, w + i * row_bytes, 0, 1, nb, R, prep, pstride, out + i,   \
-                                 0, ldo);                                                      \
+            hy_q45_matvec_stream(pl, w + i * row_bytes, 0, 1, nb, R, MANY, prep, pstride,      \
+                                 out + i, 0, ldo);                                             \
     }
+#define HY_Q45_STREAM_RANGE(R)                                                                  \
+    HY_Q45_STREAM_RANGE_(hy_q45_stream_range_##R, R, 0)                                         \
+    HY_Q45_STREAM_RANGE_(hy_q45_stream_many_##R, R, 1)
 HY_R_CASES(HY_Q45_STREAM_RANGE)
 #undef HY_Q45_STREAM_RANGE
+#undef HY_Q45_STREAM_RANGE_
 #endif
 
 #if defined(HY_Q512)
@@ -224,7 +249,7 @@ static inline void hy_q_matvec_range(int type, const uint8_t *w, long row_bytes,
             /* up to HY_MR activation rows this kernel reads the weights from memory faster than
              * the 16-row kernel; with more, that one reads them once for 16 rows */
             switch (rows) {
-#define HY_RS(R) case R: hy_q45_stream_range_##R(&pl, w, row_bytes, o, o1, nb, prep, pstride, out, ldo); break;
+#define HY_RS(R) case R: (R >= HY_Q45_MANY && hy_q45_many(R) ? hy_q45_stream_many_##R : hy_q45_stream_range_##R)(&pl, w, row_bytes, o, o1, nb, prep, pstride, out, ldo); break;
             HY_R_CASES(HY_RS)
 #undef HY_RS
             }
@@ -233,11 +258,16 @@ static inline void hy_q_matvec_range(int type, const uint8_t *w, long row_bytes,
         }
         /* more activation rows: the 16-row kernel below (the same bits) takes the whole groups
          * of 16 rows, reading the activations once per group; this one the rows past them, in
-         * passes of rows shared out evenly (four rows or more each: the "many" layout) */
+         * passes of rows shared out evenly (four rows or more each, so the arrangement of
+         * hy_q45_many(rows), the activations' layout) */
         const long end = o + (o1 - o) / 16 * 16;
+        const int many = hy_q45_many(rows);
         for (long i = end; i < o1; i++) {
             HY_EVEN_PASSES(rows, HY_MR, r, left) {
-#define HY_RS(R) case R: hy_q45_matvec_stream(&pl, w + i * row_bytes, 0, 1, nb, R, prep + r * pstride, pstride, out + r * ldo + i, 0, ldo); break;
+#define HY_RS(R) case R:                                                                        \
+    if (many) hy_q45_matvec_stream(&pl, w + i * row_bytes, 0, 1, nb, R, 1, prep + r * pstride, pstride, out + r * ldo + i, 0, ldo); \
+    else hy_q45_matvec_stream(&pl, w + i * row_bytes, 0, 1, nb, R, 0, prep + r * pstride, pstride, out + r * ldo + i, 0, ldo);      \
+    break;
                 switch (left) { HY_R_CASES(HY_RS) }
 #undef HY_RS
             }

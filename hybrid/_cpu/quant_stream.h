@@ -9,14 +9,14 @@
  * instead, which interleaves 16 streams, which memory serves slower than these kernels' one.
  *
  * Two arrangements of a step, both giving the same bits as each other and as hy_q45_matvec16:
- *   few  (1 or 2 activation rows): 128-bit lane b holds block b of one weight row; each
- *        activation row's integer sums are then reduced and transposed to one lane per block
- *        and row (nine operations per activation row and step);
- *   many (3 to HY_MR rows): four 128-bit shuffles per step put the four weight rows side by
- *        side, lane 4i+b of register j holding bytes 4j..4j+3 of block b of row i, so that an
- *        activation pattern broadcast to every 128-bit lane serves all four rows and eight
- *        vpdpbusd leave each block's sum in its own lane with no reduction.  The shuffles cost
- *        about as much as two activation rows' reductions (measured), so they pay from three.
+ *   few  128-bit lane b holds block b of one weight row; each activation row's integer sums
+ *        are then reduced and transposed to one lane per block and row (nine operations per
+ *        activation row and step);
+ *   many four 128-bit shuffles per step put the four weight rows side by side, lane 4i+b of
+ *        register j holding bytes 4j..4j+3 of block b of row i, so that an activation pattern
+ *        broadcast to every 128-bit lane serves all four rows and eight vpdpbusd leave each
+ *        block's sum in its own lane with no reduction.
+ * Which is faster depends on the core (hy_q45_many).
  * In both, one FMA adds a step's scaled block sums into a register whose lanes keep each row's
  * running sums of blocks b, b+4, b+8, ... (b = 0..3; one more FMA the offsets), and a row's four
  * sums are added at the end, (s0 + s1) + (s2 + s3), as hy_q45_matvec16 adds its blocks.
@@ -29,8 +29,18 @@
 #ifndef HY_Q45_PF
 #define HY_Q45_PF 2048
 #endif
-/* activation rows from which a pass takes the "many" arrangement */
+/* activation rows from which a pass can take the "many" arrangement */
 #define HY_Q45_MANY 3
+
+/* Whether a call of `rows` activation rows takes the "many" arrangement (and its activation
+ * layout): from HY_Q45_MANY rows on Intel cores, where it measured faster (the shuffles cost
+ * about as much as two rows' reductions); never on AMD cores, where "few" measured faster in a
+ * decode step of three to eight rows (read once at run time). */
+static int hy_q45_many_ = -1;
+static inline int hy_q45_many(int rows) {
+    if (hy_q45_many_ < 0) hy_q45_many_ = hy_cpu_is_intel();
+    return hy_q45_many_ && rows >= HY_Q45_MANY;
+}
 
 typedef struct {
     /* few: vpermt2b indices (nibble bytes, lane b = block b; [d x16 | m x16] words, word 4b+i;
@@ -145,13 +155,13 @@ static inline __m512 hy_q45_sums_many(__m512 x) {
 }
 
 /* W (<= 4) weight rows (row i at w + i*wstep) times R (<= HY_MR) activation rows (hy_q45_prep's
- * for R: the "many" layout from HY_Q45_MANY rows, pstride bytes apart):
+ * in the layout of arrangement `many`, a constant, pstride bytes apart):
  * out[r*ldo + i*ostep] = row i . activation row r (without the bias). */
 static inline __attribute__((always_inline)) void
 hy_q45_matvec_stream(const hy_q45_plan *pl, const uint8_t *w, long wstep, const int W, long nb,
-                     const int R, const uint8_t *prep, long pstride, float *out, long ostep,
-                     long ldo) {
-    const int bb = pl->bb, five = pl->five, s = 4 * bb - 64, many = R >= HY_Q45_MANY;
+                     const int R, const int many, const uint8_t *prep, long pstride, float *out,
+                     long ostep, long ldo) {
+    const int bb = pl->bb, five = pl->five, s = 4 * bb - 64;
     const long step_bytes = many ? HY_Q45_PREP_MANY : HY_Q45_PREP_FEW;
     const __m512i m4 = _mm512_set1_epi8(0x0F);
     __m512 acc[HY_MR], off[HY_MR];

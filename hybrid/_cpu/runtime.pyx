@@ -50,10 +50,13 @@ def kernel_paths():
     elementwise = {3: "avx512", 2: "avx2+fma", 1: "avx2+fma", 0: "portable C"}[level]
     from .backend import SMALL_F32_GEMM  # (the backend's rule for AVX2 builds)
     prefetch = quant.weight_prefetch()
+    stream = quant.stream_arrangement(3)
     return {"attention": attention,
             "elementwise (rmsnorm, swiglu, exp)": elementwise,
             "quantized weights": f"{quant.simd()} ({_rows_per_pass(quant.kernel_traits())})"
-                                 + (f"; streams prefetched {prefetch}" if prefetch else ""),
+                                 + (f"; streams prefetched {prefetch}" if prefetch else "")
+                                 + (f"; 3-8 rows of Q4/Q5: the stream kernel's \"{stream}\" "
+                                    "arrangement" if stream else ""),
             "float32 weights, prompt rows": {16: "avx512 GEMM",
                                              8: f"avx2 GEMM up to {SMALL_F32_GEMM >> 20} MiB "
                                                 "matrices, else BLAS sgemm",
