@@ -37,8 +37,8 @@ static inline void hy_q_stream_force(int many) {
 /* Prepared activations: the layouts some kernels read instead of the plain 8-bit blocks, laid
  * out once per call, one span of hy_q_prep_bytes(n) per activation row (0 where the build has
  * no such kernel).  Its parts, each at hy_q_prep_at: the stream kernel's (hy_q45_prep, any
- * number of rows, in the layout of the arrangement a call of that many rows takes: hy_q45_many), and, for
- * several rows, the Q8_0 multi-row kernel's (hy_q8_prep).
+ * number of rows, in the layout of the arrangement a call of that many rows takes:
+ * hy_q45_many), and, for several rows, the Q8_0 multi-row kernel's (hy_q8_prep).
  * hy_q_prep_flags says which parts a format reads; hy_q_prep_acts lays out one row's. */
 enum { HY_PREP_Q45 = 1, HY_PREP_Q8 = 2 };
 
@@ -248,7 +248,7 @@ static inline void hy_q_matvec_range(int type, const uint8_t *w, long row_bytes,
         if (rows <= HY_MR) {
             /* up to HY_MR activation rows this kernel reads the weights from memory faster than
              * the 16-row kernel; with more, that one reads them once for 16 rows */
-            switch (rows) {
+            switch (rows) {  /* (R >= HY_Q45_MANY first: no "many" function for fewer rows) */
 #define HY_RS(R) case R: (R >= HY_Q45_MANY && hy_q45_many(R) ? hy_q45_stream_many_##R : hy_q45_stream_range_##R)(&pl, w, row_bytes, o, o1, nb, prep, pstride, out, ldo); break;
             HY_R_CASES(HY_RS)
 #undef HY_RS
