@@ -132,15 +132,18 @@ def test_a_row_does_not_depend_on_its_neighbours(rng, dtype, group, head_dim):
 @pytest.mark.parametrize("dtype", Q8)
 def test_a_sequences_few_verify_rows_spread_over_the_threads(rng, dtype):
     """A few rows of one sequence at short context (a speculative verify step) would be one
-    task over every KV head, leaving the other threads idle: each task then takes fewer heads,
-    and every row keeps the bits it gets alone as a decode step."""
+    task over every KV head, leaving the other threads idle: each task then takes one head and,
+    where three heads would split 2:1 over two threads, part of the rows; every (row, head) is
+    one task's, and every row keeps the bits it gets alone as a decode step."""
     from hybrid._cpu import attention
 
     kvh, group, d, past, n = 3, 3, 64, 197, 3
     tasks, threads = attention.plan(n, past, num_kv_heads=kvh, group=group, block_size=BS,
                                     num_threads=2)
-    assert threads == 2 and len(tasks) >= 2
-    assert sorted(map(tuple, tasks[:, 3:5].tolist())) == [(0, 1), (1, 2), (2, 3)]
+    assert threads == 2 and len(tasks) > kvh
+    assert all(t[4] - t[3] == 1 for t in tasks)
+    cover = sorted((r, g) for t in tasks for r in range(t[0], t[1]) for g in range(t[3], t[4]))
+    assert cover == [(r, g) for r in range(n) for g in range(kvh)]
     hybrid.set_num_threads(2)
     try:
         cache, q, together, expect = _after_history(rng, dtype, kvh, group, d, past, n)

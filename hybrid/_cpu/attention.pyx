@@ -186,19 +186,26 @@ cdef object _plan(const int64_t[::1] row_pos, const int64_t[::1] seg_rows,
     # pass 1: key ranges per tile, and the sizes of the tables
     cdef long ranges = 0, split_tiles = 0
     cdef long r0, r1, keys, chunk, kb
-    cdef int nsplit, g0, g1
-    for s in range(nseg):
-        r0 = seg_rows[s]
-        while r0 < seg_rows[s + 1]:
-            r1 = min(r0 + tile, seg_rows[s + 1])
-            nsplit = _splits(row_pos[r1 - 1] + 1, block_size, &chunk)
-            ranges += nsplit
-            split_tiles += nsplit > 1
-            r0 = r1
+    cdef int nsplit, g0, g1, rt
+    cdef double best, cost
+    _count_ranges(row_pos, seg_rows, tile, block_size, &ranges, &split_tiles)
     if ranges * ((num_kv_heads + heads - 1) // heads) < nthreads:
         # too few tasks for the threads (a sequence's few verify rows): fewer KV heads a task
         # (each head's sums are the same whichever task holds it)
         heads = <int> max(1, num_kv_heads * ranges // nthreads)
+    if nthreads > 1 and tile > 1 and ranges * ((num_kv_heads + heads - 1) // heads) < 2 * nthreads:
+        # too few tasks to share evenly (one sequence's few verify rows): the row tile whose
+        # tasks of one KV head finish soonest, counted in passes of four query vectors (each
+        # row's sums are the same whichever tile holds it)
+        best = _tile_cost(row_pos, seg_rows, tile, heads, num_kv_heads, group, block_size,
+                          nthreads)
+        for rt in range(tile, 0, -1):
+            cost = _tile_cost(row_pos, seg_rows, rt, 1, num_kv_heads, group, block_size,
+                              nthreads)
+            if cost < best:
+                best, tile, heads = cost, rt, 1
+        ranges = split_tiles = 0
+        _count_ranges(row_pos, seg_rows, tile, block_size, &ranges, &split_tiles)
     cdef int head_groups = (num_kv_heads + heads - 1) // heads
     cdef long n_tasks = ranges * head_groups, n_merges = split_tiles * head_groups, n_partial = 0
     tasks = np.empty((n_tasks, NCOL), dtype=np.int64)
@@ -234,6 +241,54 @@ cdef object _plan(const int64_t[::1] row_pos, const int64_t[::1] seg_rows,
                 g0 = g1
             r0 = r1
     return tasks, merges, n_partial, tile * heads * group, nthreads
+
+
+cdef void _count_ranges(const int64_t[::1] row_pos, const int64_t[::1] seg_rows, int tile,
+                       int block_size, long *ranges, long *split_tiles) noexcept:
+    """Key ranges over every tile of `tile` rows, and how many tiles have more than one."""
+    cdef long r0, r1, chunk
+    cdef int s, nsplit
+    for s in range(seg_rows.shape[0] - 1):
+        r0 = seg_rows[s]
+        while r0 < seg_rows[s + 1]:
+            r1 = min(r0 + tile, seg_rows[s + 1])
+            nsplit = _splits(row_pos[r1 - 1] + 1, block_size, &chunk)
+            ranges[0] += nsplit
+            split_tiles[0] += nsplit > 1
+            r0 = r1
+
+
+cdef double _tile_cost(const int64_t[::1] row_pos, const int64_t[::1] seg_rows, int tile,
+                       int heads, int num_kv_heads, int group, int block_size,
+                       int nthreads) noexcept:
+    """Estimated time of a plan with row tiles of `tile` rows and `heads` KV heads a task, in
+    passes of four query vectors over one block of keys: its tasks handed in order to the first
+    free thread, as the dynamic schedule does, each costing its passes and one more for its
+    setup."""
+    cdef double free_at[64]
+    cdef long r0, r1, chunk
+    cdef int s, nsplit, k, i, first, n = min(nthreads, 64)
+    cdef long groups = (num_kv_heads + heads - 1) // heads
+    cdef double passes, end = 0
+    for i in range(n):
+        free_at[i] = 0
+    for s in range(seg_rows.shape[0] - 1):
+        r0 = seg_rows[s]
+        while r0 < seg_rows[s + 1]:
+            r1 = min(r0 + tile, seg_rows[s + 1])
+            nsplit = _splits(row_pos[r1 - 1] + 1, block_size, &chunk)
+            # (the last range may be shorter: counted whole, as the estimate needs no more)
+            passes = 1 + heads * (((r1 - r0) * group + 3) // 4) * \
+                ((min(chunk, row_pos[r1 - 1] + 1) + block_size - 1) // block_size)
+            for k in range(nsplit * groups):
+                first = 0
+                for i in range(1, n):
+                    if free_at[i] < free_at[first]:
+                        first = i
+                free_at[first] += passes
+                end = max(end, free_at[first])
+            r0 = r1
+    return end
 
 
 cdef inline int _splits(long keys, int block_size, long *chunk) noexcept:
