@@ -28,7 +28,7 @@ static inline int hy_q_stream_many(int rows) {
 }
 static inline void hy_q_stream_force(int many) {
 #if defined(HY_Q45_STREAM)
-    hy_q45_many_ = many < 0 ? hy_cpu_is_intel() : many != 0;
+    hy_q45_choose(many);
 #else
     (void)many;
 #endif

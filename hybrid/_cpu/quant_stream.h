@@ -37,8 +37,12 @@
  * about as much as two rows' reductions); never on AMD cores, where "few" measured faster in a
  * decode step of three to eight rows (read once at run time). */
 static int hy_q45_many_ = -1;
+/* set the choice: 1 "many" from HY_Q45_MANY rows, 0 "few" always, -1 the core's */
+static inline void hy_q45_choose(int many) {
+    hy_q45_many_ = many < 0 ? hy_cpu_is_intel() : many != 0;
+}
 static inline int hy_q45_many(int rows) {
-    if (hy_q45_many_ < 0) hy_q45_many_ = hy_cpu_is_intel();
+    if (hy_q45_many_ < 0) hy_q45_choose(-1);
     return hy_q45_many_ && rows >= HY_Q45_MANY;
 }
 
