@@ -471,18 +471,21 @@ def test_native_stack_rows_equal_the_layer_by_layer_path(model, monkeypatch):
 
 
 def test_q8_0_kv_cache_logits_and_drafts(model):
-    """SmolLM2 with its KV cache in q8_0: each row's logits within 12% of its largest logit of
-    the float16 cache's (8-bit rounding of K, V and the scoring query; a broken cache is far
-    off); the same argmax on at least 90% of the rows, and where it differs the float16 cache's
-    two tokens are a near-tie (within 4% of the row's largest logit); and drafts keep the output
-    equal to decoding without them."""
+    """SmolLM2 with its KV cache in q8_0 against the float16 cache's logits, each row's largest
+    difference over its largest logit: 8% on average over a prompt's rows and 25% at most (the
+    8-bit rounding of K, V and the scoring query, which 30 layers amplify in a few rows: up to
+    19% in the AVX2 build, where the float16 cache itself is 10% from a float32 one; a q8_0 cache
+    whose V rows were 5% off averaged 11% and reached 34%); the same argmax on at least 90% of
+    the rows, and where it differs the float16 cache's two tokens are a near-tie (within 4% of
+    the row's largest logit); and drafts keep the output equal to decoding without them."""
     m8 = hybrid.load_model(GGUF, kv_dtype="q8_0")
     same = rows = 0
     for ids in _prompts(model)[:2]:
         a = model.forward_step([(model.new_cache(), ids)], rows="all")[0]
         b = m8.forward_step([(m8.new_cache(), ids)], rows="all")[0]
         scale = np.abs(a).max(axis=1)
-        assert (np.abs(a - b).max(axis=1) / scale).max() < 0.12
+        err = np.abs(a - b).max(axis=1) / scale
+        assert err.mean() < 0.08 and err.max() < 0.25, (err.mean(), err.max())
         ta, tb = a.argmax(1), b.argmax(1)
         r = np.arange(len(a))
         assert ((a[r, ta] - a[r, tb]) / scale).max() < 0.04
