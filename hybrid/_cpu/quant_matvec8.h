@@ -114,13 +114,16 @@ hy_q45_matvec8(const uint8_t *w, long row_bytes, int W, long nb, const int R, co
                 sum = HY_DPBUSD(sum, hi[c], _mm256_set1_epi32((int)hy_u32(a + 16 + 4 * c)));
             }
 #else
-            /* int16 pair sums of at most 2 * 31 * 128, four added: no saturation */
+            /* int16 pair sums of at most 2 * 15 * 128 (Q4) or 2 * 31 * 128 (Q5): Q4's eight
+             * add up in one int16 sum, Q5's four in each of two, without saturation (the same
+             * int32 sums either way) */
             __m256i sl = _mm256_setzero_si256(), sh = _mm256_setzero_si256();
             for (int c = 0; c < 4; c++) {
                 sl = _mm256_add_epi16(sl, _mm256_maddubs_epi16(lo[c], _mm256_set1_epi32((int)hy_u32(a + 4 * c))));
                 sh = _mm256_add_epi16(sh, _mm256_maddubs_epi16(hi[c], _mm256_set1_epi32((int)hy_u32(a + 16 + 4 * c))));
             }
-            sum = _mm256_add_epi32(_mm256_madd_epi16(sl, ones), _mm256_madd_epi16(sh, ones));
+            if (five) sum = _mm256_add_epi32(_mm256_madd_epi16(sl, ones), _mm256_madd_epi16(sh, ones));
+            else sum = _mm256_madd_epi16(_mm256_add_epi16(sl, sh), ones);
 #endif
             acc[r] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(sum), _mm256_mul_ps(d, _mm256_set1_ps(da[r * nb + b])), acc[r]);
             off[r] = _mm256_fmadd_ps(mn, _mm256_set1_ps(sa[r * nb + b]), off[r]);
