@@ -24,6 +24,16 @@ except ModelLoadError as exc:
                 allow_module_level=True)
 
 
+def _hold_step_cost(model, second_row: float, monkeypatch) -> None:
+    """Set what the engine has learnt of `model`'s decode steps (one row 1.0 s, two rows
+    `second_row` s) and hold it there: the steps the test runs would move it by their own
+    timings, which depend on how loaded the machine is."""
+    for _ in range(16):
+        step_cost(model).observe(1, 1.0)
+        step_cost(model).observe(2, second_row)
+    monkeypatch.setattr(step_cost(model), "observe", lambda rows, seconds: None)
+
+
 def test_ngram_drafts():
     seq = [5, 6, 7, 8, 9, 1, 5, 6, 7]
     assert ngram_drafts(seq, 3) == [8, 9, 1]  # after the earlier 5 6 7
@@ -65,15 +75,13 @@ def _scan_drafts(seq, k, reach=16):
     return (seq[best + 1:best + 1 + k], longest) if best >= 0 and k > 0 else ([], 0)
 
 
-def test_ngram_drafts_take_the_estimate_of_their_match():
+def test_ngram_drafts_take_the_estimate_of_their_match(monkeypatch):
     """A request keeps one acceptance estimate for n-gram drafts after a two-token match and
     one after a longer match: with short matches failing and long ones kept, a request whose
     text matches far back feeds its drafts, one matching only two tokens feeds none (and checks
     its guess for free)."""
     model = hybrid.load_model(GGUF)  # its own step costs
-    for _ in range(16):  # one more row costs 0.3 of a one-row step
-        step_cost(model).observe(1, 1.0)
-        step_cost(model).observe(2, 1.3)
+    _hold_step_cost(model, 1.3, monkeypatch)  # one more row costs 0.3 of a one-row step
     eng = Engine(model, speculative="ngram")
     reqs = {}
     for name, ids in (("long", [5, 6, 7, 8, 9, 10, 5, 6, 7]),
@@ -165,11 +173,7 @@ def test_adaptive_drafts_follow_the_measured_cost(monkeypatch):
     runs = {}
     for name, slow in (("free", 1.0), ("dear", 4.0)):
         model = Model(w, kv_dtype="float32")
-        for _ in range(16):  # what the engine would have measured: a second row costs `slow`
-            step_cost(model).observe(1, 1.0)
-            step_cost(model).observe(2, slow)
-        # (held there: the steps' own timings would move it by how loaded the machine is)
-        monkeypatch.setattr(step_cost(model), "observe", lambda rows, seconds: None)
+        _hold_step_cost(model, slow, monkeypatch)  # a second row costs `slow`
         eng = Engine(model, speculative="ngram")
         runs[name] = (eng.generate([prompt], 24, stop_tokens=[]), eng.draft_tokens)
         assert runs[name][0] == Engine(model).generate([prompt], 24, stop_tokens=[])
@@ -181,11 +185,9 @@ def test_a_request_not_drafting_still_learns_its_acceptance(monkeypatch):
     """Where a row costs more than the prior acceptance pays for, a request feeds no drafts but
     checks each sampled token against its n-gram guess, so its acceptance estimate moves."""
     model = hybrid.load_model(GGUF)  # its own step costs
-    for _ in range(16):  # a second row costs 0.95 of a one-row step: drafts need a > 0.95,
-        step_cost(model).observe(1, 1.0)  # which eight kept guesses from 0.6 do not reach
-        step_cost(model).observe(2, 1.95)
-    # the steps' own timings would move those costs by how loaded the machine is
-    monkeypatch.setattr(step_cost(model), "observe", lambda rows, seconds: None)
+    # a second row costs 0.95 of a one-row step: drafts need a > 0.95, which eight kept
+    # guesses from the prior 0.6 do not reach
+    _hold_step_cost(model, 1.95, monkeypatch)
     eng = Engine(model, speculative="ngram")
     req = eng.prepare_request(_prompts(model)[0], hybrid.GenerationParams(8, stop_tokens=[]))
     eng.admit_request(req)
